@@ -1,0 +1,60 @@
+#pragma once
+// Picking the next token from logits: greedy, or temperature with top-k and top-p (nucleus).
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "efim/core/types.hpp"
+
+namespace efim::kernels {
+
+// The most likely token; the lowest id among equal logits.
+inline token_id argmax(std::span<const float> logits) noexcept {
+  std::size_t best = 0;
+  for (std::size_t i = 1; i < logits.size(); ++i)
+    if (logits[i] > logits[best]) best = i;
+  return static_cast<token_id>(best);
+}
+
+// Draws from softmax(logits / temperature) restricted to the top_k most likely tokens (0: all),
+// then to the fewest most likely tokens whose probability reaches top_p; `u` is uniform in [0, 1).
+// Ties are ordered by id, so the same u always gives the same token.
+inline token_id sample(std::span<const float> logits, float temperature, std::size_t top_k, float top_p, double u,
+                       std::vector<std::pair<float, token_id>>& scratch) {
+  if (temperature <= 0.0f || logits.size() == 1) return argmax(logits);
+  scratch.clear();
+  for (std::size_t i = 0; i < logits.size(); ++i) scratch.emplace_back(logits[i], static_cast<token_id>(i));
+  const auto more_likely = [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
+  std::size_t keep = scratch.size();
+  if (top_k > 0 && top_k < keep) {
+    keep = top_k;
+    std::nth_element(scratch.begin(), scratch.begin() + static_cast<std::ptrdiff_t>(keep - 1), scratch.end(),
+                     more_likely);
+  }
+  std::sort(scratch.begin(), scratch.begin() + static_cast<std::ptrdiff_t>(keep), more_likely);
+
+  const double top = scratch.front().first;
+  std::vector<double> weights(keep);
+  double total = 0.0;
+  for (std::size_t i = 0; i < keep; ++i) total += weights[i] = std::exp((scratch[i].first - top) / temperature);
+  if (top_p < 1.0f) {
+    double mass = 0.0;
+    std::size_t n = 0;
+    while (n < keep && mass < top_p * total) mass += weights[n++];
+    keep = std::max<std::size_t>(n, 1);
+    total = mass > 0.0 ? mass : weights[0];
+  }
+  double target = u * total;
+  for (std::size_t i = 0; i < keep; ++i) {
+    if (target < weights[i]) return scratch[i].second;
+    target -= weights[i];
+  }
+  return scratch[keep - 1].second;
+}
+
+}  // namespace efim::kernels

@@ -1,0 +1,70 @@
+#pragma once
+// Fixed-width float vectors (GCC/Clang vector extensions) and the one summation order every host
+// kernel uses for a dot product, so that a value never depends on the batch, the tile or the ISA.
+//
+// Vectors stay local to the functions that use them (never parameters or results) so the code is
+// ABI-neutral whatever instruction set it is compiled for.
+#include <cstddef>
+#include <cstring>
+
+namespace efim::kernels::detail {
+
+inline constexpr std::size_t lanes = 16;
+typedef float vfloat __attribute__((vector_size(lanes * sizeof(float))));
+
+// The canonical reduction of 16 lane sums, plus the sum of the elements past the last full vector.
+inline float reduce_lanes(const float (&a)[lanes], float tail) noexcept {
+  float t8[8], t4[4];
+  for (std::size_t i = 0; i < 8; ++i) t8[i] = a[i] + a[i + 8];
+  for (std::size_t i = 0; i < 4; ++i) t4[i] = t8[i] + t8[i + 4];
+  return ((t4[0] + t4[2]) + (t4[1] + t4[3])) + tail;
+}
+
+// MR x NR dot products of length n, out[i * NR + j] = dot(x[i], w[j]), each in the canonical order:
+// lane l sums the products at k = l, l + 16, l + 32, ... in turn; the tail past the last full
+// vector is summed in order; reduce_lanes joins them.
+template <std::size_t MR, std::size_t NR>
+inline void dot_tile(const float* const (&x)[MR], const float* const (&w)[NR], std::size_t n, float* out) noexcept {
+  vfloat acc[MR][NR];
+  for (std::size_t i = 0; i < MR; ++i)
+    for (std::size_t j = 0; j < NR; ++j) acc[i][j] = vfloat{};
+  const std::size_t full = n - n % lanes;
+  for (std::size_t k = 0; k < full; k += lanes) {
+    vfloat xv[MR], wv[NR];
+    for (std::size_t i = 0; i < MR; ++i) std::memcpy(&xv[i], x[i] + k, sizeof(vfloat));
+    for (std::size_t j = 0; j < NR; ++j) std::memcpy(&wv[j], w[j] + k, sizeof(vfloat));
+    for (std::size_t i = 0; i < MR; ++i)
+      for (std::size_t j = 0; j < NR; ++j) acc[i][j] = acc[i][j] + xv[i] * wv[j];
+  }
+  for (std::size_t i = 0; i < MR; ++i)
+    for (std::size_t j = 0; j < NR; ++j) {
+      float tail = 0.0f;
+      for (std::size_t k = full; k < n; ++k) tail = tail + x[i][k] * w[j][k];
+      float a[lanes];
+      std::memcpy(a, &acc[i][j], sizeof a);
+      out[i * NR + j] = reduce_lanes(a, tail);
+    }
+}
+
+inline float dot(const float* x, const float* w, std::size_t n) noexcept {
+  const float* const xs[1] = {x};
+  const float* const ws[1] = {w};
+  float out;
+  dot_tile<1, 1>(xs, ws, n, &out);
+  return out;
+}
+
+// y[i] = y[i] + a * x[i], elementwise (no reduction, so no order to fix).
+inline void axpy(float a, const float* x, float* y, std::size_t n) noexcept {
+  std::size_t k = 0;
+  for (; k + lanes <= n; k += lanes) {
+    vfloat xv, yv;
+    std::memcpy(&xv, x + k, sizeof xv);
+    std::memcpy(&yv, y + k, sizeof yv);
+    yv = yv + a * xv;
+    std::memcpy(y + k, &yv, sizeof yv);
+  }
+  for (; k < n; ++k) y[k] = y[k] + a * x[k];
+}
+
+}  // namespace efim::kernels::detail

@@ -1,0 +1,5 @@
+#pragma once
+#define EFIM_VERSION_MAJOR 0
+#define EFIM_VERSION_MINOR 1
+#define EFIM_VERSION_PATCH 0
+#define EFIM_VERSION_STRING "0.1.0"

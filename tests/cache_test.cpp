@@ -1,0 +1,346 @@
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <map>
+#include <numeric>
+#include <optional>
+#include <range/v3/view/chunk.hpp>
+#include <range/v3/view/iota.hpp>
+#include <set>
+#include <vector>
+
+#include "efim/cache/block_hash.hpp"
+#include "efim/cache/block_pool.hpp"
+#include "efim/cache/clock.hpp"
+#include "efim/cache/eviction.hpp"
+#include "efim/cache/manager.hpp"
+#include "efim/core/error.hpp"
+#include "efim/core/random.hpp"
+
+using namespace efim;
+using cache::extra_keys;
+
+namespace {
+std::vector<token_id> iota_tokens(std::size_t n, token_id first = 0) {
+  std::vector<token_id> v(n);
+  std::iota(v.begin(), v.end(), first);
+  return v;
+}
+
+template <class Manager>
+typename Manager::sequence admit_and_compute(Manager& m, const std::vector<token_id>& tokens, std::size_t reserve = 0,
+                                             const extra_keys& keys = {}) {
+  const auto plan = m.plan(tokens, std::max(reserve, tokens.size()), keys);
+  REQUIRE(plan.fits);
+  auto s = m.admit(plan);
+  m.commit(s, tokens, tokens.size());
+  return s;
+}
+
+// A user-defined policy: evicts the most recently released block first (MRU).
+struct mru {
+  void insert(block_id b, const cache::block_stats& s) { order_[{s.last_used, b}] = b; }
+  void erase(block_id b) {
+    std::erase_if(order_, [&](const auto& kv) { return kv.second == b; });
+  }
+  std::optional<block_id> pop() {
+    if (order_.empty()) return std::nullopt;
+    const auto it = std::prev(order_.end());
+    const block_id b = it->second;
+    order_.erase(it);
+    return b;
+  }
+  std::size_t size() const { return order_.size(); }
+  std::map<std::pair<cache::tick, block_id>, block_id> order_;
+};
+static_assert(cache::eviction_policy<mru>);
+}  // namespace
+
+TEMPLATE_TEST_CASE("block hashes chain the parent and the extra keys", "[cache][hash]", cache::xxh3_64_chain,
+                   cache::xxh3_128_chain) {
+  using H = TestType;
+  const auto tokens = iota_tokens(16);
+  const auto root = H::root({});
+  CHECK(H::root({}) == root);
+  CHECK(H::root({1, 0, ""}) != root);
+  CHECK(H::root({0, 1, ""}) != root);
+  CHECK(H::root({0, 0, "tenant-a"}) != H::root({0, 0, "tenant-b"}));
+  CHECK(H::root({0, 0, "ab"}) != H::root({0, 0, "a"}));
+  const auto h1 = H::chain(root, tokens);
+  CHECK(H::chain(root, tokens) == h1);
+  CHECK(H::chain(H::chain(root, tokens), tokens) != h1);  // same tokens, other parent
+  auto other = tokens;
+  other[15] = 99;
+  CHECK(H::chain(root, other) != h1);
+  // Chunking a token stream into blocks and chaining gives a distinct key per prefix.
+  const auto stream = iota_tokens(64);
+  std::set<typename H::hash_type> keys;
+  auto parent = root;
+  for (const auto block : stream | ranges::views::chunk(16)) {
+    parent = H::chain(parent, std::span<const token_id>(&*block.begin(), 16));
+    keys.insert(parent);
+  }
+  CHECK(keys.size() == 4);
+}
+
+TEST_CASE("block pool counts references", "[cache][pool]") {
+  cache::block_pool pool(3);
+  CHECK(pool.capacity() == 3);
+  const auto a = pool.allocate(), b = pool.allocate(), c = pool.allocate();
+  REQUIRE((a && b && c));
+  CHECK(*a == 0);
+  CHECK_FALSE(pool.allocate().has_value());
+  pool.retain(*a);
+  CHECK(pool.ref_count(*a) == 2);
+  CHECK_FALSE(pool.release(*a));
+  CHECK_THROWS_AS(pool.free(*a), efim::error);  // still referenced
+  CHECK(pool.release(*a));
+  pool.free(*a);
+  CHECK(pool.free_count() == 1);
+  CHECK_THROWS_AS(pool.release(*a), efim::error);  // released too often
+  CHECK_THROWS_AS(cache::block_pool(0), efim::error);
+}
+
+TEST_CASE("eviction policies order victims as named", "[cache][eviction]") {
+  // Block 1: cached first, used last. Block 2: cached second, used most. Block 3: cached last.
+  const cache::block_stats s1{1, 30, 1, 0}, s2{2, 10, 5, 0}, s3{3, 20, 2, 0};
+  const auto order = [&](auto policy) {
+    policy.insert(1, s1);
+    policy.insert(2, s2);
+    policy.insert(3, s3);
+    std::vector<block_id> out;
+    while (const auto b = policy.pop()) out.push_back(*b);
+    return out;
+  };
+  CHECK(order(cache::lru{}) == std::vector<block_id>{2, 3, 1});
+  CHECK(order(cache::fifo{}) == std::vector<block_id>{1, 2, 3});
+  CHECK(order(cache::lfu{}) == std::vector<block_id>{1, 3, 2});
+  // Among equal times the deeper block goes first.
+  cache::lru l;
+  l.insert(7, {0, 5, 1, 0});
+  l.insert(8, {0, 5, 1, 1});
+  CHECK(l.pop() == block_id{8});
+  l.erase(7);
+  CHECK(l.size() == 0);
+  CHECK_FALSE(l.pop().has_value());
+}
+
+TEST_CASE("manager finds the longest cached prefix in whole blocks", "[cache][manager]") {
+  cache::manager<cache::xxh3_128_chain, cache::lru> m({4, 64, true});
+  const auto first = iota_tokens(10);
+  auto s1 = admit_and_compute(m, first);
+  CHECK(s1.hit_tokens == 0);
+  CHECK(s1.table.size() == 3);
+  CHECK(m.cached_blocks() == 2);  // tokens 0-3 and 4-7; 8-9 is not a full block
+
+  auto longer = iota_tokens(14);
+  auto plan = m.plan(longer, 14);
+  CHECK(plan.hit_tokens == 8);
+  CHECK(plan.hits == std::vector<block_id>{s1.table[0], s1.table[1]});
+  CHECK(plan.new_blocks == 2);
+
+  // A prompt that diverges in the second block only reuses the first.
+  auto diverging = iota_tokens(14);
+  diverging[5] = 1000;
+  CHECK(m.plan(diverging, 14).hit_tokens == 4);
+
+  // At least one token is always left to compute.
+  CHECK(m.plan(iota_tokens(8), 8).hit_tokens == 4);
+  CHECK(m.plan(iota_tokens(9), 9).hit_tokens == 8);
+
+  // Hits are shared: two live sequences hold the same blocks.
+  auto s2 = m.admit(plan);
+  CHECK(m.ref_count(s1.table[0]) == 2);
+  m.release(s1);
+  CHECK(m.ref_count(s2.table[0]) == 1);
+  CHECK(m.stats().query_tokens == 24);
+  CHECK(m.stats().hit_tokens == 8);
+  CHECK(m.stats().hit_rate() == Approx(8.0 / 24.0));
+  m.release(s2);
+  CHECK(m.free_blocks() + m.evictable_blocks() == 64);
+}
+
+TEST_CASE("manager: plan changes nothing, a stale plan is refused", "[cache][manager]") {
+  cache::manager<cache::xxh3_64_chain, cache::lru> m({4, 4, true});
+  const auto tokens = iota_tokens(12);
+  const auto plan = m.plan(tokens, 12);
+  CHECK(m.free_blocks() == 4);
+  CHECK(m.stats().lookups == 0);
+  auto s = m.admit(plan);
+  CHECK(m.free_blocks() == 1);
+  const auto big = m.plan(iota_tokens(8, 100), 8);
+  CHECK_FALSE(big.fits);  // needs 2, 1 free and nothing evictable
+  CHECK_THROWS_AS(m.admit(big), efim::error);
+  CHECK(m.free_blocks() == 1);
+  const auto small = m.plan(iota_tokens(2, 100), 2);
+  m.commit(s, tokens, 12);
+  CHECK_THROWS_AS(m.admit(small), efim::error);  // made before the commit
+}
+
+TEST_CASE("manager: bad sizes get clear errors", "[cache][manager]") {
+  using M = cache::manager<cache::xxh3_64_chain, cache::lru>;
+  CHECK_THROWS_AS(M({0, 16, true}), efim::error);
+  CHECK_THROWS_AS(M({16, 0, true}), efim::error);
+  M m({4, 2, true});
+  try {
+    (void)m.plan(iota_tokens(9), 9);  // needs 3 blocks, the cache has 2
+    FAIL("expected an error");
+  } catch (const efim::error& e) {
+    CHECK(e.code() == errc::out_of_blocks);
+  }
+  CHECK_THROWS_AS((void)m.plan({}, 4), efim::error);
+  auto s = admit_and_compute(m, iota_tokens(4));
+  CHECK_THROWS_AS(m.commit(s, iota_tokens(4), 5), efim::error);
+}
+
+TEST_CASE("manager evicts least recently used blocks, tail first, never referenced ones", "[cache][manager]") {
+  cache::tick now = 0;
+  cache::manager<cache::xxh3_128_chain, cache::lru, cache::manual_clock> m({4, 6, true}, {}, cache::manual_clock(now));
+  now = 1;
+  auto a = admit_and_compute(m, iota_tokens(9, 0));    // 3 blocks, 2 cached
+  auto b = admit_and_compute(m, iota_tokens(9, 100));  // 3 blocks, 2 cached
+  now = 10;
+  m.release(a);
+  now = 20;
+  m.release(b);
+  CHECK(m.evictable_blocks() == 4);
+  CHECK(m.free_blocks() == 2);
+  // Needs 4 blocks: 2 free, then A's two (released earlier), deeper one first.
+  auto c = admit_and_compute(m, iota_tokens(16, 200));
+  CHECK(m.stats().evicted_blocks == 2);
+  CHECK(m.plan(iota_tokens(9, 0), 9).hit_tokens == 0);    // A is gone
+  CHECK(m.plan(iota_tokens(9, 100), 9).hit_tokens == 8);  // B stays
+  // Every block is now held by C or cached for B; nothing more can be taken.
+  CHECK_FALSE(m.plan(iota_tokens(12, 300), 12).fits);
+  m.release(c);
+}
+
+TEST_CASE("manager with FIFO and LFU keeps the blocks they favour", "[cache][manager]") {
+  SECTION("fifo evicts the oldest cached even if it was just reused") {
+    cache::tick now = 0;
+    cache::manager<cache::xxh3_64_chain, cache::fifo, cache::manual_clock> m({4, 4, true}, {},
+                                                                             cache::manual_clock(now));
+    now = 1;
+    auto a = admit_and_compute(m, iota_tokens(5, 0));
+    m.release(a);
+    now = 2;
+    auto b = admit_and_compute(m, iota_tokens(5, 100));
+    m.release(b);
+    now = 3;
+    auto again = admit_and_compute(m, iota_tokens(5, 0));  // reuses A's block
+    CHECK(again.hit_tokens == 4);
+    m.release(again);
+    now = 4;
+    auto c = admit_and_compute(m, iota_tokens(9, 500));  // 3 blocks: 2 free + 1 evicted
+    m.release(c);
+    CHECK(m.plan(iota_tokens(5, 0), 5).hit_tokens == 0);    // cached first: evicted
+    CHECK(m.plan(iota_tokens(5, 100), 5).hit_tokens == 4);  // an LRU policy would have evicted this one
+  }
+  SECTION("lfu keeps the block used most") {
+    cache::tick now = 0;
+    cache::manager<cache::xxh3_64_chain, cache::lfu, cache::manual_clock> m({4, 4, true}, {}, cache::manual_clock(now));
+    now = 1;
+    for (int i = 0; i < 3; ++i) {
+      auto a = admit_and_compute(m, iota_tokens(5, 0));
+      m.release(a);
+    }
+    now = 2;
+    auto b = admit_and_compute(m, iota_tokens(5, 100));
+    m.release(b);
+    now = 3;
+    auto c = admit_and_compute(m, iota_tokens(9, 500));  // needs 3 of the 4 blocks
+    m.release(c);
+    CHECK(m.plan(iota_tokens(5, 0), 5).hit_tokens == 4);    // used 3 times: kept
+    CHECK(m.plan(iota_tokens(5, 100), 5).hit_tokens == 0);  // used once: evicted
+  }
+}
+
+TEST_CASE("manager takes a user-defined eviction policy", "[cache][manager][policy]") {
+  cache::tick now = 0;
+  cache::manager<cache::xxh3_64_chain, mru, cache::manual_clock> m({4, 4, true}, {}, cache::manual_clock(now));
+  now = 1;
+  auto a = admit_and_compute(m, iota_tokens(5, 0));
+  now = 2;
+  m.release(a);
+  now = 3;
+  auto b = admit_and_compute(m, iota_tokens(5, 100));
+  now = 4;
+  m.release(b);
+  now = 5;
+  auto c = admit_and_compute(m, iota_tokens(9, 500));  // 3 blocks: 2 free + 1 evicted
+  CHECK(m.stats().evicted_blocks == 1);
+  CHECK(m.plan(iota_tokens(5, 0), 5).hit_tokens == 4);    // released first: kept by MRU
+  CHECK(m.plan(iota_tokens(5, 100), 5).hit_tokens == 0);  // released last: evicted
+  m.release(c);
+}
+
+TEST_CASE("tenants with different salts never share a block", "[cache][manager][tenant]") {
+  cache::manager<cache::xxh3_128_chain, cache::lru> m({4, 32, true});
+  const auto tokens = iota_tokens(20);
+  auto a = admit_and_compute(m, tokens, 0, {7, 0, "tenant-a"});
+  CHECK(m.plan(tokens, 20, {7, 0, "tenant-a"}).hit_tokens == 16);
+  CHECK(m.plan(tokens, 20, {7, 0, "tenant-b"}).hit_tokens == 0);
+  CHECK(m.plan(tokens, 20, {8, 0, "tenant-a"}).hit_tokens == 0);  // another model
+  auto b = admit_and_compute(m, tokens, 0, {7, 0, "tenant-b"});
+  for (const block_id x : a.table)
+    for (const block_id y : b.table) CHECK(x != y);
+  m.release(a);
+  m.release(b);
+}
+
+TEST_CASE("reuse off: no hits, nothing indexed", "[cache][manager]") {
+  cache::manager<cache::xxh3_128_chain, cache::lru> m({4, 16, false});
+  auto a = admit_and_compute(m, iota_tokens(12));
+  m.release(a);
+  CHECK(m.cached_blocks() == 0);
+  CHECK(m.plan(iota_tokens(12), 12).hit_tokens == 0);
+  CHECK(m.free_blocks() == 16);
+}
+
+TEST_CASE("random workload: referenced blocks are never reused, hits always hold their tokens", "[cache][manager]") {
+  // Shadow KV: what each block holds. Computing a block writes its tokens; a hit must read them back.
+  constexpr std::size_t bs = 4, blocks = 40;
+  cache::manager<cache::xxh3_64_chain, cache::lru> m({bs, blocks, true});
+  std::vector<std::vector<token_id>> shadow(blocks);
+  struct live {
+    std::vector<token_id> tokens;
+    cache::manager<cache::xxh3_64_chain, cache::lru>::sequence seq;
+  };
+  std::vector<live> running;
+  rng r(2024);
+  for (int op = 0; op < 3000; ++op) {
+    if (!running.empty() && (r.below(3) == 0 || running.size() > 5)) {
+      const std::size_t i = r.below(running.size());
+      m.release(running[i].seq);
+      running.erase(running.begin() + static_cast<std::ptrdiff_t>(i));
+      continue;
+    }
+    // Prompts share prefixes drawn from a few stems, so hits and evictions both happen.
+    std::vector<token_id> tokens;
+    const token_id stem = static_cast<token_id>(r.below(4));
+    const std::size_t len = 1 + r.below(30);
+    for (std::size_t i = 0; i < len; ++i)
+      tokens.push_back(i < len / 2 ? stem * 100 + static_cast<token_id>(i) : static_cast<token_id>(r.below(3)));
+    const auto plan = m.plan(tokens, tokens.size());
+    if (!plan.fits) continue;
+    auto seq = m.admit(plan);
+    for (std::size_t b = 0; b < plan.hits.size(); ++b)
+      REQUIRE(shadow[seq.table[b]] ==
+              std::vector<token_id>(tokens.begin() + static_cast<std::ptrdiff_t>(b * bs),
+                                    tokens.begin() + static_cast<std::ptrdiff_t>((b + 1) * bs)));
+    // No block of this sequence that it must compute is held by a running sequence.
+    for (std::size_t b = plan.hits.size(); b < seq.table.size(); ++b)
+      for (const auto& other : running)
+        REQUIRE(std::find(other.seq.table.begin(), other.seq.table.end(), seq.table[b]) == other.seq.table.end());
+    for (std::size_t b = plan.hits.size(); b < seq.table.size(); ++b) {
+      const std::size_t begin = b * bs, end = std::min(tokens.size(), begin + bs);
+      shadow[seq.table[b]].assign(tokens.begin() + static_cast<std::ptrdiff_t>(begin),
+                                  tokens.begin() + static_cast<std::ptrdiff_t>(end));
+    }
+    m.commit(seq, tokens, tokens.size());
+    running.push_back({tokens, std::move(seq)});
+  }
+  CHECK(m.stats().hit_tokens > 0);
+  CHECK(m.stats().evicted_blocks > 0);
+  for (auto& l : running) m.release(l.seq);
+  CHECK(m.free_blocks() + m.evictable_blocks() == blocks);
+}

@@ -1,0 +1,103 @@
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "efim/core/error.hpp"
+#include "efim/core/random.hpp"
+#include "efim/core/thread_pool.hpp"
+#include "efim/core/utf8.hpp"
+
+using namespace efim;
+
+TEST_CASE("utf8 validation accepts well-formed text and finds the first bad byte", "[core][utf8]") {
+  CHECK(utf8::is_valid(""));
+  CHECK(utf8::is_valid("plain ascii"));
+  CHECK(utf8::is_valid("caf\xC3\xA9 \xE4\xB8\xAD \xF0\x9F\x98\x80"));  // é, 中, 😀
+  CHECK(utf8::find_invalid("ab\x80") == 2);                            // lone continuation
+  CHECK(utf8::find_invalid("\xC0\xAF") == 0);                          // overlong '/'
+  CHECK(utf8::find_invalid("\xE0\x80\xAF") == 0);                      // overlong 3-byte
+  CHECK(utf8::find_invalid("x\xED\xA0\x80") == 1);                     // UTF-16 surrogate
+  CHECK(utf8::find_invalid("\xF4\x90\x80\x80") == 0);                  // above U+10FFFF
+  CHECK(utf8::find_invalid("ok\xE4\xB8") == 2);                        // truncated at the end
+  CHECK(utf8::find_invalid("\xFF") == 0);
+  CHECK_THROWS_AS(utf8::require_valid("a\xFF", "the prefix"), efim::error);
+  try {
+    utf8::require_valid("a\xFF", "the prefix");
+  } catch (const efim::error& e) {
+    CHECK(e.code() == errc::invalid_utf8);
+    CHECK(std::string(e.what()).find("offset 1") != std::string::npos);
+  }
+}
+
+TEST_CASE("utf8 common prefix stops on a character boundary", "[core][utf8]") {
+  // "é" is C3 A9 and "è" is C3 A8: they share a lead byte but no character.
+  CHECK(utf8::common_prefix("ab\xC3\xA9", "ab\xC3\xA8") == 2);
+  CHECK(utf8::common_prefix("abc", "abd") == 2);
+  CHECK(utf8::common_prefix("abc", "abc") == 3);
+  CHECK(utf8::common_prefix("ab", "abc") == 2);
+  CHECK(utf8::common_prefix("", "abc") == 0);
+  CHECK(utf8::floor_boundary("a\xE4\xB8\xAD", 2) == 1);
+  CHECK(utf8::floor_boundary("a\xE4\xB8\xAD", 4) == 4);
+}
+
+TEST_CASE("thread pool covers every index once, on several threads", "[core][threads]") {
+  thread_pool pool(2);
+  REQUIRE(pool.size() == 2);
+  for (const std::size_t n : {0u, 1u, 2u, 7u, 1000u}) {
+    std::vector<std::atomic<int>> hits(n);
+    pool.parallel_for(n, [&](std::size_t b, std::size_t e) {
+      for (std::size_t i = b; i < e; ++i) hits[i].fetch_add(1);
+    });
+    for (std::size_t i = 0; i < n; ++i) CHECK(hits[i].load() == 1);
+  }
+  // Many small jobs in a row: the pool must not lose a wake-up.
+  std::atomic<std::size_t> total{0};
+  for (int round = 0; round < 2000; ++round)
+    pool.parallel_for(8, [&](std::size_t b, std::size_t e) { total.fetch_add(e - b); });
+  CHECK(total.load() == 16000);
+}
+
+TEST_CASE("thread pool rethrows the first exception and stays usable", "[core][threads]") {
+  thread_pool pool(2);
+  CHECK_THROWS_AS(pool.parallel_for(100,
+                                    [](std::size_t b, std::size_t) {
+                                      if (b > 0) throw std::runtime_error("boom");
+                                    }),
+                  std::runtime_error);
+  std::atomic<std::size_t> n{0};
+  pool.parallel_for(10, [&](std::size_t b, std::size_t e) { n.fetch_add(e - b); });
+  CHECK(n.load() == 10);
+}
+
+TEST_CASE("rng is deterministic and in range", "[core][random]") {
+  rng a(123), b(123), c(124);
+  std::vector<std::uint64_t> xa, xb, xc;
+  for (int i = 0; i < 100; ++i) {
+    xa.push_back(a.next());
+    xb.push_back(b.next());
+    xc.push_back(c.next());
+  }
+  CHECK(xa == xb);
+  CHECK(xa != xc);
+  std::set<std::uint64_t> seen;
+  for (int i = 0; i < 10000; ++i) {
+    const auto v = a.below(7);
+    REQUIRE(v < 7);
+    seen.insert(v);
+    const double u = a.uniform();
+    REQUIRE(u >= 0.0);
+    REQUIRE(u < 1.0);
+  }
+  CHECK(seen.size() == 7);
+  double sum = 0, sq = 0;
+  for (int i = 0; i < 20000; ++i) {
+    const double x = a.normal();
+    sum += x;
+    sq += x * x;
+  }
+  CHECK(sum / 20000 == Approx(0.0).margin(0.05));
+  CHECK(sq / 20000 == Approx(1.0).margin(0.05));
+}

@@ -1,0 +1,25 @@
+# Installs efim from the build tree into a fresh prefix, then configures, builds and runs a
+# project that only knows that prefix.
+file(REMOVE_RECURSE ${WORK_DIR})
+set(prefix ${WORK_DIR}/prefix)
+
+function(run)
+  execute_process(COMMAND ${ARGV} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "failed (${rc}): ${ARGV}\n${out}")
+  endif()
+  message(STATUS "${out}")
+endfunction()
+
+run(${CMAKE_COMMAND} --install ${EFIM_BINARY_DIR} --prefix ${prefix})
+run(${CMAKE_COMMAND} -S ${EFIM_SOURCE_DIR}/tests/install_consumer -B ${WORK_DIR}/build -G ${GENERATOR}
+    -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release)
+run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
+run(${WORK_DIR}/build/consumer)
+
+# The package must come from the prefix, not from the source tree.
+file(READ ${WORK_DIR}/build/CMakeCache.txt cache)
+string(REGEX MATCH "efim_DIR:PATH=[^\n]*" efim_dir "${cache}")
+if(NOT efim_dir MATCHES "^efim_DIR:PATH=${prefix}/")
+  message(FATAL_ERROR "efim was not found in the install prefix: ${efim_dir}")
+endif()

@@ -1,0 +1,209 @@
+#include <catch2/catch.hpp>
+#include <string>
+#include <vector>
+
+#include "efim/core/error.hpp"
+#include "efim/prompt/encode.hpp"
+#include "efim/prompt/formats.hpp"
+#include "efim/prompt/session.hpp"
+#include "efim/text/byte_tokenizer.hpp"
+#include "efim/text/fragment.hpp"
+
+using namespace efim;
+using prompt::change;
+
+namespace {
+// Renders a layout with the token set's sentinel strings, to compare with the expected prompt.
+std::string render(const prompt::prompt_layout& l, const prompt::fim_token_set& set) {
+  std::string out;
+  for (const auto& s : l.segments) {
+    if (s.type == prompt::segment::kind::special)
+      out += set.text(s.role);
+    else
+      for (const auto f : s.fragments) out += f;
+  }
+  return out;
+}
+
+std::vector<std::string> fragments_of(const prompt::infill_session& s) {
+  std::vector<std::string> out;
+  for (const auto f : s.request().typed) out.emplace_back(f);
+  return out;
+}
+}  // namespace
+
+TEST_CASE("token sets hold each family's sentinels", "[prompt]") {
+  CHECK(prompt::qwen25_coder.prefix == "<|fim_prefix|>");
+  CHECK(prompt::starcoder.middle == "<fim_middle>");
+  CHECK(prompt::deepseek_coder.suffix ==
+        "<\xEF\xBD\x9C"
+        "fim\xE2\x96\x81"
+        "hole\xEF\xBD\x9C>");
+  CHECK(prompt::codellama.prefix == "\xE2\x96\x81<PRE>");
+  CHECK(prompt::find_token_set("starcoder") == &prompt::starcoder);
+  CHECK(prompt::find_token_set("nope") == nullptr);
+  const auto specials = prompt::qwen25_coder.special_tokens();
+  CHECK(specials.size() == 7);
+  CHECK(specials.front() == "<|fim_prefix|>");
+  for (const auto* set : prompt::known_token_sets) {
+    CHECK_FALSE(set->prefix.empty());
+    CHECK_FALSE(set->suffix.empty());
+    CHECK_FALSE(set->middle.empty());
+    CHECK_FALSE(set->eos.empty());
+  }
+}
+
+TEST_CASE("formats lay out prefix, suffix and typed text", "[prompt][format]") {
+  const prompt::infill_request r{"def f(", "):\n", {"x", ", y"}};
+  const auto& q = prompt::qwen25_coder;
+  CHECK(render(prompt::psm::layout(r, q), q) == "<|fim_prefix|>def f(x, y<|fim_suffix|>):\n<|fim_middle|>");
+  CHECK(render(prompt::spm::layout(r, q), q) == "<|fim_prefix|><|fim_suffix|>):\n<|fim_middle|>def f(x, y");
+  CHECK(render(prompt::efim::layout(r, q), q) == "<|fim_prefix|>def f(<|fim_suffix|>):\n<|fim_middle|>x, y");
+  // Families that start with BOS get it first.
+  const auto& d = prompt::deepseek_coder;
+  CHECK(render(prompt::psm::layout(r, d), d).starts_with(std::string(d.bos) + std::string(d.prefix)));
+  // The typed fragments stay separate segments' pieces in EFIM.
+  const auto efim_layout = prompt::efim::layout(r, q);
+  REQUIRE(efim_layout.segments.size() == 6);
+  CHECK(efim_layout.segments.back().fragments.size() == 2);
+}
+
+TEST_CASE("formats handle an empty prefix and suffix", "[prompt][format]") {
+  const prompt::infill_request empty{"", "", {}};
+  const auto& q = prompt::qwen25_coder;
+  CHECK(render(prompt::psm::layout(empty, q), q) == "<|fim_prefix|><|fim_suffix|><|fim_middle|>");
+  CHECK(prompt::efim::layout(empty, q).segments.size() == 3);
+  const text::byte_tokenizer tok(q.special_tokens());
+  text::at_boundaries frag;
+  std::vector<token_id> ids;
+  prompt::encode(prompt::efim::layout(empty, q), tok, q, frag, ids);
+  CHECK(ids.size() == 3);
+}
+
+TEST_CASE("encode maps sentinels to ids and fails clearly when the vocabulary lacks one", "[prompt][encode]") {
+  const auto& q = prompt::qwen25_coder;
+  const text::byte_tokenizer tok(q.special_tokens());
+  text::whole frag;
+  std::vector<token_id> ids;
+  prompt::encode(prompt::psm::layout({"a", "b", {}}, q), tok, q, frag, ids);
+  CHECK(ids == std::vector<token_id>{*tok.special_id(q.prefix), 'a', *tok.special_id(q.suffix), 'b',
+                                     *tok.special_id(q.middle)});
+  const text::byte_tokenizer starcoder_tok(prompt::starcoder.special_tokens());
+  try {
+    prompt::encode(prompt::psm::layout({"a", "b", {}}, q), starcoder_tok, q, frag, ids);
+    FAIL("expected an error");
+  } catch (const efim::error& e) {
+    CHECK(e.code() == errc::unknown_token);
+    CHECK(std::string(e.what()).find("<|fim_prefix|>") != std::string::npos);
+  }
+}
+
+TEST_CASE("session: the first request is the anchor", "[prompt][session]") {
+  prompt::infill_session s;
+  const auto u = s.update("int x = ", ";\n");
+  CHECK(u.kind == change::first);
+  CHECK(s.anchor_prefix() == "int x = ");
+  CHECK(s.typed().empty());
+  CHECK(s.request().typed.empty());
+}
+
+TEST_CASE("session: typed text appended after the anchor prefix continues EFIM", "[prompt][session]") {
+  prompt::infill_session s;
+  s.update("int x = ", ";\n");
+  auto u = s.update("int x = fo", ";\n");
+  CHECK(u.kind == change::append);
+  CHECK(u.typed_bytes == 2);
+  CHECK(u.kept_bytes == 0);
+  u = s.update("int x = foo(", ";\n");
+  CHECK(u.kind == change::append);
+  CHECK(u.kept_bytes == 2);
+  CHECK(s.typed() == "foo(");
+  // Each request's new text is its own fragment, so earlier ids never change.
+  CHECK(fragments_of(s) == std::vector<std::string>{"fo", "o("});
+  // The same request again is an append of nothing.
+  u = s.update("int x = foo(", ";\n");
+  CHECK(u.kind == change::append);
+  CHECK(fragments_of(s) == std::vector<std::string>{"fo", "o("});
+}
+
+TEST_CASE("session: deleting inside the typed part keeps the shorter match", "[prompt][session]") {
+  prompt::infill_session s;
+  s.update("x = ", "\n");
+  s.update("x = ab", "\n");
+  s.update("x = abcd", "\n");
+  s.update("x = abcdef", "\n");
+  REQUIRE(fragments_of(s) == std::vector<std::string>{"ab", "cd", "ef"});
+  auto u = s.update("x = abc", "\n");  // backspace x3
+  CHECK(u.kind == change::edit);
+  CHECK(u.kept_bytes == 3);
+  CHECK(s.typed() == "abc");
+  CHECK(fragments_of(s) == std::vector<std::string>{"ab", "c"});
+  u = s.update("x = abcXY", "\n");  // typing goes on from there
+  CHECK(u.kind == change::append);
+  CHECK(fragments_of(s) == std::vector<std::string>{"ab", "c", "XY"});
+  u = s.update("x = aQ", "\n");  // a change, not only a deletion
+  CHECK(u.kind == change::edit);
+  CHECK(u.kept_bytes == 1);
+  CHECK(fragments_of(s) == std::vector<std::string>{"a", "Q"});
+  // Deleting everything typed goes back to the anchor itself.
+  u = s.update("x = ", "\n");
+  CHECK(u.kind == change::edit);
+  CHECK(s.request().typed.empty());
+}
+
+TEST_CASE("session: an edit never splits a character", "[prompt][session]") {
+  prompt::infill_session s;
+  s.update("s = ", "");
+  s.update("s = \"caf\xC3\xA9", "");                 // café
+  const auto u = s.update("s = \"caf\xC3\xA8", "");  // cafè: same lead byte C3
+  CHECK(u.kind == change::edit);
+  CHECK(u.kept_bytes == 4);  // '"caf'
+}
+
+TEST_CASE("session: a typed part past the threshold re-anchors", "[prompt][session]") {
+  prompt::infill_session s(prompt::session_options{8});
+  s.update("p", "s");
+  CHECK(s.update("p12345678", "s").kind == change::append);
+  const auto u = s.update("p123456789", "s");
+  CHECK(u.kind == change::reanchor);
+  CHECK(prompt::starts_anchor(u.kind));
+  CHECK(s.anchor_prefix() == "p123456789");
+  CHECK(s.typed().empty());
+  CHECK(s.update("p123456789x", "s").kind == change::append);
+}
+
+TEST_CASE("session: a changed suffix or a cursor jump starts a new anchor", "[prompt][session]") {
+  prompt::infill_session s;
+  s.update("a = 1\nb = ", "\nc = 3\n");
+  s.update("a = 1\nb = 2", "\nc = 3\n");
+  auto u = s.update("a = 1\nb = 2", "\nc = 4\n");  // edit after the cursor
+  CHECK(u.kind == change::suffix_changed);
+  CHECK(s.anchor_suffix() == "\nc = 4\n");
+  CHECK(s.typed().empty());
+  u = s.update("a = ", "1\nb = 2\nc = 4\n");  // cursor jumped up: suffix differs too
+  CHECK(u.kind == change::suffix_changed);
+  u = s.update("a", " = 1\nb = 2\nc = 4\n");
+  CHECK(u.kind == change::suffix_changed);
+  // Same suffix, but the prefix no longer extends the anchor (deleted into it).
+  s.update("def f():\n    ", "\n");
+  u = s.update("def f():\n", "\n");
+  CHECK(u.kind == change::cursor_moved);
+  CHECK(s.anchor_prefix() == "def f():\n");
+}
+
+TEST_CASE("session: invalid UTF-8 is rejected and the session is unchanged", "[prompt][session]") {
+  prompt::infill_session s;
+  s.update("ok ", "");
+  s.update("ok go", "");
+  CHECK_THROWS_AS(s.update("ok go\xFF", ""), efim::error);
+  CHECK_THROWS_AS(s.update("ok go", "\xC3"), efim::error);
+  CHECK(s.typed() == "go");
+  CHECK(s.update("ok go!", "").kind == change::append);
+}
+
+TEST_CASE("session: empty prefix and suffix are a valid anchor", "[prompt][session]") {
+  prompt::infill_session s;
+  CHECK(s.update("", "").kind == change::first);
+  CHECK(s.update("x", "").kind == change::append);
+  CHECK(s.typed() == "x");
+}

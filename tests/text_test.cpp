@@ -1,0 +1,140 @@
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "efim/core/error.hpp"
+#include "efim/text/byte_tokenizer.hpp"
+#include "efim/text/detokenizer.hpp"
+#include "efim/text/fragment.hpp"
+
+using namespace efim;
+
+namespace {
+// A user-defined tokenizer: greedy longest match over a small vocabulary, so that (unlike the
+// byte tokenizer) the ids of text depend on what follows it.
+class longest_match {
+ public:
+  longest_match() {
+    for (const char* piece : {"a", "b", "c", "d", "ab", "abc", "abcd", "cd", "bc"}) add(piece);
+  }
+  void encode(std::string_view s, std::vector<token_id>& out) const {
+    while (!s.empty()) {
+      std::size_t len = std::min<std::size_t>(s.size(), 4);
+      for (; len > 0; --len)
+        if (const auto it = ids_.find(std::string(s.substr(0, len))); it != ids_.end()) {
+          out.push_back(it->second);
+          break;
+        }
+      REQUIRE(len > 0);
+      s.remove_prefix(len);
+    }
+  }
+  std::optional<token_id> special_id(std::string_view) const { return std::nullopt; }
+  std::string_view token_bytes(token_id id) const { return pieces_.at(static_cast<std::size_t>(id)); }
+  bool is_special(token_id) const { return false; }
+  std::size_t vocab_size() const { return pieces_.size(); }
+
+ private:
+  void add(const char* p) {
+    ids_[p] = static_cast<token_id>(pieces_.size());
+    pieces_.emplace_back(p);
+  }
+  std::map<std::string, token_id> ids_;
+  std::vector<std::string> pieces_;
+};
+static_assert(text::tokenizer<longest_match>);
+
+template <class G, class T>
+std::vector<token_id> run(G g, const T& tok, std::vector<std::string_view> fragments) {
+  std::vector<token_id> out;
+  g.for_each_piece(fragments, [&](std::string_view piece) { tok.encode(piece, out); });
+  return out;
+}
+}  // namespace
+
+TEST_CASE("byte tokenizer: one id per byte, specials after the bytes", "[text]") {
+  const text::byte_tokenizer tok({"<|fim_prefix|>", "<|fim_suffix|>", "<|endoftext|>"});
+  CHECK(tok.vocab_size() == 259);
+  std::vector<token_id> ids;
+  tok.encode("a\xC3\xA9", ids);
+  CHECK(ids == std::vector<token_id>{97, 0xC3, 0xA9});
+  CHECK(tok.special_id("<|fim_suffix|>") == 257);
+  CHECK_FALSE(tok.special_id("<|fim_middle|>").has_value());
+  CHECK(tok.is_special(258));
+  CHECK_FALSE(tok.is_special(255));
+  CHECK(tok.token_bytes(258) == "<|endoftext|>");
+  CHECK(tok.token_bytes(0) == std::string_view("\0", 1));
+  // Special-token text in plain text is just bytes.
+  ids.clear();
+  tok.encode("<|endoftext|>", ids);
+  CHECK(ids.size() == 13);
+  CHECK_THROWS_AS(tok.token_bytes(259), efim::error);
+  CHECK_THROWS_AS(tok.token_bytes(-1), efim::error);
+  CHECK_THROWS_AS(text::byte_tokenizer({"<a>", "<a>"}), efim::error);
+  CHECK_THROWS_AS(text::byte_tokenizer({""}), efim::error);
+}
+
+TEST_CASE("at_boundaries keeps earlier ids when text is appended; whole may not", "[text][fragment]") {
+  const longest_match tok;
+  // "ab" then "cd" typed: whole re-tokenizes "abcd" as one token, changing the first ids.
+  const auto whole_before = run(text::whole{}, tok, {"ab"});
+  const auto whole_after = run(text::whole{}, tok, {"ab", "cd"});
+  CHECK(whole_after.size() == 1);
+  CHECK_FALSE(std::equal(whole_before.begin(), whole_before.end(), whole_after.begin()));
+
+  const auto frag_before = run(text::at_boundaries{}, tok, {"ab"});
+  const auto frag_after = run(text::at_boundaries{}, tok, {"ab", "cd"});
+  REQUIRE(frag_after.size() == 2);
+  CHECK(std::equal(frag_before.begin(), frag_before.end(), frag_after.begin()));
+
+  // Both agree on a single fragment and on nothing.
+  CHECK(run(text::whole{}, tok, {"abcab"}) == run(text::at_boundaries{}, tok, {"abcab"}));
+  CHECK(run(text::whole{}, tok, {}).empty());
+  CHECK(run(text::at_boundaries{}, tok, {}).empty());
+}
+
+TEST_CASE("detokenizer emits whole characters only", "[text][detokenizer]") {
+  const text::byte_tokenizer tok({"<eos>"});
+  text::detokenizer<text::byte_tokenizer> d(tok);
+  std::string out;
+  // 😀 = F0 9F 98 80, arriving one byte at a time.
+  d.push(0xF0, out);
+  d.push(0x9F, out);
+  d.push(0x98, out);
+  CHECK(out.empty());
+  CHECK(d.pending_bytes() == 3);
+  d.push(0x80, out);
+  CHECK(out == "\xF0\x9F\x98\x80");
+  CHECK(d.pending_bytes() == 0);
+
+  // Specials are not rendered by default, and do not break a pending character.
+  out.clear();
+  d.push(0xC3, out);
+  d.push(256, out);
+  d.push(0xA9, out);
+  CHECK(out == "\xC3\xA9");
+}
+
+TEST_CASE("detokenizer replaces bytes that cannot form a character", "[text][detokenizer]") {
+  const text::byte_tokenizer tok({"<eos>"});
+  text::detokenizer<text::byte_tokenizer> d(tok, true);
+  std::string out;
+  d.push(0x80, out);  // lone continuation
+  CHECK(out == text::replacement_character);
+  out.clear();
+  d.push(0xE4, out);
+  d.push('x', out);  // the sequence is broken by an ASCII byte
+  CHECK(out == std::string(text::replacement_character) + "x");
+  out.clear();
+  d.push(0xE4, out);
+  d.push(0xB8, out);
+  d.flush(out);  // the stream ends mid-character
+  CHECK(out == std::string(text::replacement_character) + std::string(text::replacement_character));
+  out.clear();
+  d.push(256, out);  // rendered when asked
+  CHECK(out == "<eos>");
+  CHECK(utf8::is_valid(out));
+}
