@@ -1,0 +1,449 @@
+// efim-bench: the EFIM paper's multi-round infilling workload, in-process, on one engine and model.
+//
+// For each document of T tokens: H = half its characters, c = H / (R + 2); the prefix is doc[:c],
+// the suffix doc[H:], and round r (0-based) has typed doc[c : c * (r + 2)]. U users run at once,
+// each user's rounds in sequence, each request generating a fixed number of tokens (EOS ignored).
+// Schemes: psm-nocache (PSM, no prefix cache), psm (PSM with it), efim (EFIM with it), spm.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+#include "efim/efim.hpp"
+
+namespace fs = std::filesystem;
+using json = nlohmann::ordered_json;
+
+namespace {
+
+struct options {
+  std::string corpus = EFIM_DEFAULT_CORPUS;
+  bool corpus_is_default = true;
+  std::size_t users = 16;
+  std::size_t rounds = 5;
+  std::size_t output_tokens = 16;
+  std::size_t documents = 0;  // 0: one per user
+  std::size_t min_doc_tokens = 2000;
+  std::size_t max_doc_tokens = 4000;
+  std::vector<std::string> schemes{"psm-nocache", "psm", "efim"};
+  std::string json_path;
+  std::size_t threads = 0;
+  std::size_t block_size = 16;
+  std::size_t cache_blocks = 8192;
+  std::size_t batch_tokens = 512;
+  efim::model::config model;
+  std::uint64_t seed = 42;
+  bool progress = true;
+};
+
+const char* const usage = R"(usage: efim-bench [options]
+
+Runs the EFIM multi-round infilling workload in-process and compares prompt layouts on the same
+engine and model.
+
+workload
+  --corpus DIR            directory of source files (default: this repository's sources)
+  --users U               users running at once (16)
+  --rounds R              rounds per document (5)
+  --output-tokens N       tokens generated per request, EOS ignored (16)
+  --documents D           documents to use, spread over the users (default: one per user)
+  --min-doc-tokens N      shortest document, in tokens (2000)
+  --max-doc-tokens N      longest document, in tokens (4000)
+  --schemes LIST          comma-separated: psm-nocache,psm,efim,spm (psm-nocache,psm,efim)
+engine
+  --threads N             compute threads (0: all cores)
+  --block-size N          tokens per KV block (16)
+  --cache-blocks N        KV blocks in the cache (8192)
+  --batch-tokens N        tokens computed per engine step (512)
+model (random weights, Llama architecture, byte-level tokenizer with Qwen2.5-Coder FIM tokens)
+  --hidden N --layers N --heads N --kv-heads N --ffn N --seed S
+output
+  --json FILE             write the results as JSON
+  --quiet                 no progress on stderr
+)";
+
+[[noreturn]] void fail(const std::string& message) {
+  std::cerr << "efim-bench: " << message << "\n";
+  std::exit(2);
+}
+
+std::size_t parse_count(const std::string& flag, const std::string& value, std::size_t min = 1) {
+  std::size_t pos = 0;
+  unsigned long long v = 0;
+  try {
+    v = std::stoull(value, &pos);
+  } catch (const std::exception&) {
+    pos = 0;
+  }
+  if (pos != value.size() || value.empty() || value[0] == '-' || v < min)
+    fail(flag + " needs a whole number >= " + std::to_string(min) + ", not '" + value + "'");
+  return static_cast<std::size_t>(v);
+}
+
+options parse(int argc, char** argv) {
+  options o;
+  o.model.hidden = 128;
+  o.model.layers = 4;
+  o.model.heads = 4;
+  o.model.kv_heads = 2;
+  o.model.ffn = 384;
+  o.model.max_context = 8192;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--help" || flag == "-h") {
+      std::cout << usage;
+      std::exit(0);
+    }
+    if (flag == "--quiet") {
+      o.progress = false;
+      continue;
+    }
+    if (i + 1 >= argc) fail("unknown option or missing value: " + flag + " (see --help)");
+    const std::string v = argv[++i];
+    if (flag == "--corpus") {
+      o.corpus = v;
+      o.corpus_is_default = false;
+    } else if (flag == "--users") {
+      o.users = parse_count(flag, v);
+    } else if (flag == "--rounds") {
+      o.rounds = parse_count(flag, v);
+    } else if (flag == "--output-tokens") {
+      o.output_tokens = parse_count(flag, v);
+    } else if (flag == "--documents") {
+      o.documents = parse_count(flag, v);
+    } else if (flag == "--min-doc-tokens") {
+      o.min_doc_tokens = parse_count(flag, v);
+    } else if (flag == "--max-doc-tokens") {
+      o.max_doc_tokens = parse_count(flag, v);
+    } else if (flag == "--schemes") {
+      o.schemes.clear();
+      std::stringstream list(v);
+      for (std::string s; std::getline(list, s, ',');) {
+        if (s != "psm-nocache" && s != "psm" && s != "efim" && s != "spm")
+          fail("unknown scheme '" + s + "' (psm-nocache, psm, efim, spm)");
+        o.schemes.push_back(s);
+      }
+      if (o.schemes.empty()) fail("--schemes names no scheme");
+    } else if (flag == "--json") {
+      o.json_path = v;
+    } else if (flag == "--threads") {
+      o.threads = parse_count(flag, v, 0);
+    } else if (flag == "--block-size") {
+      o.block_size = parse_count(flag, v);
+    } else if (flag == "--cache-blocks") {
+      o.cache_blocks = parse_count(flag, v);
+    } else if (flag == "--batch-tokens") {
+      o.batch_tokens = parse_count(flag, v);
+    } else if (flag == "--hidden") {
+      o.model.hidden = parse_count(flag, v);
+    } else if (flag == "--layers") {
+      o.model.layers = parse_count(flag, v);
+    } else if (flag == "--heads") {
+      o.model.heads = parse_count(flag, v);
+    } else if (flag == "--kv-heads") {
+      o.model.kv_heads = parse_count(flag, v);
+    } else if (flag == "--ffn") {
+      o.model.ffn = parse_count(flag, v);
+    } else if (flag == "--seed") {
+      o.seed = parse_count(flag, v, 0);
+    } else {
+      fail("unknown option " + flag + " (see --help)");
+    }
+  }
+  if (o.min_doc_tokens > o.max_doc_tokens) fail("--min-doc-tokens is larger than --max-doc-tokens");
+  if (o.documents == 0) o.documents = o.users;
+  return o;
+}
+
+struct document {
+  std::string path;  // relative to the corpus
+  std::string text;
+  std::size_t tokens = 0;
+};
+
+bool is_source_file(const fs::path& p) {
+  static const std::vector<std::string> endings{".hpp", ".cpp", ".h",  ".hh", ".cc",  ".c",   ".cu", ".cuh",
+                                                ".py",  ".rs",  ".go", ".js", ".ts",  ".java", ".cmake", ".sh"};
+  const std::string name = p.filename().string();
+  if (name == "CMakeLists.txt") return true;
+  return std::find(endings.begin(), endings.end(), p.extension().string()) != endings.end();
+}
+
+// Source files of the corpus whose token count is in range, in path order.
+template <class Tokenizer>
+std::vector<document> load_corpus(const options& o, const Tokenizer& tok) {
+  std::error_code ec;
+  if (!fs::is_directory(o.corpus, ec)) fail("corpus '" + o.corpus + "' is not a readable directory");
+  std::vector<fs::path> files;
+  for (auto it = fs::recursive_directory_iterator(o.corpus, fs::directory_options::skip_permission_denied, ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    const auto name = it->path().filename().string();
+    if (it->is_directory() && (name.starts_with(".") || name.starts_with("build"))) {
+      it.disable_recursion_pending();
+      continue;
+    }
+    if (it->is_regular_file() && is_source_file(it->path())) files.push_back(it->path());
+  }
+  if (ec) fail("cannot list corpus '" + o.corpus + "': " + ec.message());
+  std::sort(files.begin(), files.end());
+  std::vector<document> docs;
+  std::vector<efim::token_id> ids;
+  for (const auto& f : files) {
+    std::ifstream in(f, std::ios::binary);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (!in.good() && !in.eof()) continue;
+    if (!efim::utf8::is_valid(text)) continue;
+    ids.clear();
+    tok.encode(text, ids);
+    if (ids.size() < o.min_doc_tokens || ids.size() > o.max_doc_tokens) continue;
+    docs.push_back({fs::relative(f, o.corpus).string(), std::move(text), ids.size()});
+    if (docs.size() == o.documents) break;
+  }
+  if (docs.empty())
+    fail("corpus '" + o.corpus + "' has no source file of " + std::to_string(o.min_doc_tokens) + "-" +
+         std::to_string(o.max_doc_tokens) + " tokens");
+  if (docs.size() < o.documents)
+    std::cerr << "efim-bench: warning: only " << docs.size() << " of the " << o.documents
+              << " documents asked for are in the corpus\n";
+  return docs;
+}
+
+// Byte offset of the n-th character of valid UTF-8 text.
+std::size_t char_offset(std::string_view s, std::size_t n) {
+  std::size_t pos = 0;
+  for (; n > 0 && pos < s.size(); --n) pos += efim::utf8::valid_sequence_at(s, pos);
+  return pos;
+}
+
+std::size_t char_count(std::string_view s) {
+  std::size_t n = 0;
+  for (std::size_t pos = 0; pos < s.size(); ++n) pos += efim::utf8::valid_sequence_at(s, pos);
+  return n;
+}
+
+// The rounds of one document: (full prefix, suffix) per round; the session's anchor is doc[:c].
+struct round_request {
+  std::string prefix, suffix;
+};
+std::vector<round_request> rounds_of(const document& d, std::size_t rounds) {
+  const std::size_t half = char_count(d.text) / 2;
+  const std::size_t c = half / (rounds + 2);
+  const std::string suffix = d.text.substr(char_offset(d.text, half));
+  std::vector<round_request> out;
+  for (std::size_t r = 0; r < rounds; ++r) out.push_back({d.text.substr(0, char_offset(d.text, c * (r + 2))), suffix});
+  return out;
+}
+
+struct sample {
+  double latency_ms, ttft_ms;
+  std::size_t prompt_tokens, cached_tokens;
+};
+
+struct scheme_result {
+  std::string name;
+  std::vector<sample> samples;
+  double wall_s = 0;
+  efim::cache::cache_stats cache;
+};
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double rank = p / 100.0 * static_cast<double>(v.size() - 1);
+  const auto lo = static_cast<std::size_t>(rank);
+  const std::size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (rank - static_cast<double>(lo));
+}
+
+json summarize(const scheme_result& r) {
+  std::vector<double> latency, ttft;
+  std::size_t prompt = 0, cached = 0;
+  for (const auto& s : r.samples) {
+    latency.push_back(s.latency_ms);
+    ttft.push_back(s.ttft_ms);
+    prompt += s.prompt_tokens;
+    cached += s.cached_tokens;
+  }
+  const auto mean = [](const std::vector<double>& v) {
+    double sum = 0;
+    for (const double x : v) sum += x;
+    return v.empty() ? 0.0 : sum / static_cast<double>(v.size());
+  };
+  json j;
+  j["requests"] = r.samples.size();
+  j["mean_latency_ms"] = mean(latency);
+  j["p50_latency_ms"] = percentile(latency, 50);
+  j["p99_latency_ms"] = percentile(latency, 99);
+  j["mean_ttft_ms"] = mean(ttft);
+  j["requests_per_s"] = r.wall_s > 0 ? static_cast<double>(r.samples.size()) / r.wall_s : 0.0;
+  j["prompt_tokens"] = prompt;
+  j["computed_prompt_tokens"] = prompt - cached;
+  j["cache_hit_rate"] = prompt ? static_cast<double>(cached) / static_cast<double>(prompt) : 0.0;
+  j["wall_s"] = r.wall_s;
+  j["evicted_blocks"] = r.cache.evicted_blocks;
+  return j;
+}
+
+template <class Format>
+using bench_pipeline = efim::engine::pipeline<Format, efim::cache::xxh3_128_chain, efim::cache::lru,
+                                              efim::text::at_boundaries, efim::kernels::host>;
+
+template <class Format>
+scheme_result run_scheme(const std::string& name, bool reuse, const options& o, const efim::model::weights& w,
+                         const std::vector<document>& docs) {
+  efim::engine::pipeline_options po;
+  po.cache = {o.block_size, o.cache_blocks, reuse};
+  po.schedule.max_batch_tokens = o.batch_tokens;
+  po.schedule.max_running = std::max<std::size_t>(o.users, 1);
+  po.threads = o.threads;
+  po.session.reanchor_bytes = std::string::npos;  // the workload never re-anchors
+  bench_pipeline<Format> p(efim::text::byte_tokenizer(efim::prompt::qwen25_coder.special_tokens()), w, po);
+
+  std::vector<std::vector<round_request>> work;
+  for (const auto& d : docs) work.push_back(rounds_of(d, o.rounds));
+  const std::size_t total = work.size() * o.rounds;
+
+  scheme_result result{name, {}, 0, {}};
+  std::mutex mutex;
+  std::atomic<std::size_t> done{0};
+  std::optional<std::string> failure;
+  const bool tty = isatty(STDERR_FILENO);
+  const auto start = std::chrono::steady_clock::now();
+  {
+    efim::engine::async_runner<bench_pipeline<Format>> runner(p);
+    std::vector<std::thread> users;
+    for (std::size_t u = 0; u < o.users; ++u)
+      users.emplace_back([&, u] {
+        for (std::size_t d = u; d < work.size(); d += o.users)
+          for (const auto& round : work[d]) {
+            efim::engine::request r;
+            r.prefix = round.prefix;
+            r.suffix = round.suffix;
+            r.session = name + "/" + std::to_string(d);
+            r.max_tokens = o.output_tokens;
+            r.ignore_eos = true;
+            try {
+              const auto c = runner.submit(std::move(r)).get();
+              std::lock_guard lock(mutex);
+              result.samples.push_back({c.latency_ms(), c.ttft_ms(), c.prompt_tokens, c.cached_tokens});
+            } catch (const std::exception& e) {
+              std::lock_guard lock(mutex);
+              if (!failure) failure = e.what();
+              return;
+            }
+            const std::size_t n = ++done;
+            if (o.progress && (tty || n % 10 == 0 || n == total)) {
+              std::lock_guard lock(mutex);
+              std::cerr << (tty ? "\r" : "") << name << ": " << n << "/" << total << " requests" << (tty ? "" : "\n")
+                        << std::flush;
+            }
+          }
+      });
+    for (auto& t : users) t.join();
+  }
+  result.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (o.progress && tty) std::cerr << "\n";
+  if (failure) fail(name + ": a request failed: " + *failure);
+  result.cache = p.cache().stats();
+  return result;
+}
+
+std::string fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const options o = parse(argc, argv);
+  try {
+    const efim::text::byte_tokenizer tok(efim::prompt::qwen25_coder.special_tokens());
+    auto cfg = o.model;
+    cfg.vocab = tok.vocab_size();
+    const auto weights = efim::model::random_weights(cfg, o.seed);
+    const auto docs = load_corpus(o, tok);
+    std::cerr << "efim-bench: tokenizer byte-level + " << efim::prompt::qwen25_coder.family << " FIM tokens; model "
+              << cfg.architecture << " hidden " << cfg.hidden << ", " << cfg.layers << " layers, " << cfg.heads << "/"
+              << cfg.kv_heads << " heads, ffn " << cfg.ffn << "; " << docs.size() << " documents, " << o.users
+              << " users, " << o.rounds << " rounds\n";
+
+    std::vector<scheme_result> results;
+    for (const auto& s : o.schemes) {
+      if (s == "psm-nocache") results.push_back(run_scheme<efim::prompt::psm>(s, false, o, weights, docs));
+      if (s == "psm") results.push_back(run_scheme<efim::prompt::psm>(s, true, o, weights, docs));
+      if (s == "efim") results.push_back(run_scheme<efim::prompt::efim>(s, true, o, weights, docs));
+      if (s == "spm") results.push_back(run_scheme<efim::prompt::spm>(s, true, o, weights, docs));
+    }
+
+    json out;
+    out["model"] = {{"architecture", cfg.architecture},
+                    {"vocab", cfg.vocab},
+                    {"hidden", cfg.hidden},
+                    {"layers", cfg.layers},
+                    {"heads", cfg.heads},
+                    {"kv_heads", cfg.kv_heads},
+                    {"ffn", cfg.ffn},
+                    {"seed", o.seed},
+                    {"tokenizer", "byte-level + qwen2.5-coder FIM tokens"}};
+    json doc_list = json::array();
+    for (const auto& d : docs) doc_list.push_back({{"path", d.path}, {"tokens", d.tokens}});
+    out["workload"] = {{"users", o.users},
+                       {"rounds", o.rounds},
+                       {"output_tokens", o.output_tokens},
+                       {"corpus", o.corpus_is_default ? std::string("(repository sources)") : o.corpus},
+                       {"documents", doc_list}};
+    out["engine"] = {{"threads", o.threads == 0 ? std::thread::hardware_concurrency() : o.threads},
+                     {"block_size", o.block_size},
+                     {"cache_blocks", o.cache_blocks},
+                     {"batch_tokens", o.batch_tokens}};
+    json schemes = json::object();
+    for (const auto& r : results) schemes[r.name] = summarize(r);
+    out["schemes"] = schemes;
+
+    std::printf("%-12s %8s %10s %10s %10s %10s %8s %10s %10s %6s\n", "scheme", "requests", "mean_ms", "p50_ms",
+                "p99_ms", "ttft_ms", "req/s", "prompt", "computed", "hit");
+    for (const auto& [name, s] : schemes.items())
+      std::printf("%-12s %8zu %10.1f %10.1f %10.1f %10.1f %8.2f %10zu %10zu %6.3f\n", name.c_str(),
+                  s["requests"].get<std::size_t>(), s["mean_latency_ms"].get<double>(),
+                  s["p50_latency_ms"].get<double>(), s["p99_latency_ms"].get<double>(),
+                  s["mean_ttft_ms"].get<double>(), s["requests_per_s"].get<double>(),
+                  s["prompt_tokens"].get<std::size_t>(), s["computed_prompt_tokens"].get<std::size_t>(),
+                  s["cache_hit_rate"].get<double>());
+    if (schemes.contains("efim") && schemes.contains("psm")) {
+      const auto& e = schemes["efim"];
+      const auto& p = schemes["psm"];
+      const auto ratio = [&](const char* key) { return e[key].get<double>() / std::max(p[key].get<double>(), 1e-12); };
+      json ratios = {{"mean_latency", ratio("mean_latency_ms")},
+                     {"p99_latency", ratio("p99_latency_ms")},
+                     {"mean_ttft", ratio("mean_ttft_ms")},
+                     {"requests_per_s", ratio("requests_per_s")},
+                     {"computed_prompt_tokens", ratio("computed_prompt_tokens")}};
+      out["ratios_efim_over_psm"] = ratios;
+      std::printf("\nefim/psm: mean latency %sx, p99 latency %sx, ttft %sx, requests/s %sx, computed prompt tokens %sx\n",
+                  fixed(ratios["mean_latency"], 3).c_str(), fixed(ratios["p99_latency"], 3).c_str(),
+                  fixed(ratios["mean_ttft"], 3).c_str(), fixed(ratios["requests_per_s"], 2).c_str(),
+                  fixed(ratios["computed_prompt_tokens"], 3).c_str());
+    }
+    if (!o.json_path.empty()) {
+      std::ofstream f(o.json_path);
+      f << out.dump(2) << "\n";
+      if (!f) fail("cannot write " + o.json_path);
+    }
+  } catch (const efim::error& e) {
+    fail(e.what());
+  }
+  return 0;
+}

@@ -1,0 +1,136 @@
+// The example programs, run as a user runs them: real processes, real files, real arguments.
+#include <sys/wait.h>
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace fs = std::filesystem;
+
+namespace {
+struct run_result {
+  int exit_code;
+  std::string output;  // stdout and stderr
+};
+
+run_result run(const std::string& args) {
+  const std::string cmd = std::string(EFIM_BENCH_PATH) + " " + args + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  std::string out;
+  char buf[4096];
+  for (std::size_t n; (n = fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+// A scratch directory removed at the end of the test.
+struct temp_dir {
+  fs::path path;
+  explicit temp_dir(const std::string& name) : path(fs::temp_directory_path() / ("efim-test-" + name)) {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~temp_dir() { fs::remove_all(path); }
+};
+
+// Writes a Python-looking file of about `bytes` bytes.
+void write_source(const fs::path& p, std::size_t bytes, int seed) {
+  std::ofstream f(p);
+  std::size_t written = 0;
+  for (int i = 0; written < bytes; ++i) {
+    const std::string line = "def f_" + std::to_string(seed) + "_" + std::to_string(i) + "(x):\n    return x * " +
+                             std::to_string(i + seed) + "\n\n";
+    f << line;
+    written += line.size();
+  }
+}
+
+const std::string tiny_model = " --hidden 16 --layers 1 --heads 2 --kv-heads 1 --ffn 32 --quiet";
+}  // namespace
+
+TEST_CASE("efim-bench writes the documented JSON on a small workload", "[examples][bench]") {
+  temp_dir dir("bench-json");
+  for (int i = 0; i < 3; ++i) {
+    std::string name = "m";  // (not "m" + ...: GCC 12 -Wrestrict false positive)
+    name += std::to_string(i);
+    write_source(dir.path / (name + ".py"), 900 + 100 * static_cast<std::size_t>(i), i);
+  }
+  write_source(dir.path / "too_long.py", 5000, 9);
+  std::ofstream(dir.path / "notes.md") << "not a source file";
+  const auto json_path = dir.path / "out.json";
+  const auto r = run("--corpus " + dir.path.string() + " --users 2 --documents 3 --rounds 3 --output-tokens 4" +
+                     " --min-doc-tokens 500 --max-doc-tokens 2000 --schemes psm-nocache,psm,efim,spm --json " +
+                     json_path.string() + tiny_model);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("efim/psm") != std::string::npos);
+
+  std::ifstream in(json_path);
+  const auto j = nlohmann::json::parse(in);
+  CHECK(j["workload"]["users"] == 2);
+  CHECK(j["workload"]["rounds"] == 3);
+  CHECK(j["workload"]["output_tokens"] == 4);
+  REQUIRE(j["workload"]["documents"].size() == 3);
+  CHECK(j["workload"]["documents"][0]["path"] == "m0.py");
+  CHECK(j["model"]["hidden"] == 16);
+  std::size_t prompt_tokens = 0;
+  for (const char* name : {"psm-nocache", "psm", "efim", "spm"}) {
+    INFO(name);
+    const auto& s = j["schemes"][name];
+    for (const char* key : {"requests", "mean_latency_ms", "p50_latency_ms", "p99_latency_ms", "mean_ttft_ms",
+                            "requests_per_s", "prompt_tokens", "computed_prompt_tokens", "cache_hit_rate"})
+      CHECK(s.contains(key));
+    CHECK(s["requests"] == 9);
+    CHECK(s["computed_prompt_tokens"].get<std::size_t>() <= s["prompt_tokens"].get<std::size_t>());
+    CHECK(s["mean_latency_ms"].get<double>() >= s["mean_ttft_ms"].get<double>());
+    CHECK(s["p99_latency_ms"].get<double>() >= s["p50_latency_ms"].get<double>());
+    prompt_tokens = s["prompt_tokens"];
+  }
+  // PSM and EFIM prompts hold the same text, so the same number of byte-level tokens.
+  CHECK(j["schemes"]["psm"]["prompt_tokens"] == prompt_tokens);
+  CHECK(j["schemes"]["psm-nocache"]["cache_hit_rate"] == 0.0);
+  CHECK(j["schemes"]["psm-nocache"]["computed_prompt_tokens"] == j["schemes"]["psm-nocache"]["prompt_tokens"]);
+  CHECK(j["schemes"]["efim"]["cache_hit_rate"].get<double>() > j["schemes"]["psm"]["cache_hit_rate"].get<double>());
+  CHECK(j.contains("ratios_efim_over_psm"));
+}
+
+TEST_CASE("efim-bench's default workload reaches the EFIM cache targets", "[examples][bench]") {
+  // Hit rates depend on tokens only, so a tiny model shows them for the default workload.
+  const auto r = run("--schemes psm,efim --json /dev/stdout" + tiny_model);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const auto j =
+      nlohmann::json::parse(r.output.substr(r.output.find('{'), r.output.rfind('}') - r.output.find('{') + 1));
+  CHECK(j["workload"]["users"] == 16);
+  CHECK(j["workload"]["documents"].size() == 16);
+  CHECK(j["schemes"]["efim"]["cache_hit_rate"].get<double>() >= 0.70);
+  CHECK(j["schemes"]["psm"]["cache_hit_rate"].get<double>() <= 0.35);
+  CHECK(j["schemes"]["efim"]["computed_prompt_tokens"].get<double>() <=
+        0.5 * j["schemes"]["psm"]["computed_prompt_tokens"].get<double>());
+}
+
+TEST_CASE("efim-bench rejects bad arguments with a clear message", "[examples][bench]") {
+  temp_dir dir("bench-args");
+  const auto expect_failure = [](const std::string& args, const std::string& says) {
+    const auto r = run(args);
+    INFO(args << "\n" << r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find(says) != std::string::npos);
+  };
+  expect_failure("--users 0", "--users needs a whole number >= 1");
+  expect_failure("--users many", "not 'many'");
+  expect_failure("--rounds -3", "--rounds needs");
+  expect_failure("--bogus 1", "unknown option --bogus");
+  expect_failure("--users", "missing value");
+  expect_failure("--schemes psm,xyz", "unknown scheme 'xyz'");
+  expect_failure("--corpus " + (dir.path / "missing").string(), "is not a readable directory");
+  expect_failure("--corpus " + dir.path.string(), "has no source file");
+  expect_failure("--min-doc-tokens 10 --max-doc-tokens 5", "larger than");
+  expect_failure(tiny_model + " --heads 3", "multiple of heads");
+  const auto help = run("--help");
+  CHECK(help.exit_code == 0);
+  CHECK(help.output.find("usage: efim-bench") != std::string::npos);
+}
