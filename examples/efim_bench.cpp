@@ -4,6 +4,7 @@
 // the suffix doc[H:], and round r (0-based) has typed doc[c : c * (r + 2)]. U users run at once,
 // each user's rounds in sequence, each request generating a fixed number of tokens (EOS ignored).
 // Schemes: psm-nocache (PSM, no prefix cache), psm (PSM with it), efim (EFIM with it), spm.
+#include <unistd.h>
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -17,7 +18,6 @@
 #include <sstream>
 #include <string>
 #include <thread>
-#include <unistd.h>
 #include <vector>
 
 #include "efim/efim.hpp"
@@ -173,8 +173,8 @@ struct document {
 };
 
 bool is_source_file(const fs::path& p) {
-  static const std::vector<std::string> endings{".hpp", ".cpp", ".h",  ".hh", ".cc",  ".c",   ".cu", ".cuh",
-                                                ".py",  ".rs",  ".go", ".js", ".ts",  ".java", ".cmake", ".sh"};
+  static const std::vector<std::string> endings{".hpp", ".cpp", ".h",  ".hh", ".cc", ".c",    ".cu",    ".cuh",
+                                                ".py",  ".rs",  ".go", ".js", ".ts", ".java", ".cmake", ".sh"};
   const std::string name = p.filename().string();
   if (name == "CMakeLists.txt") return true;
   return std::find(endings.begin(), endings.end(), p.extension().string()) != endings.end();
@@ -418,10 +418,9 @@ int main(int argc, char** argv) {
     for (const auto& [name, s] : schemes.items())
       std::printf("%-12s %8zu %10.1f %10.1f %10.1f %10.1f %8.2f %10zu %10zu %6.3f\n", name.c_str(),
                   s["requests"].get<std::size_t>(), s["mean_latency_ms"].get<double>(),
-                  s["p50_latency_ms"].get<double>(), s["p99_latency_ms"].get<double>(),
-                  s["mean_ttft_ms"].get<double>(), s["requests_per_s"].get<double>(),
-                  s["prompt_tokens"].get<std::size_t>(), s["computed_prompt_tokens"].get<std::size_t>(),
-                  s["cache_hit_rate"].get<double>());
+                  s["p50_latency_ms"].get<double>(), s["p99_latency_ms"].get<double>(), s["mean_ttft_ms"].get<double>(),
+                  s["requests_per_s"].get<double>(), s["prompt_tokens"].get<std::size_t>(),
+                  s["computed_prompt_tokens"].get<std::size_t>(), s["cache_hit_rate"].get<double>());
     if (schemes.contains("efim") && schemes.contains("psm")) {
       const auto& e = schemes["efim"];
       const auto& p = schemes["psm"];
@@ -432,10 +431,11 @@ int main(int argc, char** argv) {
                      {"requests_per_s", ratio("requests_per_s")},
                      {"computed_prompt_tokens", ratio("computed_prompt_tokens")}};
       out["ratios_efim_over_psm"] = ratios;
-      std::printf("\nefim/psm: mean latency %sx, p99 latency %sx, ttft %sx, requests/s %sx, computed prompt tokens %sx\n",
-                  fixed(ratios["mean_latency"], 3).c_str(), fixed(ratios["p99_latency"], 3).c_str(),
-                  fixed(ratios["mean_ttft"], 3).c_str(), fixed(ratios["requests_per_s"], 2).c_str(),
-                  fixed(ratios["computed_prompt_tokens"], 3).c_str());
+      std::printf(
+          "\nefim/psm: mean latency %sx, p99 latency %sx, ttft %sx, requests/s %sx, computed prompt tokens %sx\n",
+          fixed(ratios["mean_latency"], 3).c_str(), fixed(ratios["p99_latency"], 3).c_str(),
+          fixed(ratios["mean_ttft"], 3).c_str(), fixed(ratios["requests_per_s"], 2).c_str(),
+          fixed(ratios["computed_prompt_tokens"], 3).c_str());
     }
     if (!o.json_path.empty()) {
       std::ofstream f(o.json_path);

@@ -144,6 +144,26 @@ TEST_CASE("rmsnorm, rope and swiglu match their definitions", "[kernels]") {
   for (std::size_t i = 0; i < 3; ++i) CHECK(h[i] == Approx(gate[i] / (1 + std::exp(-gate[i])) * up[i]));
 }
 
+TEST_CASE("exp16 matches std::exp over the softmax range", "[kernels]") {
+  double worst = 0;
+  for (float x0 = -90.0f; x0 < 1.0f; x0 += 0.37f) {
+    float v[16];
+    for (int i = 0; i < 16; ++i) v[i] = x0 + 0.0231f * static_cast<float>(i);
+    float e[16];
+    std::copy(v, v + 16, e);
+    kernels::detail::exp16(e);
+    for (int i = 0; i < 16; ++i) {
+      if (v[i] < -87.3f) continue;  // clamped
+      const double want = std::exp(static_cast<double>(v[i]));
+      worst = std::max(worst, std::abs(e[i] - want) / want);
+    }
+  }
+  CHECK(worst < 3e-7);
+  float zero[16] = {};
+  kernels::detail::exp16(zero);
+  CHECK(zero[0] == 1.0f);
+}
+
 TEST_CASE("sampling: greedy, top-k, top-p and seeded draws", "[kernels][sampling]") {
   const std::vector<float> logits{1.0f, 3.0f, 3.0f, 0.5f, 2.0f};
   CHECK(kernels::argmax(logits) == 1);  // lowest id among ties

@@ -1,10 +1,15 @@
 #pragma once
 // Causal attention over paged KV, and the write of new K/V rows into their pages.
-// A query at position p attends to positions 0..p of its own sequence, in order, so its result is
-// the same whatever batch or chunk it is computed in and wherever its blocks lie.
+//
+// A query at position p attends to positions 0..p of its own sequence. Every value a query's result
+// depends on (its scores, their maximum, exponentials, sum, and the weighted sum of values) is
+// computed in an order fixed by key positions alone, so the result is the same whatever batch,
+// chunk or tile the query is computed in and wherever its blocks lie.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
+#include <cstring>
 #include <span>
 #include <vector>
 
@@ -21,61 +26,162 @@ struct token_slot {
   position pos = 0;
 };
 
-// k, v: (tokens, kv_heads, head_dim) rows for the batch's tokens; caches: the paged layout.
+// k, v: (tokens, kv_heads, head_dim) rows for the batch's tokens, written into their pages.
 inline void kv_write(const kv::paged_layout& l, float* k_cache, float* v_cache, const float* k, const float* v,
                      std::span<const token_slot> tokens) noexcept {
   const std::size_t row = l.kv_heads * l.head_dim;
   for (std::size_t t = 0; t < tokens.size(); ++t) {
     const auto at = kv::locate(tokens[t].table, l.block_size, static_cast<std::size_t>(tokens[t].pos));
     for (std::size_t g = 0; g < l.kv_heads; ++g) {
-      const std::size_t off = l.offset(at.block, g, at.slot);
-      std::copy_n(k + t * row + g * l.head_dim, l.head_dim, k_cache + off);
-      std::copy_n(v + t * row + g * l.head_dim, l.head_dim, v_cache + off);
+      const float* src_k = k + t * row + g * l.head_dim;
+      float* dst_k = k_cache + l.key_offset(at.block, g) + at.slot;
+      for (std::size_t d = 0; d < l.head_dim; ++d) dst_k[d * l.block_size] = src_k[d];
+      std::copy_n(v + t * row + g * l.head_dim, l.head_dim, v_cache + l.offset(at.block, g, at.slot));
     }
   }
 }
 
 namespace detail {
-// One query head against positions 0..pos: scores, softmax, weighted sum of values.
-inline void attend_one(const kv::paged_layout& l, const float* k_cache, const float* v_cache, const float* q,
-                       float* out, const token_slot& tok, std::size_t kv_head, float scale, float* scores) noexcept {
-  const std::size_t n = static_cast<std::size_t>(tok.pos) + 1;
-  const std::size_t d = l.head_dim;
-  float max_score = -INFINITY;
-  for (std::size_t j = 0; j < n; ++j) {
-    const auto at = kv::locate(tok.table, l.block_size, j);
-    scores[j] = dot(q, k_cache + l.offset(at.block, kv_head, at.slot), d) * scale;
-    max_score = std::max(max_score, scores[j]);
+
+inline constexpr std::size_t max_rows = 8;  // query heads computed together against the same keys
+
+// One query head of one token: its query, where its output goes, and how many keys it sees.
+struct attention_row {
+  const float* q;
+  float* out;
+  std::size_t keys;
+};
+
+// scores[r][slot] = q_r . K[slot] for the block's slots: each score a sum over dimensions in order.
+template <std::size_t R>
+inline void block_scores(const attention_row* rows, const float* keys, std::size_t block_size, std::size_t head_dim,
+                         float* const* scores) noexcept {
+  std::size_t slot = 0;
+  for (; slot + lanes <= block_size; slot += lanes) {
+    vfloat acc[R];
+    for (std::size_t r = 0; r < R; ++r) acc[r] = vfloat{};
+    for (std::size_t d = 0; d < head_dim; ++d) {
+      vfloat k;
+      std::memcpy(&k, keys + d * block_size + slot, sizeof k);
+      for (std::size_t r = 0; r < R; ++r) acc[r] = acc[r] + rows[r].q[d] * k;
+    }
+    for (std::size_t r = 0; r < R; ++r) std::memcpy(scores[r] + slot, &acc[r], sizeof(vfloat));
   }
-  float sum = 0.0f;
-  for (std::size_t j = 0; j < n; ++j) {
-    scores[j] = std::exp(scores[j] - max_score);
-    sum += scores[j];
-  }
-  std::fill_n(out, d, 0.0f);
-  for (std::size_t j = 0; j < n; ++j) {
-    const auto at = kv::locate(tok.table, l.block_size, j);
-    axpy(scores[j], v_cache + l.offset(at.block, kv_head, at.slot), out, d);
-  }
-  const float inv = 1.0f / sum;
-  for (std::size_t i = 0; i < d; ++i) out[i] *= inv;
+  for (; slot < block_size; ++slot)
+    for (std::size_t r = 0; r < R; ++r) {
+      float s = 0.0f;
+      for (std::size_t d = 0; d < head_dim; ++d) s = s + rows[r].q[d] * keys[d * block_size + slot];
+      scores[r][slot] = s;
+    }
 }
+
+// Rows of the same sequence and KV head: scores, softmax, and the weighted sum of values.
+// `scratch` holds R rows of `stride` floats, stride >= every row's keys rounded up to blocks and lanes.
+template <std::size_t R>
+inline void attend_rows(const kv::paged_layout& l, const float* k_cache, const float* v_cache,
+                        std::span<const block_id> table, std::size_t kv_head, const attention_row* rows, float scale,
+                        float* scratch, std::size_t stride) noexcept {
+  const std::size_t bs = l.block_size, d = l.head_dim;
+  std::size_t most = 0;
+  for (std::size_t r = 0; r < R; ++r) most = std::max(most, rows[r].keys);
+  float* scores[R];
+  for (std::size_t r = 0; r < R; ++r) scores[r] = scratch + r * stride;
+
+  for (std::size_t b = 0; b * bs < most; ++b) {
+    float* at[R];
+    for (std::size_t r = 0; r < R; ++r) at[r] = scores[r] + b * bs;
+    block_scores<R>(rows, k_cache + l.key_offset(table[b], kv_head), bs, d, at);
+  }
+
+  float inv_sum[R];
+  for (std::size_t r = 0; r < R; ++r) {
+    float* s = scores[r];
+    const std::size_t n = rows[r].keys;
+    float top = -INFINITY;
+    for (std::size_t j = 0; j < n; ++j) top = std::max(top, s[j] * scale);
+    const std::size_t padded = (n + lanes - 1) / lanes * lanes;
+    vfloat sum{};
+    for (std::size_t j = 0; j < padded; j += lanes) {
+      for (std::size_t i = j; i < j + lanes; ++i) s[i] = s[i] * scale - top;
+      exp16(s + j);
+      for (std::size_t i = std::max(j, n); i < j + lanes; ++i) s[i] = 0.0f;  // past the causal end
+      vfloat e;
+      std::memcpy(&e, s + j, sizeof e);
+      sum = sum + e;
+    }
+    float lanes_sum[lanes];
+    std::memcpy(lanes_sum, &sum, sizeof lanes_sum);
+    inv_sum[r] = 1.0f / reduce_lanes(lanes_sum, 0.0f);
+    std::fill_n(rows[r].out, d, 0.0f);
+  }
+
+  for (std::size_t j = 0; j < most; ++j) {
+    const auto at = kv::locate(table, bs, j);
+    const float* v = v_cache + l.offset(at.block, kv_head, at.slot);
+    for (std::size_t r = 0; r < R; ++r)
+      if (j < rows[r].keys) axpy(scores[r][j], v, rows[r].out, d);
+  }
+  for (std::size_t r = 0; r < R; ++r)
+    for (std::size_t i = 0; i < d; ++i) rows[r].out[i] *= inv_sum[r];
+}
+
+template <std::size_t... R>
+inline void attend_rows_n(std::size_t n, std::index_sequence<R...>, const kv::paged_layout& l, const float* k_cache,
+                          const float* v_cache, std::span<const block_id> table, std::size_t kv_head,
+                          const attention_row* rows, float scale, float* scratch, std::size_t stride) noexcept {
+  ((n == R + 1 ? attend_rows<R + 1>(l, k_cache, v_cache, table, kv_head, rows, scale, scratch, stride) : void()), ...);
+}
+
+// Consecutive tokens of one sequence (positions first_pos, first_pos + 1, ...) and a range of query
+// heads sharing one KV head: at most max_rows rows.
+struct attention_tile {
+  std::size_t first_token, tokens;
+  std::size_t first_head, heads;
+};
+
 }  // namespace detail
 
 // q, out: (tokens, heads, head_dim). Query head h reads KV head h / (heads / kv_heads).
 inline void paged_attention(thread_pool& pool, const kv::paged_layout& l, const float* k_cache, const float* v_cache,
                             const float* q, float* out, std::span<const token_slot> tokens, std::size_t heads,
                             float scale) {
+  using detail::max_rows;
   const std::size_t group = heads / l.kv_heads;
-  pool.parallel_for(tokens.size() * heads, [&](std::size_t begin, std::size_t end) {
+  const std::size_t heads_per_tile = std::min(group, max_rows);
+  const std::size_t tokens_per_tile = std::max<std::size_t>(1, max_rows / heads_per_tile);
+
+  // Tiles: runs of consecutive positions of one sequence, times head ranges within a KV group.
+  std::vector<detail::attention_tile> tiles;
+  for (std::size_t t = 0; t < tokens.size();) {
+    std::size_t n = 1;
+    while (n < tokens_per_tile && t + n < tokens.size() && tokens[t + n].table.data() == tokens[t].table.data() &&
+           tokens[t + n].pos == tokens[t].pos + static_cast<position>(n))
+      ++n;
+    for (std::size_t h = 0; h < heads; h += heads_per_tile)
+      tiles.push_back({t, n, h, std::min(heads_per_tile, group - h % group)});
+    t += n;
+  }
+
+  pool.parallel_for(tiles.size(), [&](std::size_t begin, std::size_t end) {
     std::size_t longest = 0;
-    for (std::size_t i = begin; i < end; ++i)
-      longest = std::max(longest, static_cast<std::size_t>(tokens[i / heads].pos) + 1);
-    std::vector<float> scores(longest);
     for (std::size_t i = begin; i < end; ++i) {
-      const std::size_t t = i / heads, h = i % heads;
-      detail::attend_one(l, k_cache, v_cache, q + i * l.head_dim, out + i * l.head_dim, tokens[t], h / group, scale,
-                         scores.data());
+      const auto& tile = tiles[i];
+      longest = std::max(longest, static_cast<std::size_t>(tokens[tile.first_token + tile.tokens - 1].pos) + 1);
+    }
+    const std::size_t blocks = (longest + l.block_size - 1) / l.block_size;
+    const std::size_t stride = (blocks * l.block_size + detail::lanes - 1) / detail::lanes * detail::lanes;
+    std::vector<float> scratch(max_rows * stride);
+    std::array<detail::attention_row, max_rows> rows{};
+    for (std::size_t i = begin; i < end; ++i) {
+      const auto& tile = tiles[i];
+      std::size_t n = 0;
+      for (std::size_t t = tile.first_token; t < tile.first_token + tile.tokens; ++t)
+        for (std::size_t h = tile.first_head; h < tile.first_head + tile.heads; ++h)
+          rows[n++] = {q + (t * heads + h) * l.head_dim, out + (t * heads + h) * l.head_dim,
+                       static_cast<std::size_t>(tokens[t].pos) + 1};
+      detail::attend_rows_n(n, std::make_index_sequence<max_rows>{}, l, k_cache, v_cache,
+                            tokens[tile.first_token].table, tile.first_head / group, rows.data(), scale, scratch.data(),
+                            stride);
     }
   });
 }

@@ -9,7 +9,8 @@
 
 namespace efim::kv {
 
-// K or V of one layer: (block, kv_head, slot, dim), dim contiguous.
+// K and V of one layer. V is (block, kv_head, slot, dim), dim contiguous; K is (block, kv_head, dim,
+// slot), slot contiguous, so a query's scores against a block's keys are one vector per dimension.
 struct paged_layout {
   std::size_t blocks = 0;
   std::size_t kv_heads = 0;
@@ -21,8 +22,13 @@ struct paged_layout {
   EFIM_HOST_DEVICE constexpr std::size_t block_stride() const noexcept { return kv_heads * head_stride(); }
   EFIM_HOST_DEVICE constexpr std::size_t elements() const noexcept { return blocks * block_stride(); }
 
+  // V[block][head][slot][0]
   EFIM_HOST_DEVICE constexpr std::size_t offset(std::size_t block, std::size_t head, std::size_t slot) const noexcept {
     return block * block_stride() + head * head_stride() + slot * slot_stride();
+  }
+  // K[block][head][dim][slot] is at key_offset(block, head) + dim * block_size + slot.
+  EFIM_HOST_DEVICE constexpr std::size_t key_offset(std::size_t block, std::size_t head) const noexcept {
+    return block * block_stride() + head * head_stride();
   }
 };
 
