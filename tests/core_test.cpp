@@ -1,5 +1,6 @@
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <cstdint>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -29,6 +30,56 @@ TEST_CASE("utf8 validation accepts well-formed text and finds the first bad byte
   } catch (const efim::error& e) {
     CHECK(e.code() == errc::invalid_utf8);
     CHECK(std::string(e.what()).find("offset 1") != std::string::npos);
+  }
+}
+
+namespace {
+// The definition, code point by code point: an independent reference for validation.
+bool reference_valid(const std::string& s) {
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const auto b = static_cast<unsigned char>(s[i]);
+    std::size_t n;
+    std::uint32_t cp;
+    if (b < 0x80) {
+      n = 1;
+      cp = b;
+    } else if ((b & 0xE0) == 0xC0) {
+      n = 2;
+      cp = b & 0x1Fu;
+    } else if ((b & 0xF0) == 0xE0) {
+      n = 3;
+      cp = b & 0x0Fu;
+    } else if ((b & 0xF8) == 0xF0) {
+      n = 4;
+      cp = b & 0x07u;
+    } else {
+      return false;
+    }
+    if (i + n > s.size()) return false;
+    for (std::size_t k = 1; k < n; ++k) {
+      const auto c = static_cast<unsigned char>(s[i + k]);
+      if ((c & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (c & 0x3Fu);
+    }
+    const std::uint32_t min_for_length[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < min_for_length[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += n;
+  }
+  return true;
+}
+}  // namespace
+
+TEST_CASE("utf8 validation agrees with the definition on random bytes", "[core][utf8][fuzz]") {
+  rng r(77);
+  // Bytes drawn to hit every class: ASCII, continuations, each lead range, invalid leads.
+  const unsigned char pool[] = {0x00, 0x41, 0x7F, 0x80, 0x9F, 0xA0, 0xBF, 0xC0, 0xC1, 0xC2, 0xDF,
+                                0xE0, 0xED, 0xEF, 0xF0, 0xF4, 0xF5, 0xFF, 0x8F, 0x90, 0xB0};
+  for (int i = 0; i < 200000; ++i) {
+    std::string s(r.below(7), '\0');
+    for (auto& c : s) c = static_cast<char>(pool[r.below(sizeof pool)]);
+    INFO("case " << i);
+    REQUIRE(utf8::is_valid(s) == reference_valid(s));
   }
 }
 

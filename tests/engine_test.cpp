@@ -8,6 +8,7 @@
 
 #include "efim/cache/block_hash.hpp"
 #include "efim/cache/eviction.hpp"
+#include "efim/core/random.hpp"
 #include "efim/engine/async_runner.hpp"
 #include "efim/engine/pipeline.hpp"
 #include "efim/kernels/host.hpp"
@@ -329,4 +330,47 @@ TEST_CASE("async runner cancels unfinished requests when it stops", "[engine][as
   } catch (const efim::error& e) {
     CHECK(std::string(e.what()).find("stopped") != std::string::npos);
   }
+}
+
+TEST_CASE("random editor sessions: cached results equal recomputed ones for every kind of change", "[engine][efim]") {
+  // Typing, backspacing into the typed part and past the anchor, jumps, edits after the cursor.
+  const auto w = small_weights();
+  auto opts = options();
+  opts.session.reanchor_bytes = 40;
+  efim_pipeline warm(qwen_tokenizer(), w, opts);
+  auto cold_opts = opts;
+  cold_opts.cache.reuse = false;
+  efim_pipeline cold(qwen_tokenizer(), w, cold_opts);
+  rng r(31);
+  std::string text = code_prefix + code_suffix;
+  std::size_t cursor = code_prefix.size();
+  std::map<prompt::change, int> seen;
+  for (int step = 0; step < 60; ++step) {
+    const auto op = r.below(10);
+    if (op < 6) {
+      const std::string typed = std::string(1 + r.below(6), static_cast<char>('a' + r.below(26)));
+      text.insert(cursor, typed);
+      cursor += typed.size();
+    } else if (op < 8) {
+      const std::size_t n = std::min<std::size_t>(cursor, 1 + r.below(4));
+      text.erase(cursor - n, n);
+      cursor -= n;
+    } else if (op == 8) {
+      cursor = r.below(text.size() + 1);
+    } else {
+      text.insert(cursor + r.below(text.size() - cursor + 1), "#");
+    }
+    const auto req = make_request(text.substr(0, cursor), text.substr(cursor), 3, "doc");
+    const auto a = complete(warm, req);
+    const auto b = complete(cold, req);
+    ++seen[a.session_change];
+    REQUIRE(a.session_change == b.session_change);
+    REQUIRE(a.prompt_tokens == b.prompt_tokens);
+    REQUIRE(b.cached_tokens == 0);
+    REQUIRE(a.tokens == b.tokens);
+  }
+  CHECK(seen[prompt::change::append] > 0);
+  CHECK(seen[prompt::change::edit] > 0);
+  CHECK(seen[prompt::change::suffix_changed] + seen[prompt::change::cursor_moved] > 0);
+  CHECK(warm.cache().stats().hit_rate() > 0.5);
 }

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "efim/core/error.hpp"
+#include "efim/core/random.hpp"
 #include "efim/prompt/encode.hpp"
 #include "efim/prompt/formats.hpp"
 #include "efim/prompt/session.hpp"
@@ -206,4 +207,45 @@ TEST_CASE("session: empty prefix and suffix are a valid anchor", "[prompt][sessi
   CHECK(s.update("", "").kind == change::first);
   CHECK(s.update("x", "").kind == change::append);
   CHECK(s.typed() == "x");
+}
+
+TEST_CASE("session: random editing keeps the anchor + typed fragments equal to the editor's text",
+          "[prompt][session][fuzz]") {
+  // An editor over a small document: typing, deleting, moving the cursor, editing after it.
+  rng r(9);
+  const std::string alphabet[] = {"a", "b", " ", "\n", "(", "\xC3\xA9", "\xE4\xB8\xAD", "\xF0\x9F\x98\x80"};
+  prompt::infill_session s(prompt::session_options{64});
+  std::string text = "def f():\n    return 1\n";
+  std::size_t cursor = 10;
+  for (int step = 0; step < 20000; ++step) {
+    const auto op = r.below(10);
+    if (op < 6) {  // type a character
+      const auto& c = alphabet[r.below(std::size(alphabet))];
+      text.insert(cursor, c);
+      cursor += c.size();
+    } else if (op < 8 && cursor > 0) {  // backspace one character
+      const std::size_t start = utf8::floor_boundary(text, cursor - 1);
+      text.erase(start, cursor - start);
+      cursor = start;
+    } else if (op == 8) {  // move the cursor
+      cursor = utf8::floor_boundary(text, r.below(text.size() + 1));
+    } else {  // edit after the cursor
+      text.insert(utf8::floor_boundary(text, cursor + r.below(text.size() - cursor + 1)), "x");
+    }
+    const std::string prefix = text.substr(0, cursor), suffix = text.substr(cursor);
+    const auto u = s.update(prefix, suffix);
+    const auto req = s.request();
+    std::string rebuilt(req.prefix);
+    for (const auto f : req.typed) {
+      REQUIRE_FALSE(f.empty());
+      REQUIRE(utf8::is_valid(f));
+      rebuilt += f;
+    }
+    REQUIRE(rebuilt == prefix);
+    REQUIRE(req.suffix == suffix);
+    REQUIRE(u.typed_bytes == s.typed().size());
+    REQUIRE(u.typed_bytes <= 64);
+    REQUIRE(u.kept_bytes <= u.typed_bytes);
+    if (prompt::starts_anchor(u.kind)) REQUIRE(req.typed.empty());
+  }
 }

@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "efim/core/error.hpp"
+#include "efim/core/random.hpp"
+#include "efim/core/utf8.hpp"
 #include "efim/text/byte_tokenizer.hpp"
 #include "efim/text/detokenizer.hpp"
 #include "efim/text/fragment.hpp"
@@ -137,4 +139,27 @@ TEST_CASE("detokenizer replaces bytes that cannot form a character", "[text][det
   d.push(256, out);  // rendered when asked
   CHECK(out == "<eos>");
   CHECK(utf8::is_valid(out));
+}
+
+TEST_CASE("detokenizer: random token streams always give valid UTF-8, and valid text comes back whole",
+          "[text][detokenizer][fuzz]") {
+  const text::byte_tokenizer tok({"<eos>"});
+  rng r(8);
+  for (int round = 0; round < 3000; ++round) {
+    text::detokenizer<text::byte_tokenizer> d(tok);
+    std::string out, bytes;
+    const std::size_t n = r.below(24);
+    for (std::size_t i = 0; i < n; ++i) {
+      // Mostly multi-byte material, some specials.
+      const token_id t =
+          r.below(10) == 0 ? 256 : static_cast<token_id>(r.below(2) ? 0x80 + r.below(0x80) : r.below(256));
+      if (t < 256) bytes += static_cast<char>(t);
+      d.push(t, out);
+      REQUIRE(utf8::is_valid(out));
+    }
+    d.flush(out);
+    REQUIRE(utf8::is_valid(out));
+    REQUIRE(d.pending_bytes() == 0);
+    if (utf8::is_valid(bytes)) REQUIRE(out == bytes);
+  }
 }
