@@ -76,32 +76,30 @@ std::vector<float> reference_row(const std::vector<float>& all, std::size_t row,
 TEST_CASE("matmul equals the plain triple loop, and a row never depends on the batch", "[kernels][matmul]") {
   thread_pool pool(2);
   rng r(1);
-  for (const auto& [m, n, k] : {std::tuple{1, 1, 1}, std::tuple{5, 7, 33}, std::tuple{9, 64, 64},
-                                std::tuple{17, 50, 96}, std::tuple{3, 130, 17}}) {
-    const auto x = random_vector(r, static_cast<std::size_t>(m * k)),
-               w = random_vector(r, static_cast<std::size_t>(n * k));
-    std::vector<float> y(static_cast<std::size_t>(m * n)), want(y.size());
-    for (int i = 0; i < m; ++i)
-      for (int j = 0; j < n; ++j) {
+  struct shape {
+    std::size_t m, n, k;
+  };
+  for (const auto [m, n, k] :
+       {shape{1, 1, 1}, shape{5, 7, 33}, shape{9, 64, 64}, shape{17, 50, 96}, shape{3, 130, 17}}) {
+    const auto x = random_vector(r, m * k), w = random_vector(r, n * k);
+    std::vector<float> y(m * n), want(y.size());
+    for (std::size_t i = 0; i < m; ++i)
+      for (std::size_t j = 0; j < n; ++j) {
         double s = 0;
-        for (int t = 0; t < k; ++t)
-          s += static_cast<double>(x[static_cast<std::size_t>(i * k + t)]) * w[static_cast<std::size_t>(j * k + t)];
-        want[static_cast<std::size_t>(i * n + j)] = static_cast<float>(s);
+        for (std::size_t t = 0; t < k; ++t) s += static_cast<double>(x[i * k + t]) * w[j * k + t];
+        want[i * n + j] = static_cast<float>(s);
       }
-    kernels::matmul(pool, x.data(), w.data(), y.data(), static_cast<std::size_t>(m), static_cast<std::size_t>(n),
-                    static_cast<std::size_t>(k));
+    kernels::matmul(pool, x.data(), w.data(), y.data(), m, n, k);
     CHECK(max_relative_error(y, want) < 1e-5f);
     // Each row alone gives the same bits as in the batch.
-    for (int i = 0; i < m; ++i) {
-      std::vector<float> row(static_cast<std::size_t>(n));
-      kernels::matmul(pool, x.data() + i * k, w.data(), row.data(), 1, static_cast<std::size_t>(n),
-                      static_cast<std::size_t>(k));
-      CHECK(std::equal(row.begin(), row.end(), y.begin() + i * n));
+    for (std::size_t i = 0; i < m; ++i) {
+      std::vector<float> row(n);
+      kernels::matmul(pool, x.data() + i * k, w.data(), row.data(), 1, n, k);
+      CHECK(std::equal(row.begin(), row.end(), y.begin() + static_cast<std::ptrdiff_t>(i * n)));
     }
     // Accumulating adds onto what is there.
     auto acc = y;
-    kernels::matmul(pool, x.data(), w.data(), acc.data(), static_cast<std::size_t>(m), static_cast<std::size_t>(n),
-                    static_cast<std::size_t>(k), kernels::accumulate::yes);
+    kernels::matmul(pool, x.data(), w.data(), acc.data(), m, n, k, kernels::accumulate::yes);
     for (std::size_t i = 0; i < y.size(); ++i) CHECK(acc[i] == y[i] + y[i]);
   }
 }

@@ -55,7 +55,7 @@ class pipeline {
 
   // `weights` must outlive the pipeline; the tokenizer's ids must fit the model's vocabulary.
   pipeline(T tokenizer, const model::weights& weights, pipeline_options options = {})
-      : options_(std::move(options)),
+      : options_(options),
         tok_(std::move(tokenizer)),
         pool_(options_.threads),
         ctx_{pool_},
