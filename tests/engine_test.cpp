@@ -374,3 +374,17 @@ TEST_CASE("random editor sessions: cached results equal recomputed ones for ever
   CHECK(seen[prompt::change::suffix_changed] + seen[prompt::change::cursor_moved] > 0);
   CHECK(warm.cache().stats().hit_rate() > 0.5);
 }
+
+TEST_CASE("a callback may cancel another request in the middle of a step", "[engine]") {
+  const auto w = small_weights();
+  efim_pipeline p(qwen_tokenizer(), w, options());
+  engine::request_id other = 0;
+  engine::completion a, b;
+  p.submit(make_request("first ", "", 6), {[&](const engine::token_event&) { p.cancel(other); },
+                                           [&](engine::completion&& c) { a = std::move(c); }});
+  other = p.submit(make_request("second ", "", 6), {{}, [&](engine::completion&& c) { b = std::move(c); }});
+  p.run();
+  CHECK(a.tokens.size() == 6);
+  CHECK(b.reason == engine::finish_reason::cancelled);
+  CHECK(p.cache().free_blocks() + p.cache().evictable_blocks() == p.cache().capacity());
+}

@@ -145,13 +145,16 @@ class pipeline {
     }
     model_.forward(ctx_, kv_, items_, logits_);
 
+    const std::size_t vocab = model_.cfg().vocab;
     std::size_t row = 0;
     for (std::size_t i = 0; i < slices.size(); ++i) {
       auto& s = running[slices[i].seq];
+      const std::size_t logits_row = items_[i].want_logits ? row++ : 0;
+      if (s.done) continue;  // cancelled by a callback during this step
       s.computed += slices[i].count;
       cache_.commit(s.blocks, s.tokens, s.computed);
       if (items_[i].want_logits)
-        emit(s, sample(s, std::span(logits_).subspan(row++ * model_.cfg().vocab, model_.cfg().vocab)));
+        emit(s, sample(s, std::span(logits_).subspan(logits_row * vocab, vocab)));
       else if (s.payload.max_tokens == 0 && s.computed == s.prompt_tokens)
         finish(s, finish_reason::length);
     }

@@ -73,7 +73,8 @@ struct token_event {
   std::string_view text;  // whole UTF-8 characters completed by this token (may be empty)
 };
 
-// Where a request's output goes; both are called on the thread that runs the pipeline.
+// Where a request's output goes; both are called on the thread that runs the pipeline. They may
+// submit or cancel requests, but must not throw.
 struct stream {
   std::function<void(const token_event&)> on_token;
   std::function<void(completion&&)> on_done;
