@@ -14,8 +14,6 @@ inline constexpr std::size_t lanes = 16;
 typedef float vfloat __attribute__((vector_size(lanes * sizeof(float))));
 typedef std::int32_t vint __attribute__((vector_size(lanes * sizeof(std::int32_t))));
 
-inline constexpr vfloat broadcast(float x) noexcept { return vfloat{} + x; }
-
 // The canonical reduction of 16 lane sums, plus the sum of the elements past the last full vector.
 inline float reduce_lanes(const float (&a)[lanes], float tail) noexcept {
   float t8[8], t4[4];
@@ -74,22 +72,24 @@ inline void axpy(float a, const float* x, float* y, std::size_t n) noexcept {
 // e^x for 16 floats in place (relative error below 3e-7). Inputs below -87.3 give e^-87.3 and
 // inputs above 88.3 give e^88.3: softmax only asks for x <= 0.
 inline void exp16(float* x) noexcept {
+  // Constants as vectors (vfloat{} + c broadcasts c); no helper returns a vector, see above.
+  const vfloat lowest = vfloat{} + -87.3f, highest = vfloat{} + 88.3f;
+  const vfloat shifter = vfloat{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
   vfloat v;
   std::memcpy(&v, x, sizeof v);
-  v = v < broadcast(-87.3f) ? broadcast(-87.3f) : v;
-  v = v > broadcast(88.3f) ? broadcast(88.3f) : v;
+  v = v < lowest ? lowest : v;
+  v = v > highest ? highest : v;
   // x = n ln2 + r with |r| <= ln2 / 2; e^x = 2^n e^r.
-  const vfloat shifter = broadcast(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
-  const vfloat n = (v * broadcast(1.44269504f) + shifter) - shifter;
-  const vfloat r = (v - n * broadcast(0.693359375f)) + n * broadcast(2.12194440e-4f);  // ln 2 in two parts
-  vfloat p = broadcast(1.0f / 5040.0f);
-  p = p * r + broadcast(1.0f / 720.0f);
-  p = p * r + broadcast(1.0f / 120.0f);
-  p = p * r + broadcast(1.0f / 24.0f);
-  p = p * r + broadcast(1.0f / 6.0f);
-  p = p * r + broadcast(0.5f);
-  p = p * r + broadcast(1.0f);
-  p = p * r + broadcast(1.0f);
+  const vfloat n = (v * 1.44269504f + shifter) - shifter;
+  const vfloat r = (v - n * 0.693359375f) + n * 2.12194440e-4f;  // ln 2 in two parts
+  vfloat p = vfloat{} + 1.0f / 5040.0f;
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
   const vint bits = (__builtin_convertvector(n, vint) + 127) << 23;
   vfloat scale;
   std::memcpy(&scale, &bits, sizeof scale);
