@@ -188,8 +188,14 @@ TEST_CASE("sampling: greedy, top-k, top-p and seeded draws", "[kernels][sampling
 TEST_CASE("paged attention equals dense attention for random block tables", "[kernels][attention]") {
   thread_pool pool(2);
   rng r(3);
-  for (const std::size_t block_size : {1u, 3u, 16u}) {
-    const std::size_t heads = 4, kv_heads = 2, d = 12, len = 37;
+  // (heads, kv heads): grouped, one KV head per query head, and groups larger than a tile of 8 rows.
+  for (const auto& [heads, kv_heads, block_size] : {std::tuple<std::size_t, std::size_t, std::size_t>{4, 2, 1},
+                                                    {4, 2, 3},
+                                                    {4, 2, 16},
+                                                    {3, 3, 16},
+                                                    {12, 1, 16},
+                                                    {24, 2, 5}}) {
+    const std::size_t d = 12, len = 37;
     const std::size_t blocks_needed = (len + block_size - 1) / block_size;
     const kv::paged_layout layout{blocks_needed + 5, kv_heads, block_size, d};
     // Dense K/V (position, kv_head, dim) and queries for every position.

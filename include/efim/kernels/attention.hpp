@@ -157,8 +157,9 @@ inline void paged_attention(thread_pool& pool, const kv::paged_layout& l, const 
     while (n < tokens_per_tile && t + n < tokens.size() && tokens[t + n].table.data() == tokens[t].table.data() &&
            tokens[t + n].pos == tokens[t].pos + static_cast<position>(n))
       ++n;
-    for (std::size_t h = 0; h < heads; h += heads_per_tile)
-      tiles.push_back({t, n, h, std::min(heads_per_tile, group - h % group)});
+    for (std::size_t g = 0; g < l.kv_heads; ++g)
+      for (std::size_t h = 0; h < group; h += heads_per_tile)
+        tiles.push_back({t, n, g * group + h, std::min(heads_per_tile, group - h)});
     t += n;
   }
 
