@@ -1,9 +1,16 @@
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <csignal>
 #include <cstdint>
+#include <cstdio>
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "efim/core/error.hpp"
@@ -121,6 +128,38 @@ TEST_CASE("thread pool rethrows the first exception and stays usable", "[core][t
   std::atomic<std::size_t> n{0};
   pool.parallel_for(10, [&](std::size_t b, std::size_t e) { n.fetch_add(e - b); });
   CHECK(n.load() == 10);
+}
+
+TEST_CASE("a thread pool that cannot start its threads throws and leaves nothing running", "[core][threads]") {
+  // In a child process, cap the address space a little above what is mapped now, so that thread
+  // stacks run out after a few threads; the pool must throw efim::error, not terminate.
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    std::signal(SIGABRT, SIG_DFL);  // std::terminate must end the child, not the test framework's handler
+    alarm(60);                      // and so must a hang
+    long pages = 0;
+    if (std::FILE* f = std::fopen("/proc/self/statm", "r")) {
+      if (std::fscanf(f, "%ld", &pages) != 1) pages = 0;
+      std::fclose(f);
+    }
+    if (pages <= 0) _exit(3);
+    const rlim_t now = static_cast<rlim_t>(pages) * static_cast<rlim_t>(sysconf(_SC_PAGESIZE));
+    const rlimit cap{now + (64u << 20), now + (64u << 20)};
+    if (setrlimit(RLIMIT_AS, &cap) != 0) _exit(4);
+    try {
+      thread_pool pool(4096);  // 8 MiB of stack each
+      _exit(1);
+    } catch (const efim::error& e) {
+      _exit(std::string_view(e.what()).find("worker threads") != std::string_view::npos ? 0 : 2);
+    } catch (...) {
+      _exit(5);
+    }
+  }
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
 }
 
 TEST_CASE("rng is deterministic and in range", "[core][random]") {

@@ -1,7 +1,10 @@
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <future>
+#include <limits>
 #include <map>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -70,6 +73,17 @@ engine::completion complete(P& p, const engine::request& r) {
   return out;
 }
 
+// A real pipeline whose step() fails once on demand, after its work: a fault of the whole batch.
+struct faulty_pipeline : efim_pipeline {
+  using efim_pipeline::efim_pipeline;
+  std::atomic<bool> fail_after_step{false};
+  bool step() {
+    const bool busy = efim_pipeline::step();
+    if (fail_after_step.exchange(false)) throw std::runtime_error("injected step failure");
+    return busy;
+  }
+};
+
 const std::string code_prefix =
     "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    if n < 2:\n        return n\n";
 const std::string code_suffix = "\n\nif __name__ == \"__main__\":\n    print(fibonacci(10))\n";
@@ -90,7 +104,7 @@ TEST_CASE("one infill request end to end", "[engine]") {
   CHECK(out.tokens.size() == 12);
   CHECK(out.reason == engine::finish_reason::length);
   CHECK(streamed == out.tokens);
-  CHECK(streamed_text == out.text.substr(0, streamed_text.size()));
+  CHECK(streamed_text + out.tail == out.text);
   CHECK(utf8::is_valid(out.text));
   CHECK(out.prompt_tokens == code_prefix.size() + code_suffix.size() + 3);
   CHECK(out.cached_tokens == 0);
@@ -387,4 +401,166 @@ TEST_CASE("a callback may cancel another request in the middle of a step", "[eng
   CHECK(a.tokens.size() == 6);
   CHECK(b.reason == engine::finish_reason::cancelled);
   CHECK(p.cache().free_blocks() + p.cache().evictable_blocks() == p.cache().capacity());
+}
+
+TEST_CASE("a throwing callback ends its own request with an error; the others go on", "[engine][errors]") {
+  const auto w = small_weights();
+  efim_pipeline p(qwen_tokenizer(), w, options());
+  const auto alone = complete(p, make_request("y = ", "\n", 8));
+  for (const std::size_t throw_at : {1u, 3u}) {  // on a middle token and on the last one
+    engine::completion failed, other;
+    std::size_t seen = 0;
+    p.submit(make_request("x = ", "\n", 3), {[&](const engine::token_event&) {
+                                               if (++seen == throw_at) throw std::runtime_error("client gone");
+                                             },
+                                             [&](engine::completion&& c) { failed = std::move(c); }});
+    p.submit(make_request("y = ", "\n", 8), {{}, [&](engine::completion&& c) { other = std::move(c); }});
+    CHECK_NOTHROW(p.run());
+    CHECK(failed.reason == engine::finish_reason::error);
+    REQUIRE(failed.error);
+    CHECK_THROWS_WITH(std::rethrow_exception(failed.error), "client gone");
+    CHECK(failed.tokens.size() == throw_at);
+    CHECK(other.reason == alone.reason);
+    CHECK(other.tokens == alone.tokens);
+    CHECK_FALSE(other.error);
+    CHECK(p.cache().free_blocks() + p.cache().evictable_blocks() == p.cache().capacity());
+  }
+}
+
+TEST_CASE("async runner: a throwing callback fails its own client only", "[engine][async]") {
+  const auto w = small_weights();
+  efim_pipeline p(qwen_tokenizer(), w, options());
+  engine::async_runner<efim_pipeline> runner(p);
+  auto failing = runner.submit(make_request("x = ", "\n", 4), [](const engine::token_event&) {
+    throw std::runtime_error("client callback failed");
+  });
+  auto fine = runner.submit(make_request("y = ", "\n", 4));
+  CHECK_THROWS_WITH(failing.get(), "client callback failed");
+  CHECK(fine.get().tokens.size() == 4);
+  CHECK(runner.submit(make_request("z = ", "\n", 2)).get().tokens.size() == 2);  // still serving
+}
+
+TEST_CASE("a callback may cancel its own request on the last token: one completion", "[engine]") {
+  const auto w = small_weights();
+  efim_pipeline p(qwen_tokenizer(), w, options());
+  int done_calls = 0;
+  std::size_t seen = 0;
+  engine::request_id id = 0;
+  engine::completion out;
+  id = p.submit(make_request("x = ", "\n", 3), {[&](const engine::token_event&) {
+                                                  if (++seen == 3) CHECK(p.cancel(id));
+                                                },
+                                                [&](engine::completion&& c) {
+                                                  ++done_calls;
+                                                  out = c;  // a copy: the pipeline's record stays intact
+                                                }});
+  p.run();
+  CHECK(done_calls == 1);
+  CHECK(out.reason == engine::finish_reason::cancelled);
+  CHECK(out.tokens.size() == 3);
+  CHECK(p.cache().free_blocks() + p.cache().evictable_blocks() == p.cache().capacity());
+}
+
+TEST_CASE("a token event's text survives the callback cancelling another request", "[engine]") {
+  const auto w = small_weights();
+  // Cancelling a request flushes what its detokenizer held back; the event text must not see that.
+  efim_pipeline p(qwen_tokenizer(), w, options());
+  std::string streamed;
+  engine::completion final;
+  engine::request_id other = 0;
+  p.submit(make_request("x = ", "\n", 6), {[&](const engine::token_event& ev) {
+                                             const std::string before(ev.text);
+                                             if (other != 0) {
+                                               p.cancel(other);
+                                               other = 0;
+                                             }
+                                             CHECK(ev.text == before);
+                                             streamed += ev.text;
+                                           },
+                                           [&](engine::completion&& c) { final = std::move(c); }});
+  other = p.submit(make_request("y = ", "\n", 50), {{}, [](engine::completion&&) {}});
+  p.run();
+  CHECK(streamed + final.tail == final.text);
+}
+
+TEST_CASE("a model vocabulary larger than the tokenizer's: only the tokenizer's ids are sampled", "[engine][sampling]") {
+  model::config c = small_weights().cfg;
+  c.vocab = qwen_tokenizer().vocab_size() + 500;  // padded vocabularies are common in real checkpoints
+  const auto w = model::random_weights(c, 5);
+  efim_pipeline p(qwen_tokenizer(), w, options());
+  for (const float temperature : {0.0f, 1.5f}) {
+    for (std::uint64_t seed = 1; seed <= 4; ++seed) {
+      auto r = make_request("x = ", "\n", 24);
+      r.ignore_eos = true;
+      r.sampling.temperature = temperature;
+      r.sampling.seed = seed;
+      const auto out = complete(p, r);
+      CHECK(out.tokens.size() == 24);
+      for (const auto t : out.tokens) CHECK(static_cast<std::size_t>(t) < qwen_tokenizer().vocab_size());
+    }
+  }
+}
+
+TEST_CASE("a huge max_tokens is refused, not wrapped around", "[engine][errors]") {
+  const auto w = small_weights();
+  efim_pipeline p(qwen_tokenizer(), w, options());
+  for (const std::size_t n : {std::numeric_limits<std::size_t>::max(), std::numeric_limits<std::size_t>::max() - 3}) {
+    try {
+      p.submit(make_request("x = ", "\n", n), {});
+      FAIL("expected an error");
+    } catch (const efim::error& e) {
+      CHECK(e.code() == errc::too_long);
+    }
+  }
+  CHECK_FALSE(p.step());
+}
+
+TEST_CASE("a FIM token set whose BOS token the tokenizer lacks is refused at construction", "[engine][errors]") {
+  const auto& set = prompt::codellama;  // adds <s> first
+  REQUIRE(set.add_bos);
+  const text::byte_tokenizer without_bos(
+      {std::string(set.prefix), std::string(set.suffix), std::string(set.middle), std::string(set.eos)});
+  model::config c = small_weights().cfg;
+  c.vocab = without_bos.vocab_size();
+  const auto w = model::random_weights(c, 1);
+  auto o = options();
+  o.fim = set;
+  CHECK_THROWS_WITH(efim_pipeline(without_bos, w, o), Catch::Contains("<s>"));
+  o.fim.add_bos = false;
+  CHECK_NOTHROW(efim_pipeline(without_bos, w, o));
+}
+
+TEST_CASE("async runner: a request that arrives during a failing step gets the error too", "[engine][async]") {
+  const auto w = small_weights();
+  faulty_pipeline p(qwen_tokenizer(), w, options());
+  auto runner = std::make_unique<engine::async_runner<faulty_pipeline>>(p);
+  std::future<engine::completion> late;
+  auto first = runner->submit(make_request("x = ", "\n", 4), [&](const engine::token_event&) {
+    if (late.valid()) return;
+    late = runner->submit(make_request("y = ", "\n", 4));  // queued while the loop is inside step()
+    p.fail_after_step = true;
+  });
+  CHECK_THROWS_WITH(first.get(), "injected step failure");
+  REQUIRE(late.wait_for(std::chrono::seconds(30)) == std::future_status::ready);
+  CHECK_THROWS_WITH(late.get(), "injected step failure");
+  CHECK_THROWS_AS(runner->submit(make_request("z = ", "\n", 4)).get(), efim::error);  // stopped
+}
+
+TEST_CASE("async runner: after a failed step the pipeline holds no blocks and no callbacks into the runner",
+          "[engine][async]") {
+  const auto w = small_weights();
+  faulty_pipeline p(qwen_tokenizer(), w, options());
+  {
+    engine::async_runner<faulty_pipeline> runner(p);
+    auto other = runner.submit(make_request("long = ", "\n", 40));
+    auto failing = runner.submit(make_request("x = ", "\n", 4), [&](const engine::token_event&) {
+      p.fail_after_step = true;
+    });
+    CHECK_THROWS_WITH(failing.get(), "injected step failure");
+    CHECK_THROWS_WITH(other.get(), "injected step failure");
+  }
+  CHECK(p.cache().free_blocks() + p.cache().evictable_blocks() == p.cache().capacity());
+  // The owner drives the pipeline on: nothing is left to run, and nothing calls into the dead runner.
+  CHECK_FALSE(p.step());
+  CHECK(complete(p, make_request("z = ", "\n", 3)).tokens.size() == 3);
 }

@@ -242,6 +242,21 @@ TEST_CASE("paged attention equals dense attention for random block tables", "[ke
   }
 }
 
+TEST_CASE("paged attention refuses head counts that do not group over the KV heads", "[kernels][attention]") {
+  thread_pool pool(1);
+  const std::size_t d = 4;
+  for (const auto& [heads, kv_heads] : {std::pair<std::size_t, std::size_t>{6, 4}, {3, 4}, {4, 0}}) {
+    const kv::paged_layout layout{2, kv_heads, 4, d};
+    std::vector<float> kc(layout.elements(), 0.1f), vc(layout.elements(), 0.1f);
+    const std::vector<block_id> table{0};
+    const std::vector<kernels::token_slot> slots{{table, 0}};
+    std::vector<float> q(heads * d, 1.0f), out(heads * d, 0.0f);
+    CHECK_THROWS_WITH(
+        kernels::paged_attention(pool, layout, kc.data(), vc.data(), q.data(), out.data(), slots, heads, 0.5f),
+        Catch::Contains("do not split into groups"));
+  }
+}
+
 TEST_CASE("transformer equals the reference decoder", "[model]") {
   thread_pool pool(2);
   kernels::host::context ctx{pool};

@@ -6,9 +6,12 @@
 #include <cstddef>
 #include <exception>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include "efim/core/error.hpp"
 
 namespace efim {
 
@@ -18,20 +21,20 @@ class thread_pool {
   explicit thread_pool(std::size_t threads = 0) {
     if (threads == 0) threads = std::max<std::size_t>(1, std::thread::hardware_concurrency());
     workers_.reserve(threads - 1);
-    for (std::size_t i = 0; i + 1 < threads; ++i) workers_.emplace_back([this] { work(); });
+    try {
+      for (std::size_t i = 0; i + 1 < threads; ++i) workers_.emplace_back([this] { work(); });
+    } catch (const std::exception& e) {
+      const std::size_t started = workers_.size();
+      stop();
+      throw error(errc::invalid_argument, "thread_pool: started " + std::to_string(started) + " of " +
+                                              std::to_string(threads - 1) + " worker threads: " + e.what());
+    }
   }
 
   thread_pool(const thread_pool&) = delete;
   thread_pool& operator=(const thread_pool&) = delete;
 
-  ~thread_pool() {
-    {
-      std::lock_guard lock(mutex_);
-      stopping_ = true;
-    }
-    wake_.notify_all();
-    for (auto& w : workers_) w.join();
-  }
+  ~thread_pool() { stop(); }
 
   [[nodiscard]] std::size_t size() const noexcept { return workers_.size() + 1; }
 
@@ -77,6 +80,16 @@ class thread_pool {
     void (*call)(void*, std::size_t) = nullptr;
     std::size_t chunks = 0;
   };
+
+  void stop() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    for (auto& w : workers_) w.join();
+    workers_.clear();
+  }
 
   void run_chunks() {
     for (;;) {

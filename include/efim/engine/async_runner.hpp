@@ -27,8 +27,8 @@ class async_runner {
   // Cancels what is still running and joins the loop.
   ~async_runner() { stop(); }
 
-  // Queues a request; the future holds its completion, or the efim::error that rejected it.
-  // `on_token` runs on the runner's thread.
+  // Queues a request; the future holds its completion, the efim::error that rejected it, or what
+  // `on_token` threw. `on_token` runs on the runner's thread.
   std::future<completion> submit(request r, std::function<void(const token_event&)> on_token = {}) {
     std::promise<completion> promise;
     auto future = promise.get_future();
@@ -44,10 +44,10 @@ class async_runner {
     return future;
   }
 
+  // Stops the loop (also after it stopped itself on an error) and joins it; call from the owner.
   void stop() {
     {
       std::lock_guard lock(mutex_);
-      if (stopping_) return;
       stopping_ = true;
     }
     wake_.notify_one();
@@ -63,8 +63,10 @@ class async_runner {
 
   void run() {
     bool busy = false;
+    std::exception_ptr failure;
+    std::vector<pending> arrived;
     for (;;) {
-      std::vector<pending> arrived;
+      arrived.clear();
       bool stop = false;
       {
         std::unique_lock lock(mutex_);
@@ -75,23 +77,34 @@ class async_runner {
       if (stop) {
         for (auto& a : arrived)
           a.promise.set_exception(std::make_exception_ptr(error(errc::invalid_argument, "async_runner: stopped")));
+        arrived.clear();
         break;
       }
       for (auto& a : arrived) admit(std::move(a));
       try {
         busy = p_->step();
       } catch (...) {
-        // The pipeline is in no state to go on: every waiting client gets the error.
-        for (auto& [id, promise] : promises_) promise.set_exception(std::current_exception());
-        promises_.clear();
+        // A failure of the whole batch (a request's own failure completes just that request): the
+        // pipeline is in no state to go on, so every waiting client, and every client whose
+        // request arrived during the failed step, gets the error.
+        failure = std::current_exception();
         std::lock_guard lock(mutex_);
         stopping_ = true;
+        arrived.clear();  // admitted already
+        arrived.swap(inbox_);
         break;
       }
     }
+    for (auto& a : arrived) a.promise.set_exception(failure);
     std::vector<request_id> unfinished;
-    for (const auto& [id, promise] : promises_) unfinished.push_back(id);
-    for (const request_id id : unfinished) p_->cancel(id);  // completes them as cancelled
+    for (auto& [id, promise] : promises_) {
+      unfinished.push_back(id);
+      if (failure) promise.set_exception(failure);
+    }
+    if (failure) promises_.clear();
+    // Completes what is left as cancelled (the clients see that unless they got the error) and
+    // gives its KV blocks back, so the pipeline holds nothing that points into this runner.
+    for (const request_id id : unfinished) p_->cancel(id);
   }
 
   void admit(pending&& a) {
@@ -99,7 +112,10 @@ class async_runner {
       stream out{std::move(a.on_token), [this](completion&& c) {
                    const auto it = promises_.find(c.id);
                    if (it == promises_.end()) return;
-                   it->second.set_value(std::move(c));
+                   if (c.error)
+                     it->second.set_exception(c.error);
+                   else
+                     it->second.set_value(std::move(c));
                    promises_.erase(it);
                  }};
       const request_id id = p_->submit(a.r, std::move(out));

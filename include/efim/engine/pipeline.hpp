@@ -10,6 +10,7 @@
 // engine::async_runner drives one from a thread of its own for concurrent clients.
 #include <algorithm>
 #include <cstddef>
+#include <exception>
 #include <optional>
 #include <span>
 #include <string>
@@ -68,6 +69,8 @@ class pipeline {
                 std::to_string(weights.cfg.vocab));
     for (const auto role : {prompt::fim_role::prefix, prompt::fim_role::suffix, prompt::fim_role::middle})
       (void)prompt::special_id(tok_, options_.fim, role);  // fails now, not on the first request
+    if (options_.fim.add_bos && !options_.fim.bos.empty())
+      (void)prompt::special_id(tok_, options_.fim, prompt::fim_role::bos);
     eos_ = options_.fim.eos.empty() ? std::nullopt : tok_.special_id(options_.fim.eos);
     model_key_ = weights.fingerprint;
   }
@@ -95,11 +98,11 @@ class pipeline {
     std::vector<token_id> tokens;
     prompt::encode(F::layout(layout_input, options_.fim), tok_, options_.fim, fragmenter_, tokens);
 
-    const std::size_t reserve = tokens.size() + r.max_tokens;
     const auto& cfg = model_.cfg();
-    require(reserve <= cfg.max_context, errc::too_long,
+    require(tokens.size() <= cfg.max_context && r.max_tokens <= cfg.max_context - tokens.size(), errc::too_long,
             "request: " + std::to_string(tokens.size()) + " prompt tokens + " + std::to_string(r.max_tokens) +
                 " new tokens exceed the model context of " + std::to_string(cfg.max_context));
+    const std::size_t reserve = tokens.size() + r.max_tokens;
     const std::size_t bs = cache_.block_size();
     require((reserve + bs - 1) / bs <= cache_.capacity(), errc::out_of_blocks,
             "request: " + std::to_string(reserve) + " tokens need more KV blocks than the cache has (" +
@@ -153,9 +156,17 @@ class pipeline {
       if (s.done) continue;  // cancelled by a callback during this step
       s.computed += slices[i].count;
       cache_.commit(s.blocks, s.tokens, s.computed);
-      if (items_[i].want_logits)
-        emit(s, sample(s, std::span(logits_).subspan(logits_row * vocab, vocab)));
-      else if (s.payload.max_tokens == 0 && s.computed == s.prompt_tokens)
+      if (items_[i].want_logits) {
+        try {
+          emit(s, sample(s, std::span(logits_).subspan(logits_row * vocab, tok_.vocab_size())));
+        } catch (...) {
+          // The request's own failure (its callback, or its text): it ends, the batch goes on.
+          if (!s.done) {
+            s.payload.result.error = std::current_exception();
+            finish(s, finish_reason::error);
+          }
+        }
+      } else if (s.payload.max_tokens == 0 && s.computed == s.prompt_tokens)
         finish(s, finish_reason::length);
     }
     scheduler_.remove_done();
@@ -228,15 +239,17 @@ class pipeline {
     piece_.clear();
     s.payload.detok.push(t, piece_);
     c.text += piece_;
+    // The callback may cancel this or another request.
     if (s.payload.out.on_token) s.payload.out.on_token({s.id, t, piece_});
-    if (c.tokens.size() >= s.payload.max_tokens) finish(s, finish_reason::length);
+    if (!s.done && c.tokens.size() >= s.payload.max_tokens) finish(s, finish_reason::length);
   }
 
   void finish(sequence_type& s, finish_reason why) {
+    if (s.done) return;
     auto& c = s.payload.result;
-    piece_.clear();
-    s.payload.detok.flush(piece_);
-    c.text += piece_;
+    c.tail.clear();
+    s.payload.detok.flush(c.tail);
+    c.text += c.tail;
     c.reason = why;
     c.finished = clock::now();
     if (!s.blocks.table.empty()) cache_.release(s.blocks);
@@ -270,7 +283,7 @@ class pipeline {
   std::vector<model::batch_item> items_;
   std::vector<float> logits_;
   std::vector<std::pair<float, token_id>> scratch_;
-  std::string piece_;
+  std::string piece_;  // the text of the token being emitted (token_event::text views it; finish() leaves it alone)
 };
 
 }  // namespace efim::engine

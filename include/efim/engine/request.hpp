@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -33,7 +34,7 @@ struct request {
 using request_id = std::uint64_t;
 using clock = std::chrono::steady_clock;
 
-enum class finish_reason { eos, length, cancelled };
+enum class finish_reason { eos, length, cancelled, error };
 
 inline constexpr std::string_view to_string(finish_reason r) noexcept {
   switch (r) {
@@ -43,6 +44,8 @@ inline constexpr std::string_view to_string(finish_reason r) noexcept {
       return "length";
     case finish_reason::cancelled:
       return "cancelled";
+    case finish_reason::error:
+      return "error";
   }
   return "?";
 }
@@ -50,12 +53,14 @@ inline constexpr std::string_view to_string(finish_reason r) noexcept {
 struct completion {
   request_id id = 0;
   std::string text;
+  std::string tail;  // the end of text no token event carried (held-back bytes of a cut UTF-8 character, as U+FFFD)
   std::vector<token_id> tokens;  // generated ids (an end-of-sequence token is not included)
   finish_reason reason = finish_reason::length;
   prompt::change session_change = prompt::change::first;
   std::size_t prompt_tokens = 0;
   std::size_t cached_tokens = 0;  // prompt tokens whose KV came from the cache
   clock::time_point submitted{}, first_token{}, finished{};
+  std::exception_ptr error;  // why the request failed (finish_reason::error)
 
   [[nodiscard]] double latency_ms() const noexcept {
     return std::chrono::duration<double, std::milli>(finished - submitted).count();
@@ -74,7 +79,8 @@ struct token_event {
 };
 
 // Where a request's output goes; both are called on the thread that runs the pipeline. They may
-// submit or cancel requests, but must not throw.
+// submit or cancel requests. If on_token throws, its request ends there with finish_reason::error
+// and the exception in completion::error (the other requests go on); on_done must not throw.
 struct stream {
   std::function<void(const token_event&)> on_token;
   std::function<void(completion&&)> on_done;
