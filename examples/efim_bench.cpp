@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
+#include <string_view>
 #include <string>
 #include <thread>
 #include <vector>
@@ -59,7 +60,7 @@ workload
   --output-tokens N       tokens generated per request, EOS ignored (16)
   --documents D           documents to use, spread over the users (default: one per user)
   --min-doc-tokens N      shortest document, in tokens (2000)
-  --max-doc-tokens N      longest document, in tokens (4000)
+  --max-doc-tokens N      longest document, in tokens (4000); a longer file gives its opening lines
   --schemes LIST          comma-separated: psm-nocache,psm,efim,spm (psm-nocache,psm,efim)
 engine
   --threads N             compute threads (0: all cores)
@@ -180,7 +181,27 @@ bool is_source_file(const fs::path& p) {
   return std::find(endings.begin(), endings.end(), p.extension().string()) != endings.end();
 }
 
-// Source files of the corpus whose token count is in range, in path order.
+// Cuts `text` (of `tokens` tokens) after its last line that keeps it within `max_tokens`; `ids`
+// gets the tokens of what is left. Returns the number of lines kept.
+template <class Tokenizer>
+std::size_t fit_lines(std::string& text, std::size_t tokens, std::size_t max_tokens, const Tokenizer& tok,
+                      std::vector<efim::token_id>& ids) {
+  // Start from the share of bytes that the token budget suggests, then drop lines until it fits.
+  std::size_t end = text.size() / tokens * max_tokens + text.size() % tokens * max_tokens / tokens;
+  for (;;) {
+    const std::size_t newline = end == 0 ? std::string::npos : text.rfind('\n', end - 1);
+    end = newline == std::string::npos ? 0 : newline + 1;
+    ids.clear();
+    tok.encode(std::string_view(text).substr(0, end), ids);
+    if (ids.size() <= max_tokens || end == 0) break;
+    --end;  // drop one more line
+  }
+  text.resize(end);
+  return static_cast<std::size_t>(std::count(text.begin(), text.end(), '\n'));
+}
+
+// Source files of the corpus whose token count is in range, in path order; a longer file gives
+// its opening lines.
 template <class Tokenizer>
 std::vector<document> load_corpus(const options& o, const Tokenizer& tok) {
   std::error_code ec;
@@ -206,8 +227,15 @@ std::vector<document> load_corpus(const options& o, const Tokenizer& tok) {
     if (!efim::utf8::is_valid(text)) continue;
     ids.clear();
     tok.encode(text, ids);
+    std::string path = fs::relative(f, o.corpus).string();
+    if (ids.size() > o.max_doc_tokens) {
+      // A longer file gives its opening lines, as many as fit: the corpus then changes little as
+      // its files grow.
+      const std::size_t lines = fit_lines(text, ids.size(), o.max_doc_tokens, tok, ids);
+      path += " (lines 1-" + std::to_string(lines) + ")";
+    }
     if (ids.size() < o.min_doc_tokens || ids.size() > o.max_doc_tokens) continue;
-    docs.push_back({fs::relative(f, o.corpus).string(), std::move(text), ids.size()});
+    docs.push_back({std::move(path), std::move(text), ids.size()});
     if (docs.size() == o.documents) break;
   }
   if (docs.empty())

@@ -97,6 +97,30 @@ TEST_CASE("efim-bench writes the documented JSON on a small workload", "[example
   CHECK(j.contains("ratios_efim_over_psm"));
 }
 
+TEST_CASE("efim-bench takes the opening lines of a file longer than the longest document", "[examples][bench]") {
+  temp_dir dir("bench-long");
+  write_source(dir.path / "long.py", 5000, 1);
+  const auto r = run("--corpus " + dir.path.string() + " --users 1 --rounds 1 --output-tokens 1" +
+                     " --min-doc-tokens 500 --max-doc-tokens 2000 --schemes efim --json /dev/stdout" + tiny_model);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const auto j =
+      nlohmann::json::parse(r.output.substr(r.output.find('{'), r.output.rfind('}') - r.output.find('{') + 1));
+  REQUIRE(j["workload"]["documents"].size() == 1);
+  const auto& doc = j["workload"]["documents"][0];
+  // Whole lines only: the file's lines are at most 32 bytes, one token per byte.
+  std::ifstream in(dir.path / "long.py");
+  std::string line, kept;
+  std::size_t lines = 0;
+  while (std::getline(in, line) && kept.size() + line.size() + 1 <= 2000) {
+    kept += line + '\n';
+    ++lines;
+  }
+  CHECK(doc["path"] == "long.py (lines 1-" + std::to_string(lines) + ")");
+  CHECK(doc["tokens"] == kept.size());
+  CHECK(kept.size() > 2000 - 32);
+}
+
 TEST_CASE("efim-bench's default workload reaches the EFIM cache targets", "[examples][bench]") {
   // Hit rates depend on tokens only, so a tiny model shows them for the default workload.
   const auto r = run("--schemes psm,efim --json /dev/stdout" + tiny_model);
