@@ -7,6 +7,11 @@
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <span>
+#include <utility>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -14,6 +19,7 @@
 #include <vector>
 
 #include "efim/core/error.hpp"
+#include "efim/core/gguf.hpp"
 #include "efim/core/random.hpp"
 #include "efim/core/thread_pool.hpp"
 #include "efim/core/utf8.hpp"
@@ -190,4 +196,136 @@ TEST_CASE("rng is deterministic and in range", "[core][random]") {
   }
   CHECK(sum / 20000 == Approx(0.0).margin(0.05));
   CHECK(sq / 20000 == Approx(1.0).margin(0.05));
+}
+
+namespace {
+std::vector<std::byte> small_gguf() {
+  std::map<std::string, gguf::value, std::less<>> meta;
+  meta.emplace("general.architecture", gguf::make_string("llama"));
+  meta.emplace("general.alignment", gguf::make_u32(64));
+  meta.emplace("llama.rope.freq_base", gguf::make_f32(10000.0f));
+  meta.emplace("tokenizer.ggml.tokens", gguf::make_strings({"a", "b", "ab", "\xE4\xB8\xAD"}));
+  meta.emplace("tokenizer.ggml.token_type", gguf::make_i32s({1, 1, 1, 3}));
+  meta.emplace("flags", gguf::value{gguf::value_type::boolean, true});
+  std::vector<float> w(2 * 32, 0.5f);
+  std::vector<std::byte> q(34, std::byte{7});
+  const std::vector<gguf::tensor_data> tensors{
+      {"w", {32, 2}, 0, std::as_bytes(std::span(w))},
+      {"q", {32}, 8, q},
+  };
+  return gguf::serialize(meta, tensors, 64);
+}
+}  // namespace
+
+TEST_CASE("gguf: a written file reads back the same", "[core][gguf]") {
+  const auto bytes = small_gguf();
+  const auto f = gguf::parse(bytes);
+  CHECK(f.version == 3);
+  CHECK(f.alignment == 64);
+  CHECK(f.string("general.architecture") == "llama");
+  CHECK(std::get<double>(f.at("llama.rope.freq_base").v) == 10000.0);
+  CHECK(f.array<std::string>("tokenizer.ggml.tokens") == std::vector<std::string>{"a", "b", "ab", "\xE4\xB8\xAD"});
+  CHECK(f.array<std::int64_t>("tokenizer.ggml.token_type") == std::vector<std::int64_t>{1, 1, 1, 3});
+  CHECK(std::get<bool>(f.at("flags").v));
+  REQUIRE(f.tensors.size() == 2);
+  CHECK(f.tensors[0].name == "w");
+  CHECK(f.tensors[0].shape == std::vector<std::uint64_t>{32, 2});
+  CHECK(f.tensors[0].bytes == 2 * 32 * 4);
+  CHECK(f.tensors[1].offset == 256);  // 256 bytes of f32, already aligned to 64
+  CHECK(f.tensors[1].bytes == 34);
+  CHECK(f.data_offset % 64 == 0);
+  float first = 0;
+  std::memcpy(&first, bytes.data() + f.data_offset + f.tensors[0].offset, sizeof first);
+  CHECK(first == 0.5f);
+  CHECK(static_cast<int>(bytes[f.data_offset + f.tensors[1].offset]) == 7);
+  CHECK_THROWS_WITH(f.string("missing.key"), Catch::Contains("missing.key"));
+  CHECK_THROWS_WITH(f.array<double>("tokenizer.ggml.tokens"), Catch::Contains("not an array of the expected type"));
+}
+
+TEST_CASE("gguf: every truncation and random corruption gives an error or a checked file", "[core][gguf][fuzz]") {
+  const auto bytes = small_gguf();
+  const auto whole = gguf::parse(bytes);
+  const std::size_t data_end = whole.data_offset + whole.tensors[1].offset + whole.tensors[1].bytes;
+  for (std::size_t n = 0; n < bytes.size(); ++n) {
+    const std::span<const std::byte> cut(bytes.data(), n);
+    if (n < data_end) {
+      INFO("truncated to " << n << " bytes");
+      CHECK_THROWS_AS(gguf::parse(cut), efim::error);
+    }
+  }
+  rng r(11);
+  std::size_t parsed = 0, refused = 0;
+  for (int trial = 0; trial < 20000; ++trial) {
+    auto copy = bytes;
+    const int flips = 1 + static_cast<int>(r.below(4));
+    for (int i = 0; i < flips; ++i) {
+      // Mostly the header (where lengths and counts live), sometimes anywhere.
+      const std::size_t at = r.below(4) == 0 ? r.below(copy.size()) : r.below(std::min<std::size_t>(copy.size(), 400));
+      copy[at] = static_cast<std::byte>(r.below(256));
+    }
+    try {
+      const auto f = gguf::parse(copy);
+      for (const auto& t : f.tensors) REQUIRE(f.data_offset + t.offset + t.bytes <= copy.size());
+      ++parsed;
+    } catch (const efim::error&) {
+      ++refused;
+    }
+  }
+  CHECK(parsed > 0);
+  CHECK(refused > 0);
+}
+
+TEST_CASE("gguf: hostile counts and lengths are refused before anything is allocated", "[core][gguf]") {
+  const auto header = [](std::uint64_t tensors, std::uint64_t kvs) {
+    std::vector<std::byte> b;
+    const auto put = [&](auto v) {
+      const auto* p = reinterpret_cast<const std::byte*>(&v);
+      b.insert(b.end(), p, p + sizeof v);
+    };
+    put(gguf::magic);
+    put(std::uint32_t{3});
+    put(tensors);
+    put(kvs);
+    return std::pair{b, put};
+  };
+  {
+    auto [b, put] = header(0, 1);
+    CHECK_THROWS_WITH(gguf::parse(b), Catch::Contains("metadata count"));
+  }
+  {
+    auto [b, put] = header(std::uint64_t{1} << 60, 0);
+    CHECK_THROWS_WITH(gguf::parse(b), Catch::Contains("tensor count"));
+  }
+  {
+    std::vector<std::byte> b = gguf::serialize({{"k", gguf::make_string("v")}}, {});
+    // The string value's length field, made huge.
+    const std::size_t len_at = 4 + 4 + 8 + 8 + 8 + 1 + 4;
+    const std::uint64_t huge = std::uint64_t{1} << 62;
+    std::memcpy(b.data() + len_at, &huge, sizeof huge);
+    CHECK_THROWS_WITH(gguf::parse(b), Catch::Contains("file ends inside"));
+  }
+  {
+    std::vector<std::byte> b = gguf::serialize({{"k", gguf::make_strings({"x", "y"})}}, {});
+    const std::size_t count_at = 4 + 4 + 8 + 8 + 8 + 1 + 4 + 4;
+    const std::uint64_t huge = std::uint64_t{1} << 61;
+    std::memcpy(b.data() + count_at, &huge, sizeof huge);
+    CHECK_THROWS_WITH(gguf::parse(b), Catch::Contains("array count"));
+  }
+  CHECK_THROWS_WITH(gguf::parse(std::as_bytes(std::span("GGML\3\0\0\0", 8))), Catch::Contains("bad magic"));
+  CHECK_THROWS_WITH(gguf::read("/nonexistent/file.gguf"), Catch::Contains("cannot open"));
+}
+
+TEST_CASE("gguf: the real vocabulary files read", "[core][gguf][shared]") {
+  const std::filesystem::path dir = std::filesystem::path(EFIM_SHARED_DATA) / "vocab";
+  if (!std::filesystem::is_directory(dir)) {
+    WARN("skipped: no shared data at " << dir.string());
+    return;
+  }
+  const auto f = gguf::read((dir / "ggml-vocab-qwen2.5-coder.gguf").string());
+  CHECK(f.string("tokenizer.ggml.model") == "gpt2");
+  CHECK(f.string("tokenizer.ggml.pre") == "qwen2");
+  CHECK(f.array<std::string>("tokenizer.ggml.tokens").size() == 151936);  // padded past the 151,665 in use
+  CHECK(f.array<std::string>("tokenizer.ggml.merges").size() > 150000);
+  const auto s = gguf::read((dir / "ggml-vocab-starcoder.gguf").string());
+  CHECK(s.array<std::string>("tokenizer.ggml.tokens").size() == 49152);
 }
