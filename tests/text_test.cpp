@@ -1,13 +1,17 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "efim/core/error.hpp"
 #include "efim/core/random.hpp"
 #include "efim/core/utf8.hpp"
+#include "efim/text/bpe_tokenizer.hpp"
 #include "efim/text/byte_tokenizer.hpp"
 #include "efim/text/detokenizer.hpp"
 #include "efim/text/fragment.hpp"
@@ -161,5 +165,56 @@ TEST_CASE("detokenizer: random token streams always give valid UTF-8, and valid 
     REQUIRE(utf8::is_valid(out));
     REQUIRE(d.pending_bytes() == 0);
     if (utf8::is_valid(bytes)) REQUIRE(out == bytes);
+  }
+}
+
+namespace {
+const std::filesystem::path vocab_dir = std::filesystem::path(EFIM_SHARED_DATA) / "vocab";
+
+// The reference vectors beside a vocabulary: test strings and the ids Hugging Face gives them.
+std::vector<std::pair<std::string, std::vector<token_id>>> reference_vectors(const std::filesystem::path& gguf) {
+  std::ifstream inp(gguf.string() + ".inp", std::ios::binary), out(gguf.string() + ".out");
+  REQUIRE(inp.good());
+  REQUIRE(out.good());
+  std::stringstream all;
+  all << inp.rdbuf();
+  const std::string text = all.str();
+  const std::string separator = "\n__ggml_vocab_test__\n";
+  std::vector<std::pair<std::string, std::vector<token_id>>> cases;
+  for (std::size_t pos = 0; pos < text.size();) {
+    const std::size_t end = text.find(separator, pos);
+    REQUIRE(end != std::string::npos);
+    cases.emplace_back(text.substr(pos, end - pos), std::vector<token_id>{});
+    pos = end + separator.size();
+  }
+  std::string line;
+  for (auto& c : cases) {
+    REQUIRE(std::getline(out, line));
+    std::istringstream ids(line);
+    for (token_id id = 0; ids >> id;) c.second.push_back(id);
+  }
+  return cases;
+}
+}  // namespace
+
+TEST_CASE("BPE tokenizers from GGUF vocabularies match Hugging Face on the reference vectors", "[text][bpe][shared]") {
+  if (!std::filesystem::is_directory(vocab_dir)) {
+    WARN("skipped: no shared data at " << vocab_dir.string());
+    return;
+  }
+  for (const char* name : {"ggml-vocab-gpt-2.gguf", "ggml-vocab-starcoder.gguf", "ggml-vocab-deepseek-coder.gguf",
+                           "ggml-vocab-qwen2.5-coder.gguf"}) {
+    const auto path = vocab_dir / name;
+    const auto tok = text::load_bpe(path.string());
+    const auto cases = reference_vectors(path);
+    CHECK(cases.size() == 46);
+    for (const auto& [input, want] : cases) {
+      INFO(name << ": '" << input << "'");
+      std::vector<token_id> got;
+      tok.encode(input, got);
+      CHECK(got == want);
+      // Decoding gives back the (normalized) text.
+      CHECK(tok.decode(got) == (std::string(name).find("qwen") != std::string::npos ? text::nfc(input) : input));
+    }
   }
 }

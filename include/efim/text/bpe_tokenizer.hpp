@@ -1,0 +1,460 @@
+#pragma once
+// Byte-level BPE tokenizers (GPT-2 style: Qwen2.5-Coder, StarCoder/StarCoder2, DeepSeek-Coder,
+// Llama 3), loaded from a Hugging Face tokenizer.json or from the tokenizer.ggml.* metadata of a
+// GGUF file, with Hugging Face's semantics: normalize (NFC where asked), pre-tokenize (split
+// regexes), map bytes to the byte-level alphabet, merge by rank (lowest rank, then leftmost, first).
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <fstream>
+#include <optional>
+#include <queue>
+#include <span>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "efim/core/error.hpp"
+#include "efim/core/gguf.hpp"
+#include "efim/core/types.hpp"
+#include "efim/core/utf8.hpp"
+#include "efim/text/concepts.hpp"
+#include "efim/text/pre_tokenizer.hpp"
+#include "efim/text/unicode.hpp"
+
+namespace efim::text {
+
+// What a token is, as GGUF's token_type says (tokenizer.json: added tokens are `control` when
+// marked special, `user_defined` otherwise).
+enum class token_kind : std::uint8_t { normal, control, user_defined, unused };
+
+// Everything a byte-level BPE tokenizer is built from.
+struct bpe_config {
+  std::vector<std::string> tokens;  // by id: normal tokens in byte-level form, added tokens as text
+  std::vector<token_kind> kinds;    // by id (empty: all normal)
+  std::vector<std::pair<std::string, std::string>> merges;  // by rank
+  pre_tokenizer pre;
+  bool nfc = false;               // normalize to NFC first
+  bool ignore_merges = false;     // a word that is a whole token is that token (Llama 3)
+  bool add_prefix_space = false;  // ByteLevel's add_prefix_space
+  std::string description;
+};
+
+namespace byte_level {
+
+// GPT-2's map from bytes to printable code points: printable Latin-1 bytes stand for themselves,
+// the others take 256, 257, ... in byte order.
+inline const std::array<char32_t, 256>& to_code_point() {
+  static const auto table = [] {
+    std::array<char32_t, 256> t{};
+    char32_t next = 256;
+    for (unsigned b = 0; b < 256; ++b) {
+      const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+      t[b] = printable ? static_cast<char32_t>(b) : next++;
+    }
+    return t;
+  }();
+  return table;
+}
+
+inline void append_utf8(char32_t cp, std::string& out) {
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    out += static_cast<char>(0xE0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (cp >> 18));
+    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
+// The bytes a byte-level token string stands for; nullopt if it is not in the alphabet.
+inline std::optional<std::string> decode(std::string_view s) {
+  static const auto from = [] {
+    std::array<int, 324> t{};
+    t.fill(-1);
+    const auto& to = to_code_point();
+    for (unsigned b = 0; b < 256; ++b) t[to[b]] = static_cast<int>(b);
+    return t;
+  }();
+  std::string out;
+  std::size_t pos = 0;
+  while (pos < s.size()) {
+    const std::size_t n = utf8::valid_sequence_at(s, pos);
+    if (n == 0) return std::nullopt;
+    char32_t cp = static_cast<unsigned char>(s[pos]);
+    if (n > 1) {
+      cp &= 0x7F >> n;
+      for (std::size_t i = 1; i < n; ++i) cp = (cp << 6) | (static_cast<unsigned char>(s[pos + i]) & 0x3F);
+    }
+    if (cp >= from.size() || from[cp] < 0) return std::nullopt;
+    out += static_cast<char>(from[cp]);
+    pos += n;
+  }
+  return out;
+}
+
+}  // namespace byte_level
+
+class bpe_tokenizer {
+ public:
+  explicit bpe_tokenizer(bpe_config c) : pre_(std::move(c.pre)), nfc_(c.nfc), ignore_merges_(c.ignore_merges),
+                                         add_prefix_space_(c.add_prefix_space), description_(std::move(c.description)) {
+    const std::size_t n = c.tokens.size();
+    require(n > 0 && n < (std::size_t{1} << 31), errc::invalid_argument, "bpe_tokenizer: the vocabulary is empty or too large");
+    require(c.kinds.empty() || c.kinds.size() == n, errc::invalid_argument,
+            "bpe_tokenizer: " + std::to_string(c.kinds.size()) + " token kinds for " + std::to_string(n) + " tokens");
+    kinds_ = c.kinds.empty() ? std::vector<token_kind>(n, token_kind::normal) : std::move(c.kinds);
+    bytes_.resize(n);
+    ids_.reserve(n);
+    byte_id_.fill(-1);
+    const auto& to_cp = byte_level::to_code_point();
+    std::array<std::string, 256> byte_strings;
+    for (unsigned b = 0; b < 256; ++b) byte_level::append_utf8(to_cp[b], byte_strings[b]);
+    for (std::size_t id = 0; id < n; ++id) {
+      const auto tid = static_cast<token_id>(id);
+      std::string& text = c.tokens[id];
+      if (kinds_[id] == token_kind::normal) {
+        auto decoded = byte_level::decode(text);
+        bytes_[id] = decoded ? std::move(*decoded) : text;
+        ids_.try_emplace(text, tid);
+        if (bytes_[id].size() == 1 && decoded) {
+          const auto b = static_cast<unsigned char>(bytes_[id][0]);
+          if (byte_id_[b] < 0) byte_id_[b] = tid;
+        }
+      } else {
+        bytes_[id] = text;
+        if (kinds_[id] != token_kind::unused && !text.empty()) {
+          specials_.try_emplace(text, tid);
+          max_special_ = std::max(max_special_, text.size());
+        }
+      }
+    }
+    merges_.reserve(c.merges.size());
+    for (std::size_t rank = 0; rank < c.merges.size(); ++rank) {
+      const auto& [left, right] = c.merges[rank];
+      const auto l = ids_.find(left), r = ids_.find(right), m = ids_.find(left + right);
+      require(l != ids_.end() && r != ids_.end() && m != ids_.end(), errc::invalid_argument,
+              "bpe_tokenizer: merge " + std::to_string(rank) + " ('" + left + "' '" + right +
+                  "') names a token the vocabulary lacks");
+      merges_.try_emplace(pair_key(l->second, r->second), merge{static_cast<std::uint32_t>(rank), m->second});
+    }
+  }
+
+  // Plain text: special-token text is tokenized as text.
+  void encode(std::string_view s, std::vector<token_id>& out) const {
+    utf8::require_valid(s, "the text");
+    std::string normalized;
+    std::string_view text = s;
+    if (nfc_) {
+      append_nfc(s, normalized);
+      text = normalized;
+    }
+    std::string prefixed;
+    if (add_prefix_space_ && !text.empty() && text.front() != ' ') {
+      prefixed = " ";
+      prefixed += text;
+      text = prefixed;
+    }
+    pre_.for_each_word(text, [&](std::string_view word) { encode_word(word, out); });
+  }
+
+  // Text in which special tokens' text stands for those tokens (the longest match wins).
+  void encode_special(std::string_view s, std::vector<token_id>& out) const {
+    utf8::require_valid(s, "the text");
+    std::size_t start = 0, pos = 0;
+    while (pos < s.size()) {
+      std::size_t best = 0;
+      token_id id = 0;
+      for (std::size_t len = std::min(max_special_, s.size() - pos); len > 0 && best == 0; --len) {
+        const auto it = specials_.find(s.substr(pos, len));
+        if (it != specials_.end()) {
+          best = len;
+          id = it->second;
+        }
+      }
+      if (best == 0) {
+        ++pos;
+        continue;
+      }
+      encode(s.substr(start, pos - start), out);
+      out.push_back(id);
+      pos += best;
+      start = pos;
+    }
+    encode(s.substr(start), out);
+  }
+
+  [[nodiscard]] std::optional<token_id> special_id(std::string_view s) const {
+    const auto it = specials_.find(s);
+    if (it == specials_.end()) return std::nullopt;
+    return it->second;
+  }
+
+  [[nodiscard]] std::string_view token_bytes(token_id id) const {
+    require(id >= 0 && static_cast<std::size_t>(id) < bytes_.size(), errc::unknown_token,
+            "bpe_tokenizer: token id " + std::to_string(id) + " is outside the vocabulary of " +
+                std::to_string(bytes_.size()));
+    return bytes_[static_cast<std::size_t>(id)];
+  }
+
+  [[nodiscard]] bool is_special(token_id id) const noexcept {
+    return id >= 0 && static_cast<std::size_t>(id) < kinds_.size() &&
+           kinds_[static_cast<std::size_t>(id)] != token_kind::normal;
+  }
+  [[nodiscard]] token_kind kind(token_id id) const { return kinds_.at(static_cast<std::size_t>(id)); }
+  [[nodiscard]] std::size_t vocab_size() const noexcept { return bytes_.size(); }
+  [[nodiscard]] const std::string& description() const noexcept { return description_; }
+
+  // The text of a sequence of ids (special tokens included as their text).
+  [[nodiscard]] std::string decode(std::span<const token_id> ids) const {
+    std::string out;
+    for (const token_id id : ids) out += token_bytes(id);
+    return out;
+  }
+
+ private:
+  struct merge {
+    std::uint32_t rank;
+    token_id id;
+  };
+  static constexpr std::uint64_t pair_key(token_id a, token_id b) noexcept {
+    return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(a)) << 32) | static_cast<std::uint32_t>(b);
+  }
+
+  // Hashing for string keys that accepts string_view lookups.
+  struct string_hash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
+  };
+  using string_map = std::unordered_map<std::string, token_id, string_hash, std::equal_to<>>;
+
+  void encode_word(std::string_view word, std::vector<token_id>& out) const {
+    if (ignore_merges_) {
+      std::string mapped;
+      const auto& to_cp = byte_level::to_code_point();
+      for (const char c : word) byte_level::append_utf8(to_cp[static_cast<unsigned char>(c)], mapped);
+      if (const auto it = ids_.find(mapped); it != ids_.end()) {
+        out.push_back(it->second);
+        return;
+      }
+    }
+    struct symbol {
+      token_id id;
+      int prev, next;
+    };
+    std::vector<symbol> syms(word.size());
+    for (std::size_t i = 0; i < word.size(); ++i) {
+      const auto b = static_cast<unsigned char>(word[i]);
+      require(byte_id_[b] >= 0, errc::unknown_token,
+              "bpe_tokenizer: the vocabulary has no token for byte " + std::to_string(b));
+      syms[i] = {byte_id_[b], static_cast<int>(i) - 1, i + 1 < word.size() ? static_cast<int>(i) + 1 : -1};
+    }
+    // Candidate merges: lowest rank first, then leftmost.
+    using candidate = std::pair<std::uint64_t, int>;  // (rank << 32 | position, position)
+    std::priority_queue<candidate, std::vector<candidate>, std::greater<>> heap;
+    const auto consider = [&](int left) {
+      if (left < 0 || syms[static_cast<std::size_t>(left)].next < 0) return;
+      const auto& l = syms[static_cast<std::size_t>(left)];
+      const auto it = merges_.find(pair_key(l.id, syms[static_cast<std::size_t>(l.next)].id));
+      if (it != merges_.end())
+        heap.push({(static_cast<std::uint64_t>(it->second.rank) << 32) | static_cast<std::uint32_t>(left), left});
+    };
+    for (int i = 0; i + 1 < static_cast<int>(syms.size()); ++i) consider(i);
+    std::vector<bool> dead(syms.size(), false);
+    while (!heap.empty()) {
+      const auto [key, left] = heap.top();
+      heap.pop();
+      auto& l = syms[static_cast<std::size_t>(left)];
+      if (dead[static_cast<std::size_t>(left)] || l.next < 0) continue;
+      auto& r = syms[static_cast<std::size_t>(l.next)];
+      const auto it = merges_.find(pair_key(l.id, r.id));
+      if (it == merges_.end() || it->second.rank != static_cast<std::uint32_t>(key >> 32)) continue;  // stale
+      l.id = it->second.id;
+      dead[static_cast<std::size_t>(l.next)] = true;
+      l.next = r.next;
+      if (l.next >= 0) syms[static_cast<std::size_t>(l.next)].prev = left;
+      consider(l.prev);
+      consider(left);
+    }
+    for (int i = syms.empty() ? -1 : 0; i >= 0; i = syms[static_cast<std::size_t>(i)].next)
+      out.push_back(syms[static_cast<std::size_t>(i)].id);
+  }
+
+  pre_tokenizer pre_;
+  bool nfc_, ignore_merges_, add_prefix_space_;
+  std::string description_;
+  std::vector<token_kind> kinds_;
+  std::vector<std::string> bytes_;  // by id: the bytes a token stands for
+  string_map ids_;                  // byte-level token string -> id (normal tokens)
+  string_map specials_;             // added-token text -> id
+  std::size_t max_special_ = 0;
+  std::array<token_id, 256> byte_id_{};
+  std::unordered_map<std::uint64_t, merge> merges_;
+};
+
+static_assert(tokenizer<bpe_tokenizer>);
+
+// From the tokenizer.ggml.* metadata of a GGUF file (tokenizer.ggml.model must be "gpt2").
+inline bpe_tokenizer load_bpe_gguf(const gguf::file& f) {
+  const std::string_view model = f.string("tokenizer.ggml.model");
+  require(model == "gpt2", errc::invalid_argument,
+          "tokenizer: GGUF tokenizer model '" + std::string(model) + "' is not byte-level BPE ('gpt2')");
+  bpe_config c;
+  c.tokens = f.array<std::string>("tokenizer.ggml.tokens");
+  if (f.find("tokenizer.ggml.token_type")) {
+    const auto& types = f.array<std::int64_t>("tokenizer.ggml.token_type");
+    require(types.size() == c.tokens.size(), errc::invalid_argument,
+            "tokenizer: " + std::to_string(types.size()) + " token types for " + std::to_string(c.tokens.size()) +
+                " tokens");
+    c.kinds.reserve(types.size());
+    for (const auto t : types)
+      c.kinds.push_back(t == 3 ? token_kind::control
+                        : t == 4 ? token_kind::user_defined
+                        : t == 5 ? token_kind::unused
+                                 : token_kind::normal);  // 1 normal, 2 unknown, 6 byte
+  }
+  if (f.find("tokenizer.ggml.merges")) {
+    const auto& merges = f.array<std::string>("tokenizer.ggml.merges");
+    c.merges.reserve(merges.size());
+    for (const auto& m : merges) {
+      const auto space = m.find(' ', 1);
+      require(space != std::string::npos, errc::invalid_argument, "tokenizer: merge '" + m + "' has no space");
+      c.merges.emplace_back(m.substr(0, space), m.substr(space + 1));
+    }
+  }
+  const std::string pre = f.find("tokenizer.ggml.pre") ? std::string(f.string("tokenizer.ggml.pre")) : "default";
+  c.pre = pre_tokenizer::preset(pre);
+  c.nfc = pre == "qwen2";
+  c.ignore_merges = pre == "llama-bpe";
+  c.description = "GGUF byte-level BPE, pre-tokenizer " + pre + ", " + std::to_string(c.tokens.size()) + " tokens";
+  return bpe_tokenizer(std::move(c));
+}
+
+namespace detail {
+
+// Escapes a literal for an Oniguruma pattern.
+inline std::string regex_escape(std::string_view s) {
+  std::string out;
+  for (const char ch : s) {
+    if (std::string_view("\\^$.|?*+()[]{}").find(ch) != std::string_view::npos) out += '\\';
+    out += ch;
+  }
+  return out;
+}
+
+inline split_behavior parse_behavior(const nlohmann::json& j) {
+  const std::string b = j.value("behavior", "Isolated");
+  if (b == "Isolated") return split_behavior::isolated;
+  if (b == "Removed") return split_behavior::removed;
+  if (b == "MergedWithPrevious") return split_behavior::merged_with_previous;
+  if (b == "MergedWithNext") return split_behavior::merged_with_next;
+  if (b == "Contiguous") return split_behavior::contiguous;
+  throw error(errc::invalid_argument, "tokenizer.json: unknown split behavior '" + b + "'");
+}
+
+inline void add_pre_tokenizer(const nlohmann::json& j, bpe_config& c) {
+  if (j.is_null()) return;
+  const std::string type = j.at("type").get<std::string>();
+  if (type == "Sequence") {
+    for (const auto& p : j.at("pretokenizers")) add_pre_tokenizer(p, c);
+  } else if (type == "Split") {
+    const auto& pattern = j.at("pattern");
+    const std::string p = pattern.contains("Regex") ? pattern.at("Regex").get<std::string>()
+                                                    : regex_escape(pattern.at("String").get<std::string>());
+    c.pre.split(p, parse_behavior(j), j.value("invert", false));
+  } else if (type == "ByteLevel") {
+    if (j.value("use_regex", true)) c.pre.split(gpt2_pattern);
+    c.add_prefix_space = j.value("add_prefix_space", false);
+  } else if (type == "Digits") {
+    c.pre.split(j.value("individual_digits", false) ? R"(\p{N})" : R"(\p{N}+)");
+  } else {
+    throw error(errc::invalid_argument, "tokenizer.json: pre-tokenizer '" + type + "' is not supported");
+  }
+}
+
+inline void add_normalizer(const nlohmann::json& j, bpe_config& c) {
+  if (j.is_null()) return;
+  const std::string type = j.at("type").get<std::string>();
+  if (type == "Sequence") {
+    for (const auto& n : j.at("normalizers")) add_normalizer(n, c);
+  } else if (type == "NFC") {
+    c.nfc = true;
+  } else {
+    throw error(errc::invalid_argument, "tokenizer.json: normalizer '" + type + "' is not supported");
+  }
+}
+
+}  // namespace detail
+
+// From the text of a Hugging Face tokenizer.json (model type BPE, byte-level).
+inline bpe_tokenizer load_bpe_json(std::string_view json_text) {
+  try {
+    const auto j = nlohmann::json::parse(json_text);
+    const auto& model = j.at("model");
+    require(model.value("type", std::string("BPE")) == "BPE", errc::invalid_argument,
+            "tokenizer.json: model type '" + model.value("type", std::string()) + "' is not BPE");
+    require(!model.value("byte_fallback", false), errc::invalid_argument,
+            "tokenizer.json: byte_fallback BPE is not byte-level BPE");
+    bpe_config c;
+    const auto place = [&](std::size_t id, std::string text, token_kind kind) {
+      require(id < (std::size_t{1} << 24), errc::invalid_argument, "tokenizer.json: token id " + std::to_string(id) + " is too large");
+      if (id >= c.tokens.size()) {
+        c.tokens.resize(id + 1);
+        c.kinds.resize(id + 1, token_kind::unused);
+      }
+      c.tokens[id] = std::move(text);
+      c.kinds[id] = kind;
+    };
+    for (const auto& [text, id] : model.at("vocab").items()) place(id.get<std::size_t>(), text, token_kind::normal);
+    if (j.contains("added_tokens"))
+      for (const auto& a : j.at("added_tokens"))
+        place(a.at("id").get<std::size_t>(), a.at("content").get<std::string>(),
+              a.value("special", false) ? token_kind::control : token_kind::user_defined);
+    for (const auto& m : model.at("merges")) {
+      if (m.is_string()) {
+        const auto s = m.get<std::string>();
+        const auto space = s.find(' ', 1);
+        require(space != std::string::npos, errc::invalid_argument, "tokenizer.json: merge '" + s + "' has no space");
+        c.merges.emplace_back(s.substr(0, space), s.substr(space + 1));
+      } else {
+        c.merges.emplace_back(m.at(0).get<std::string>(), m.at(1).get<std::string>());
+      }
+    }
+    c.ignore_merges = model.value("ignore_merges", false);
+    if (j.contains("normalizer")) detail::add_normalizer(j.at("normalizer"), c);
+    if (j.contains("pre_tokenizer")) detail::add_pre_tokenizer(j.at("pre_tokenizer"), c);
+    c.description = "tokenizer.json byte-level BPE, " + std::to_string(c.tokens.size()) + " tokens";
+    return bpe_tokenizer(std::move(c));
+  } catch (const nlohmann::json::exception& e) {
+    throw error(errc::invalid_argument, std::string("tokenizer.json: ") + e.what());
+  }
+}
+
+// From a file: a .gguf file's metadata, or a tokenizer.json.
+inline bpe_tokenizer load_bpe(const std::string& path) {
+  if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".gguf") == 0) return load_bpe_gguf(gguf::read(path));
+  std::ifstream in(path, std::ios::binary);
+  require(in.good(), errc::invalid_argument, "tokenizer: cannot open '" + path + "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  try {
+    return load_bpe_json(ss.str());
+  } catch (const error& e) {
+    throw error(e.code(), std::string(e.what()) + " ('" + path + "')");
+  }
+}
+
+}  // namespace efim::text

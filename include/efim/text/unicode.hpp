@@ -1,0 +1,113 @@
+#pragma once
+// Unicode services for the tokenizers, from ICU: NFC normalization, and Oniguruma regexes (the
+// engine Hugging Face tokenizers run their split patterns on) over UTF-8.
+#include <unicode/bytestream.h>
+#include <unicode/normalizer2.h>
+#include <unicode/utypes.h>
+// Oniguruma would otherwise #define UChar, which is ICU's UTF-16 code unit type.
+#ifndef ONIG_ESCAPE_UCHAR_COLLISION
+#define ONIG_ESCAPE_UCHAR_COLLISION
+#endif
+#include <oniguruma.h>
+
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "efim/core/error.hpp"
+
+namespace efim::text {
+
+// Appends the NFC form of valid UTF-8 `s` to `out`. ASCII is already NFC and is copied as is.
+inline void append_nfc(std::string_view s, std::string& out) {
+  std::size_t ascii = 0;
+  while (ascii < s.size() && static_cast<unsigned char>(s[ascii]) < 0x80) ++ascii;
+  if (ascii == s.size()) {
+    out += s;
+    return;
+  }
+  UErrorCode status = U_ZERO_ERROR;
+  const icu::Normalizer2* nfc = icu::Normalizer2::getNFCInstance(status);
+  require(U_SUCCESS(status), errc::invalid_argument, std::string("ICU: no NFC data: ") + u_errorName(status));
+  // Normalization can only change text from the first non-ASCII character's starter on; the ASCII
+  // prefix before it (less the last character, which may take a combining mark) stays.
+  const std::size_t keep = ascii == 0 ? 0 : ascii - 1;
+  out += s.substr(0, keep);
+  icu::StringByteSink<std::string> sink(&out);
+  const std::string_view rest = s.substr(keep);
+  nfc->normalizeUTF8(0, icu::StringPiece(rest.data(), static_cast<std::int32_t>(rest.size())), sink, nullptr, status);
+  require(U_SUCCESS(status), errc::invalid_argument, std::string("ICU: NFC failed: ") + u_errorName(status));
+}
+
+inline std::string nfc(std::string_view s) {
+  std::string out;
+  append_nfc(s, out);
+  return out;
+}
+
+// A compiled Oniguruma pattern (Oniguruma syntax, UTF-8). Searching is thread-safe.
+class regex {
+ public:
+  explicit regex(std::string_view pattern) : pattern_(pattern) {
+    static std::once_flag init;
+    std::call_once(init, [] {
+      OnigEncoding encodings[] = {ONIG_ENCODING_UTF8};
+      onig_initialize(encodings, 1);
+    });
+    OnigErrorInfo info{};
+    OnigRegex re = nullptr;
+    const auto* p = reinterpret_cast<const OnigUChar*>(pattern_.data());
+    const int r = onig_new(&re, p, p + pattern_.size(), ONIG_OPTION_CAPTURE_GROUP, ONIG_ENCODING_UTF8,
+                           ONIG_SYNTAX_DEFAULT, &info);
+    if (r != ONIG_NORMAL) {
+      OnigUChar message[ONIG_MAX_ERROR_MESSAGE_LEN];
+      onig_error_code_to_str(message, r, &info);
+      throw error(errc::invalid_argument,
+                  "regex '" + pattern_ + "': " + std::string(reinterpret_cast<const char*>(message)));
+    }
+    re_.reset(re);
+  }
+
+  // Calls f(begin, end) for each non-overlapping match in `s`, left to right (byte offsets).
+  template <class F>
+  void for_each_match(std::string_view s, F&& f) const {
+    std::unique_ptr<OnigRegion, region_free> region(onig_region_new());
+    const auto* begin = reinterpret_cast<const OnigUChar*>(s.data());
+    const auto* end = begin + s.size();
+    std::size_t at = 0;
+    while (at <= s.size()) {
+      const int r = onig_search(re_.get(), begin, end, begin + at, end, region.get(), ONIG_OPTION_NONE);
+      if (r == ONIG_MISMATCH) return;
+      require(r >= 0, errc::invalid_argument, "regex '" + pattern_ + "': search failed");
+      const auto b = static_cast<std::size_t>(region->beg[0]);
+      const auto e = static_cast<std::size_t>(region->end[0]);
+      if (e > b) {
+        f(b, e);
+        at = e;
+      } else {
+        // An empty match: no piece, step over one character.
+        if (b >= s.size()) return;
+        std::size_t n = 1;
+        while (b + n < s.size() && (static_cast<unsigned char>(s[b + n]) & 0xC0) == 0x80) ++n;
+        at = b + n;
+      }
+    }
+  }
+
+  [[nodiscard]] const std::string& pattern() const noexcept { return pattern_; }
+
+ private:
+  struct regex_free {
+    void operator()(OnigRegex r) const noexcept { onig_free(r); }
+  };
+  struct region_free {
+    void operator()(OnigRegion* r) const noexcept { onig_region_free(r, 1); }
+  };
+  std::string pattern_;
+  std::unique_ptr<std::remove_pointer_t<OnigRegex>, regex_free> re_;
+};
+
+}  // namespace efim::text
