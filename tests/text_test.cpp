@@ -11,6 +11,7 @@
 #include "efim/core/error.hpp"
 #include "efim/core/random.hpp"
 #include "efim/core/utf8.hpp"
+#include "efim/prompt/fim_tokens.hpp"
 #include "efim/text/bpe_tokenizer.hpp"
 #include "efim/text/byte_tokenizer.hpp"
 #include "efim/text/detokenizer.hpp"
@@ -217,4 +218,58 @@ TEST_CASE("BPE tokenizers from GGUF vocabularies match Hugging Face on the refer
       CHECK(tok.decode(got) == (std::string(name).find("qwen") != std::string::npos ? text::nfc(input) : input));
     }
   }
+}
+
+TEST_CASE("the Qwen2.5-Coder tokenizer.json matches the reference vectors and its GGUF twin", "[text][bpe][shared]") {
+  const std::filesystem::path json = std::filesystem::path(EFIM_TOKENIZER_CACHE) / "qwen2.5-coder" / "tokenizer.json";
+  const auto gguf_path = vocab_dir / "ggml-vocab-qwen2.5-coder.gguf";
+  if (!std::filesystem::exists(json) || !std::filesystem::exists(gguf_path)) {
+    WARN("skipped: needs " << json.string() << " (fetched by .ci/setup) and " << gguf_path.string());
+    return;
+  }
+  const auto from_json = text::load_bpe(json.string());
+  const auto from_gguf = text::load_bpe(gguf_path.string());
+  for (const auto& [input, want] : reference_vectors(gguf_path)) {
+    INFO("'" << input << "'");
+    std::vector<token_id> got;
+    from_json.encode(input, got);
+    CHECK(got == want);
+  }
+  for (const char* special : {"<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|endoftext|>", "<|file_sep|>"}) {
+    INFO(special);
+    REQUIRE(from_json.special_id(special).has_value());
+    CHECK(from_json.special_id(special) == from_gguf.special_id(special));
+    CHECK(from_json.is_special(*from_json.special_id(special)));
+  }
+  // Special-token text is text unless asked for.
+  std::vector<token_id> plain, parsed;
+  from_json.encode("<|fim_prefix|>def f():", plain);
+  from_json.encode_special("<|fim_prefix|>def f():", parsed);
+  CHECK(parsed.front() == *from_json.special_id("<|fim_prefix|>"));
+  CHECK(plain.front() != parsed.front());
+  CHECK(plain.size() > parsed.size());
+  CHECK(from_json.decode(plain) == from_json.decode(parsed));
+}
+
+TEST_CASE("FIM token sets are detected from the vocabulary", "[text][bpe][shared]") {
+  if (!std::filesystem::is_directory(vocab_dir)) {
+    WARN("skipped: no shared data at " << vocab_dir.string());
+    return;
+  }
+  const std::map<std::string, std::string> want{{"ggml-vocab-qwen2.5-coder.gguf", "qwen2.5-coder"},
+                                                {"ggml-vocab-starcoder.gguf", "starcoder"},
+                                                {"ggml-vocab-deepseek-coder.gguf", "deepseek-coder"},
+                                                {"ggml-vocab-gpt-2.gguf", ""}};
+  for (const auto& [file, family] : want) {
+    INFO(file);
+    const auto tok = text::load_bpe((vocab_dir / file).string());
+    const auto* set = prompt::detect_token_set(tok);
+    CHECK((set ? std::string(set->family) : std::string()) == family);
+    if (set)
+      for (const auto& special : set->special_tokens()) {
+        INFO(special);
+        CHECK(tok.special_id(special).has_value());
+      }
+  }
+  CHECK(prompt::detect_token_set(text::byte_tokenizer(prompt::starcoder.special_tokens())) == &prompt::starcoder);
 }

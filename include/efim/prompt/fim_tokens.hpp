@@ -145,4 +145,13 @@ inline const fim_token_set* find_token_set(std::string_view family) noexcept {
   return nullptr;
 }
 
+// The token set whose three FIM sentinels the tokenizer's vocabulary holds as special tokens
+// (the first such, in known_token_sets order); nullptr if none.
+template <class Tokenizer>
+const fim_token_set* detect_token_set(const Tokenizer& tok) {
+  for (const auto* set : known_token_sets)
+    if (tok.special_id(set->prefix) && tok.special_id(set->suffix) && tok.special_id(set->middle)) return set;
+  return nullptr;
+}
+
 }  // namespace efim::prompt
