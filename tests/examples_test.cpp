@@ -5,7 +5,10 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace fs = std::filesystem;
 
@@ -15,8 +18,8 @@ struct run_result {
   std::string output;  // stdout and stderr
 };
 
-run_result run(const std::string& args) {
-  const std::string cmd = std::string(EFIM_BENCH_PATH) + " " + args + " 2>&1";
+run_result run_program(const std::string& program, const std::string& args) {
+  const std::string cmd = program + " " + args + " 2>&1";
   FILE* pipe = popen(cmd.c_str(), "r");
   REQUIRE(pipe != nullptr);
   std::string out;
@@ -25,6 +28,8 @@ run_result run(const std::string& args) {
   const int status = pclose(pipe);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
+
+run_result run(const std::string& args) { return run_program(EFIM_BENCH_PATH, args); }
 
 // A scratch directory removed at the end of the test.
 struct temp_dir {
@@ -157,4 +162,83 @@ TEST_CASE("efim-bench rejects bad arguments with a clear message", "[examples][b
   const auto help = run("--help");
   CHECK(help.exit_code == 0);
   CHECK(help.output.find("usage: efim-bench") != std::string::npos);
+}
+
+TEST_CASE("efim-tokenize prints the reference ids for real tokenizers", "[examples][tokenize][shared]") {
+  const fs::path vocab = fs::path(EFIM_SHARED_DATA) / "vocab";
+  const fs::path json = fs::path(EFIM_TOKENIZER_CACHE) / "qwen2.5-coder" / "tokenizer.json";
+  if (!fs::is_directory(vocab)) {
+    WARN("skipped: no shared data at " << vocab.string());
+    return;
+  }
+  temp_dir dir("tokenize");
+  std::vector<std::pair<fs::path, fs::path>> runs{  // (tokenizer, the vocabulary whose vectors apply)
+      {vocab / "ggml-vocab-qwen2.5-coder.gguf", vocab / "ggml-vocab-qwen2.5-coder.gguf"},
+      {vocab / "ggml-vocab-starcoder.gguf", vocab / "ggml-vocab-starcoder.gguf"},
+      {vocab / "ggml-vocab-deepseek-coder.gguf", vocab / "ggml-vocab-deepseek-coder.gguf"}};
+  if (fs::exists(json))
+    runs.emplace_back(json, vocab / "ggml-vocab-qwen2.5-coder.gguf");
+  else
+    WARN("the tokenizer.json run is skipped: " << json.string() << " is missing (fetched by .ci/setup)");
+  for (const auto& [tokenizer, vectors] : runs) {
+    std::ifstream inp(vectors.string() + ".inp", std::ios::binary), out(vectors.string() + ".out");
+    std::stringstream all;
+    all << inp.rdbuf();
+    const std::string text = all.str(), separator = "\n__ggml_vocab_test__\n";
+    std::string want;
+    std::size_t index = 0;
+    for (std::size_t pos = 0; pos < text.size() && std::getline(out, want); ++index) {
+      const std::size_t end = text.find(separator, pos);
+      REQUIRE(end != std::string::npos);
+      const std::string input = text.substr(pos, end - pos);
+      pos = end + separator.size();
+      if (index % 5 != 0 && input.find_first_of("\xC3\xE4\xF0") == std::string::npos) continue;  // a sample
+      const auto in_file = dir.path / "in.txt";
+      std::ofstream(in_file, std::ios::binary) << input;
+      const auto r = run_program(EFIM_TOKENIZE_PATH, "--tokenizer " + tokenizer.string() + " < " + in_file.string());
+      INFO(tokenizer.filename().string() << ": '" << input << "'");
+      REQUIRE(r.exit_code == 0);
+      // The reference lines have a leading space; efim-tokenize prints none.
+      const auto trim = [](std::string s) {
+        while (!s.empty() && (s.front() == ' ')) s.erase(0, 1);
+        while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+        return s;
+      };
+      CHECK(trim(r.output) == trim(want));
+    }
+  }
+}
+
+TEST_CASE("efim-tokenize: special tokens when asked, and clear errors", "[examples][tokenize][shared]") {
+  const fs::path gguf = fs::path(EFIM_SHARED_DATA) / "vocab" / "ggml-vocab-starcoder.gguf";
+  if (!fs::exists(gguf)) {
+    WARN("skipped: no shared data at " << gguf.string());
+    return;
+  }
+  temp_dir dir("tokenize-errors");
+  const auto write = [&](const std::string& name, const std::string& content) {
+    std::ofstream(dir.path / name, std::ios::binary) << content;
+    return (dir.path / name).string();
+  };
+  const auto in = write("fim.txt", "<fim_prefix>x");
+  const auto special = run_program(EFIM_TOKENIZE_PATH, "--tokenizer " + gguf.string() + " --special < " + in);
+  const auto plain = run_program(EFIM_TOKENIZE_PATH, "--tokenizer " + gguf.string() + " < " + in);
+  REQUIRE(special.exit_code == 0);
+  REQUIRE(plain.exit_code == 0);
+  CHECK(special.output.rfind("1 ", 0) == 0);  // <fim_prefix> is id 1 in StarCoder's vocabulary
+  CHECK(plain.output.size() > special.output.size());
+
+  const auto bad_utf8 = run_program(EFIM_TOKENIZE_PATH, "--tokenizer " + gguf.string() + " < " + write("bad.txt", "ok \xFF"));
+  CHECK(bad_utf8.exit_code == 1);
+  CHECK(bad_utf8.output.find("not valid UTF-8") != std::string::npos);
+  const auto bad_json = run_program(EFIM_TOKENIZE_PATH, "--tokenizer " + write("t.json", "{\"model\": ") + " < " + in);
+  CHECK(bad_json.exit_code == 1);
+  CHECK(bad_json.output.find("tokenizer.json") != std::string::npos);
+  const auto truncated = write("cut.gguf", std::string("GGUF\3\0\0\0", 8));
+  const auto bad_gguf = run_program(EFIM_TOKENIZE_PATH, "--tokenizer " + truncated + " < " + in);
+  CHECK(bad_gguf.exit_code == 1);
+  CHECK(bad_gguf.output.find("gguf: file ends inside") != std::string::npos);
+  CHECK(run_program(EFIM_TOKENIZE_PATH, "--tokenizer /nonexistent.json < " + in).exit_code == 1);
+  CHECK(run_program(EFIM_TOKENIZE_PATH, "< " + in).exit_code == 2);
+  CHECK(run_program(EFIM_TOKENIZE_PATH, "--bogus < " + in).exit_code == 2);
 }

@@ -4,15 +4,19 @@
 
 #include "efim/core/config.hpp"
 #include "efim/core/error.hpp"
+#include "efim/core/gguf.hpp"
 #include "efim/core/random.hpp"
 #include "efim/core/thread_pool.hpp"
 #include "efim/core/types.hpp"
 #include "efim/core/utf8.hpp"
 
+#include "efim/text/bpe_tokenizer.hpp"
 #include "efim/text/byte_tokenizer.hpp"
 #include "efim/text/concepts.hpp"
 #include "efim/text/detokenizer.hpp"
 #include "efim/text/fragment.hpp"
+#include "efim/text/pre_tokenizer.hpp"
+#include "efim/text/unicode.hpp"
 
 #include "efim/prompt/concepts.hpp"
 #include "efim/prompt/encode.hpp"
