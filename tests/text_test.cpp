@@ -273,3 +273,69 @@ TEST_CASE("FIM token sets are detected from the vocabulary", "[text][bpe][shared
   }
   CHECK(prompt::detect_token_set(text::byte_tokenizer(prompt::starcoder.special_tokens())) == &prompt::starcoder);
 }
+
+TEST_CASE("random_split cuts at character boundaries, as often and as much as asked, the same for a seed",
+          "[text][fragment]") {
+  const std::string text = "def f\xC3\xA9(x):  # \xE4\xB8\xAD\xE6\x96\x87 \xF0\x9F\x98\x80\n    return x";
+  const auto cut = [&](text::random_split<>& g) {
+    std::vector<std::string> pieces;
+    const std::string_view whole_run = text;
+    g.for_each_piece(std::span(&whole_run, 1), [&](std::string_view p) { pieces.emplace_back(p); });
+    return pieces;
+  };
+  text::random_split<> a(7, 0.5, 3), b(7, 0.5, 3), c(8, 0.5, 3);
+  std::size_t split_runs = 0, differs = 0;
+  const int runs = 4000;
+  for (int i = 0; i < runs; ++i) {
+    const auto pa = cut(a), pb = cut(b), pc = cut(c);
+    REQUIRE(pa == pb);  // deterministic for a seed
+    differs += pa != pc ? 1 : 0;
+    std::string joined;
+    for (const auto& p : pa) {
+      CHECK_FALSE(p.empty());
+      CHECK(utf8::is_valid(p));  // never inside a character
+      joined += p;
+    }
+    CHECK(joined == text);
+    CHECK(pa.size() <= 4);  // at most 3 cuts
+    split_runs += pa.size() > 1 ? 1 : 0;
+  }
+  CHECK(differs > 0);
+  // Binomial(4000, 0.5): 1,800 to 2,200 is more than six standard deviations wide.
+  CHECK(split_runs > 1800);
+  CHECK(split_runs < 2200);
+
+  text::random_split<> never(1, 0.0, 3), always(1, 1.0, 1);
+  for (int i = 0; i < 100; ++i) {
+    CHECK(cut(never).size() == 1);
+    CHECK(cut(always).size() == 2);
+  }
+  CHECK_THROWS_AS(text::random_split<>(1, 1.5, 3), efim::error);
+  CHECK_THROWS_AS(text::random_split<>(1, 0.5, 0), efim::error);
+}
+
+TEST_CASE("fragment tokenization with a real tokenizer: each fragment alone, concatenated", "[text][fragment][shared]") {
+  const auto gguf_path = vocab_dir / "ggml-vocab-qwen2.5-coder.gguf";
+  if (!std::filesystem::exists(gguf_path)) {
+    WARN("skipped: no shared data at " << gguf_path.string());
+    return;
+  }
+  const auto tok = text::load_bpe(gguf_path.string());
+  const std::string text = "    for (const auto& item : items) total += item.price;";
+  text::random_split<> g(3, 1.0, 4);
+  std::size_t differ = 0;
+  for (int i = 0; i < 50; ++i) {
+    std::vector<token_id> fragmented, whole_ids;
+    const std::string_view run = text;
+    g.for_each_piece(std::span(&run, 1), [&](std::string_view p) {
+      std::vector<token_id> piece_ids;
+      tok.encode(p, piece_ids);
+      CHECK(tok.decode(piece_ids) == p);  // no token straddles a cut
+      fragmented.insert(fragmented.end(), piece_ids.begin(), piece_ids.end());
+    });
+    tok.encode(text, whole_ids);
+    CHECK(tok.decode(fragmented) == text);  // the same text, other ids
+    differ += fragmented != whole_ids ? 1 : 0;
+  }
+  CHECK(differ > 25);
+}
