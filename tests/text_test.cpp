@@ -3,12 +3,14 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "efim/core/error.hpp"
+#include "efim/core/gguf.hpp"
 #include "efim/core/random.hpp"
 #include "efim/core/utf8.hpp"
 #include "efim/prompt/fim_tokens.hpp"
@@ -338,4 +340,200 @@ TEST_CASE("fragment tokenization with a real tokenizer: each fragment alone, con
     differ += fragmented != whole_ids ? 1 : 0;
   }
   CHECK(differ > 25);
+}
+
+namespace {
+// Random text from pools a tokenizer must survive: code, whitespace runs, accents (composed and
+// combining), CJK, Hangul, emoji, digits, control characters.
+std::string random_text(rng& r, std::size_t pieces) {
+  static const std::vector<std::string> pool{
+      "def ", "return", " x", "(", ")", ":", "\n", "\r\n", "\t", "    ", "        ", "  \n\n", "'s", "'LL", "==",
+      "123", "4567890", "\xC3\xA9", "e\xCC\x81", "A\xCC\x8A", "\xE2\x84\xAB", "\xE4\xB8\xAD\xE6\x96\x87",
+      "\xEA\xB0\x80", "\xE1\x84\x80\xE1\x85\xA1", "\xF0\x9F\x98\x80", "\xF0\x9F\x91\xA9\xE2\x80\x8D\xF0\x9F\x92\xBB",
+      "\x01", "\x7F", "\xC2\xA0", "\xE3\x80\x80", "\xD8\xB9\xD8\xB1\xD8\xA8\xD9\x8A", "\xCE\xA9", "_", "$", "//",
+      "<|fim_prefix|>", "\xE2\x96\x81", "\xEF\xBC\x81", "\xE2\x80\xA8"};
+  std::string s;
+  for (std::size_t i = 0; i < pieces; ++i) s += pool[r.below(pool.size())];
+  return s;
+}
+}  // namespace
+
+TEST_CASE("BPE round trip: decode(encode(text)) is the text (NFC where the tokenizer normalizes)",
+          "[text][bpe][shared][fuzz]") {
+  if (!std::filesystem::is_directory(vocab_dir)) {
+    WARN("skipped: no shared data at " << vocab_dir.string());
+    return;
+  }
+  rng r(99);
+  for (const char* name : {"ggml-vocab-gpt-2.gguf", "ggml-vocab-starcoder.gguf", "ggml-vocab-deepseek-coder.gguf",
+                           "ggml-vocab-qwen2.5-coder.gguf"}) {
+    const auto tok = text::load_bpe((vocab_dir / name).string());
+    const bool nfc = std::string(name).find("qwen") != std::string::npos;
+    for (int i = 0; i < 300; ++i) {
+      const std::string s = random_text(r, 1 + r.below(40));
+      std::vector<token_id> ids;
+      tok.encode(s, ids);
+      INFO(name << ": '" << s << "'");
+      REQUIRE(tok.decode(ids) == (nfc ? text::nfc(s) : s));
+      for (const auto id : ids) REQUIRE_FALSE(tok.is_special(id));  // special text stays text
+    }
+    // Long runs stay linear enough: 64 KiB of spaces, of one identifier, of digits.
+    for (const std::string unit : {" ", "a", "7"}) {
+      std::string big;
+      for (int i = 0; i < 65536; ++i) big += unit;
+      std::vector<token_id> ids;
+      tok.encode(big, ids);
+      CHECK(tok.decode(ids) == big);
+    }
+    std::vector<token_id> ids;
+    CHECK_THROWS_AS(tok.encode("ok \xFF", ids), efim::error);
+  }
+}
+
+namespace {
+// A small but complete byte-level BPE tokenizer.json: the 256 byte tokens, a few merges, added
+// tokens, NFC and a Split + ByteLevel pre-tokenizer.
+std::string small_tokenizer_json() {
+  nlohmann::json vocab = nlohmann::json::object();
+  const auto& to_cp = text::byte_level::to_code_point();
+  for (unsigned b = 0; b < 256; ++b) {
+    std::string s;
+    text::byte_level::append_utf8(to_cp[b], s);
+    vocab[s] = b;
+  }
+  vocab["ab"] = 256;
+  vocab["abc"] = 257;
+  vocab["\xC4\xA0" "a"] = 258;  // " a" in the byte-level alphabet
+  nlohmann::json j;
+  j["model"] = {{"type", "BPE"}, {"vocab", vocab}, {"merges", {"a b", "ab c", "\xC4\xA0 a"}}};
+  j["added_tokens"] = {{{"id", 259}, {"content", "<|fim_prefix|>"}, {"special", true}},
+                       {{"id", 260}, {"content", "<extra>"}, {"special", false}}};
+  j["normalizer"] = {{"type", "NFC"}};
+  j["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       {{{"type", "Split"}, {"pattern", {{"Regex", R"(\p{N})"}}}, {"behavior", "Isolated"}, {"invert", false}},
+        {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}}}};
+  j["decoder"] = {{"type", "ByteLevel"}};
+  return j.dump();
+}
+}  // namespace
+
+TEST_CASE("tokenizer.json loading: a small file works, and mutations give efim::error or a working tokenizer",
+          "[text][bpe][fuzz]") {
+  const std::string good = small_tokenizer_json();
+  const auto tok = text::load_bpe_json(good);
+  std::vector<token_id> ids;
+  tok.encode("abc a1", ids);
+  CHECK(ids == std::vector<token_id>{257, 258, '1'});
+  ids.clear();
+  tok.encode_special("<|fim_prefix|>ab<extra>", ids);
+  CHECK(ids == std::vector<token_id>{259, 256, 260});
+  CHECK(tok.is_special(259));
+  CHECK(tok.special_id("<extra>") == 260);
+
+  rng r(5);
+  std::size_t loaded = 0, refused = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    std::string s = good;
+    const int edits = 1 + static_cast<int>(r.below(3));
+    for (int e = 0; e < edits && !s.empty(); ++e) {
+      const std::size_t at = r.below(s.size());
+      switch (r.below(4)) {
+        case 0: s[at] = static_cast<char>(r.below(256)); break;
+        case 1: s.erase(at, 1 + r.below(8)); break;
+        case 2: s.resize(at); break;
+        default: s.insert(s.begin() + static_cast<std::ptrdiff_t>(at), "{}[]\",:0-9e"[r.below(11)]); break;
+      }
+    }
+    try {
+      const auto t = text::load_bpe_json(s);
+      std::vector<token_id> out;
+      const std::string sample = random_text(r, 8);
+      t.encode(sample, out);
+      for (const auto id : out) REQUIRE(static_cast<std::size_t>(id) < t.vocab_size());
+      ++loaded;
+    } catch (const efim::error&) {
+      ++refused;
+    }
+  }
+  CHECK(loaded > 0);
+  CHECK(refused > 0);
+
+  // Structural mistakes, each named.
+  const auto refuse = [](const nlohmann::json& j, const std::string& says) {
+    INFO(j.dump().substr(0, 200));
+    CHECK_THROWS_WITH(text::load_bpe_json(j.dump()), Catch::Contains(says));
+  };
+  auto j = nlohmann::json::parse(good);
+  auto bad = j;
+  bad["model"]["merges"].push_back("zz qq");
+  refuse(bad, "names a token the vocabulary lacks");
+  bad = j;
+  bad["model"]["type"] = "Unigram";
+  refuse(bad, "is not BPE");
+  bad = j;
+  bad["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(unclosed";
+  refuse(bad, "regex '(unclosed'");
+  bad = j;
+  bad["normalizer"] = {{"type", "Lowercase"}};
+  refuse(bad, "normalizer 'Lowercase' is not supported");
+  bad = j;
+  bad["model"]["vocab"]["huge"] = 1u << 30;
+  refuse(bad, "too large");
+  bad = j;
+  bad["model"]["vocab"]["ab"] = "not a number";
+  refuse(bad, "tokenizer.json");
+}
+
+TEST_CASE("GGUF tokenizer metadata: mutations give efim::error or a working tokenizer", "[text][bpe][fuzz]") {
+  const auto json_tok = nlohmann::json::parse(small_tokenizer_json());
+  std::vector<std::string> tokens(261);
+  for (const auto& [text, id] : json_tok["model"]["vocab"].items()) tokens[id.get<std::size_t>()] = text;
+  tokens[259] = "<|fim_prefix|>";
+  tokens[260] = "<extra>";
+  std::vector<std::int64_t> types(261, 1);
+  types[259] = 3;
+  types[260] = 4;
+  std::map<std::string, gguf::value, std::less<>> meta;
+  meta.emplace("tokenizer.ggml.model", gguf::make_string("gpt2"));
+  meta.emplace("tokenizer.ggml.pre", gguf::make_string("qwen2"));
+  meta.emplace("tokenizer.ggml.tokens", gguf::make_strings(tokens));
+  meta.emplace("tokenizer.ggml.token_type", gguf::make_i32s(types));
+  meta.emplace("tokenizer.ggml.merges", gguf::make_strings({"a b", "ab c", "\xC4\xA0 a"}));
+  const auto bytes = gguf::serialize(meta, {});
+  const auto tok = text::load_bpe_gguf(gguf::parse(bytes));
+  std::vector<token_id> ids;
+  tok.encode_special("abc a<|fim_prefix|>", ids);
+  CHECK(ids == std::vector<token_id>{257, 258, 259});
+
+  rng r(6);
+  std::size_t loaded = 0, refused = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    auto copy = bytes;
+    for (int e = 0; e < 1 + static_cast<int>(r.below(3)); ++e) copy[r.below(copy.size())] = static_cast<std::byte>(r.below(256));
+    try {
+      const auto t = text::load_bpe_gguf(gguf::parse(copy));
+      std::vector<token_id> out;
+      t.encode(random_text(r, 8), out);
+      ++loaded;
+    } catch (const efim::error&) {
+      ++refused;
+    }
+  }
+  CHECK(loaded > 0);
+  CHECK(refused > 0);
+
+  auto bad = meta;
+  bad.insert_or_assign("tokenizer.ggml.model", gguf::make_string("llama"));
+  CHECK_THROWS_WITH(text::load_bpe_gguf(gguf::parse(gguf::serialize(bad, {}))), Catch::Contains("is not byte-level BPE"));
+  bad = meta;
+  bad.insert_or_assign("tokenizer.ggml.pre", gguf::make_string("mystery"));
+  CHECK_THROWS_WITH(text::load_bpe_gguf(gguf::parse(gguf::serialize(bad, {}))), Catch::Contains("'mystery' is not known"));
+  bad = meta;
+  bad.insert_or_assign("tokenizer.ggml.tokens", gguf::make_i32s({1, 2, 3}));
+  CHECK_THROWS_WITH(text::load_bpe_gguf(gguf::parse(gguf::serialize(bad, {}))), Catch::Contains("tokenizer.ggml.tokens"));
+  bad = meta;
+  bad.insert_or_assign("tokenizer.ggml.token_type", gguf::make_i32s({1, 1}));
+  CHECK_THROWS_WITH(text::load_bpe_gguf(gguf::parse(gguf::serialize(bad, {}))), Catch::Contains("token types"));
 }
