@@ -432,6 +432,14 @@ TEST_CASE("tokenizer.json loading: a small file works, and mutations give efim::
   CHECK(ids == std::vector<token_id>{259, 256, 260});
   CHECK(tok.is_special(259));
   CHECK(tok.special_id("<extra>") == 260);
+  {  // a copy stands alone
+    std::optional<text::bpe_tokenizer> original(text::load_bpe_json(good));
+    const text::bpe_tokenizer copy = *original;
+    original.reset();
+    std::vector<token_id> again;
+    copy.encode_special("<|fim_prefix|>ab<extra>", again);
+    CHECK(again == ids);
+  }
 
   rng r(5);
   std::size_t loaded = 0, refused = 0;

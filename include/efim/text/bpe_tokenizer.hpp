@@ -3,6 +3,7 @@
 // Llama 3), loaded from a Hugging Face tokenizer.json or from the tokenizer.ggml.* metadata of a
 // GGUF file, with Hugging Face's semantics: normalize (NFC where asked), pre-tokenize (split
 // regexes), map bytes to the byte-level alphabet, merge by rank (lowest rank, then leftmost, first).
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -136,12 +137,14 @@ class bpe_tokenizer {
         }
       } else {
         bytes_[id] = text;
-        if (kinds_[id] != token_kind::unused && !text.empty()) {
-          specials_.try_emplace(text, tid);
-          max_special_ = std::max(max_special_, text.size());
-        }
+        if (kinds_[id] != token_kind::unused && !text.empty()) specials_.try_emplace(text, tid);
       }
     }
+    for (const auto& [text, tid] : specials_)
+      by_first_byte_[static_cast<unsigned char>(text[0])].emplace_back(text, tid);
+    for (auto& candidates : by_first_byte_)
+      std::sort(candidates.begin(), candidates.end(),
+                [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
     merges_.reserve(c.merges.size());
     for (std::size_t rank = 0; rank < c.merges.size(); ++rank) {
       const auto& [left, right] = c.merges[rank];
@@ -178,13 +181,13 @@ class bpe_tokenizer {
     while (pos < s.size()) {
       std::size_t best = 0;
       token_id id = 0;
-      for (std::size_t len = std::min(max_special_, s.size() - pos); len > 0 && best == 0; --len) {
-        const auto it = specials_.find(s.substr(pos, len));
-        if (it != specials_.end()) {
-          best = len;
-          id = it->second;
+      // Candidates by first byte, longest first.
+      for (const auto& [text, tid] : by_first_byte_[static_cast<unsigned char>(s[pos])])
+        if (s.compare(pos, text.size(), text) == 0) {
+          best = text.size();
+          id = tid;
+          break;
         }
-      }
       if (best == 0) {
         ++pos;
         continue;
@@ -300,7 +303,7 @@ class bpe_tokenizer {
   std::vector<std::string> bytes_;  // by id: the bytes a token stands for
   string_map ids_;                  // byte-level token string -> id (normal tokens)
   string_map specials_;             // added-token text -> id
-  std::size_t max_special_ = 0;
+  std::array<std::vector<std::pair<std::string, token_id>>, 256> by_first_byte_;  // specials by first byte
   std::array<token_id, 256> byte_id_{};
   std::unordered_map<std::uint64_t, merge> merges_;
 };
