@@ -16,8 +16,8 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
-#include <string_view>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -31,6 +31,7 @@ namespace {
 struct options {
   std::string corpus = EFIM_DEFAULT_CORPUS;
   bool corpus_is_default = true;
+  std::string tokenizer;  // empty: the embedded default
   std::size_t users = 16;
   std::size_t rounds = 5;
   std::size_t output_tokens = 16;
@@ -60,14 +61,17 @@ workload
   --output-tokens N       tokens generated per request, EOS ignored (16)
   --documents D           documents to use, spread over the users (default: one per user)
   --min-doc-tokens N      shortest document, in tokens (2000)
-  --max-doc-tokens N      longest document, in tokens (4000); a longer file gives its opening lines
+  --max-doc-tokens N      longest document, in tokens (4000); a longer file gives runs of whole lines
   --schemes LIST          comma-separated: psm-nocache,psm,efim,spm (psm-nocache,psm,efim)
 engine
   --threads N             compute threads (0: all cores)
   --block-size N          tokens per KV block (16)
   --cache-blocks N        KV blocks in the cache (8192)
   --batch-tokens N        tokens computed per engine step (512)
-model (random weights, Llama architecture, byte-level tokenizer with Qwen2.5-Coder FIM tokens)
+model (random weights, Llama architecture)
+  --tokenizer PATH|byte   a tokenizer.json or .gguf vocabulary with FIM tokens, or the byte-level one
+                          (default: the Qwen2.5-Coder tokenizer.json that .ci/setup fetches, or the
+                          byte-level tokenizer with Qwen2.5-Coder FIM tokens when it is not there)
   --hidden N --layers N --heads N --kv-heads N --ffn N --seed S
 output
   --json FILE             write the results as JSON
@@ -115,6 +119,8 @@ options parse(int argc, char** argv) {
     if (flag == "--corpus") {
       o.corpus = v;
       o.corpus_is_default = false;
+    } else if (flag == "--tokenizer") {
+      o.tokenizer = v;
     } else if (flag == "--users") {
       o.users = parse_count(flag, v);
     } else if (flag == "--rounds") {
@@ -181,27 +187,29 @@ bool is_source_file(const fs::path& p) {
   return std::find(endings.begin(), endings.end(), p.extension().string()) != endings.end();
 }
 
-// Cuts `text` (of `tokens` tokens) after its last line that keeps it within `max_tokens`; `ids`
-// gets the tokens of what is left. Returns the number of lines kept.
+// The end (a byte offset, after a newline) of the longest run of whole lines at the start of
+// `text` (of `tokens` tokens) that stays within `max_tokens`; `ids` gets its tokens. 0 if not even
+// one line fits.
 template <class Tokenizer>
-std::size_t fit_lines(std::string& text, std::size_t tokens, std::size_t max_tokens, const Tokenizer& tok,
+std::size_t fit_lines(std::string_view text, std::size_t tokens, std::size_t max_tokens, const Tokenizer& tok,
                       std::vector<efim::token_id>& ids) {
   // Start from the share of bytes that the token budget suggests, then drop lines until it fits.
-  std::size_t end = text.size() / tokens * max_tokens + text.size() % tokens * max_tokens / tokens;
+  std::size_t end = tokens <= max_tokens
+                        ? text.size()
+                        : text.size() / tokens * max_tokens + text.size() % tokens * max_tokens / tokens;
   for (;;) {
-    const std::size_t newline = end == 0 ? std::string::npos : text.rfind('\n', end - 1);
-    end = newline == std::string::npos ? 0 : newline + 1;
+    const std::size_t newline = end == 0 ? std::string_view::npos : text.rfind('\n', end - 1);
+    end = newline == std::string_view::npos ? 0 : newline + 1;
     ids.clear();
-    tok.encode(std::string_view(text).substr(0, end), ids);
-    if (ids.size() <= max_tokens || end == 0) break;
+    tok.encode(text.substr(0, end), ids);
+    if (ids.size() <= max_tokens || end == 0) return end;
     --end;  // drop one more line
   }
-  text.resize(end);
-  return static_cast<std::size_t>(std::count(text.begin(), text.end(), '\n'));
 }
 
 // Source files of the corpus whose token count is in range, in path order; a longer file gives
-// its opening lines.
+// consecutive runs of whole lines, each as long as fits (so the corpus changes little as its files
+// grow).
 template <class Tokenizer>
 std::vector<document> load_corpus(const options& o, const Tokenizer& tok) {
   std::error_code ec;
@@ -227,17 +235,31 @@ std::vector<document> load_corpus(const options& o, const Tokenizer& tok) {
     if (!efim::utf8::is_valid(text)) continue;
     ids.clear();
     tok.encode(text, ids);
-    std::string path = fs::relative(f, o.corpus).string();
-    if (ids.size() > o.max_doc_tokens) {
-      // A longer file gives its opening lines, as many as fit: the corpus then changes little as
-      // its files grow.
-      const std::size_t lines = fit_lines(text, ids.size(), o.max_doc_tokens, tok, ids);
-      path += " (lines 1-" + std::to_string(lines) + ")";
+    const std::string path = fs::relative(f, o.corpus).string();
+    if (ids.size() <= o.max_doc_tokens) {
+      if (ids.size() >= o.min_doc_tokens) docs.push_back({path, std::move(text), ids.size()});
+    } else {
+      std::string_view rest = text;
+      std::size_t first_line = 1, tokens = ids.size();
+      while (!rest.empty() && docs.size() < o.documents) {
+        const std::size_t end = fit_lines(rest, tokens, o.max_doc_tokens, tok, ids);
+        if (end == 0) break;  // a line longer than a document
+        const auto lines =
+            static_cast<std::size_t>(std::count(rest.begin(), rest.begin() + static_cast<std::ptrdiff_t>(end), '\n'));
+        if (ids.size() >= o.min_doc_tokens)
+          docs.push_back(
+              {path + " (lines " + std::to_string(first_line) + "-" + std::to_string(first_line + lines - 1) + ")",
+               std::string(rest.substr(0, end)), ids.size()});
+        first_line += lines;
+        rest.remove_prefix(end);
+        ids.clear();
+        tok.encode(rest, ids);
+        tokens = ids.size();
+      }
     }
-    if (ids.size() < o.min_doc_tokens || ids.size() > o.max_doc_tokens) continue;
-    docs.push_back({std::move(path), std::move(text), ids.size()});
-    if (docs.size() == o.documents) break;
+    if (docs.size() >= o.documents) break;
   }
+  docs.resize(std::min(docs.size(), o.documents));
   if (docs.empty())
     fail("corpus '" + o.corpus + "' has no source file of " + std::to_string(o.min_doc_tokens) + "-" +
          std::to_string(o.max_doc_tokens) + " tokens");
@@ -323,12 +345,13 @@ json summarize(const scheme_result& r) {
   return j;
 }
 
-template <class Format>
+template <class Format, class Tokenizer>
 using bench_pipeline = efim::engine::pipeline<Format, efim::cache::xxh3_128_chain, efim::cache::lru,
-                                              efim::text::at_boundaries, efim::kernels::host>;
+                                              efim::text::at_boundaries, efim::kernels::host, Tokenizer>;
 
-template <class Format>
-scheme_result run_scheme(const std::string& name, bool reuse, const options& o, const efim::model::weights& w,
+template <class Format, class Tokenizer>
+scheme_result run_scheme(const std::string& name, bool reuse, const options& o, const Tokenizer& tok,
+                         const efim::prompt::fim_token_set& fim, const efim::model::weights& w,
                          const std::vector<document>& docs) {
   efim::engine::pipeline_options po;
   po.cache = {o.block_size, o.cache_blocks, reuse};
@@ -336,7 +359,8 @@ scheme_result run_scheme(const std::string& name, bool reuse, const options& o, 
   po.schedule.max_running = std::max<std::size_t>(o.users, 1);
   po.threads = o.threads;
   po.session.reanchor_bytes = std::string::npos;  // the workload never re-anchors
-  bench_pipeline<Format> p(efim::text::byte_tokenizer(efim::prompt::qwen25_coder.special_tokens()), w, po);
+  po.fim = fim;
+  bench_pipeline<Format, Tokenizer> p(tok, w, po);
 
   std::vector<std::vector<round_request>> work;
   for (const auto& d : docs) work.push_back(rounds_of(d, o.rounds));
@@ -349,7 +373,7 @@ scheme_result run_scheme(const std::string& name, bool reuse, const options& o, 
   const bool tty = isatty(STDERR_FILENO);
   const auto start = std::chrono::steady_clock::now();
   {
-    efim::engine::async_runner<bench_pipeline<Format>> runner(p);
+    efim::engine::async_runner<bench_pipeline<Format, Tokenizer>> runner(p);
     std::vector<std::thread> users;
     for (std::size_t u = 0; u < o.users; ++u)
       users.emplace_back([&, u] {
@@ -393,85 +417,111 @@ std::string fixed(double v, int digits) {
   return buf;
 }
 
+// Prints the table and the ratios, and writes the JSON.
+void report(const options& o, const efim::model::config& cfg, const std::string& tokenizer_name,
+            const std::vector<document>& docs, const std::vector<scheme_result>& results) {
+  json out;
+  out["model"] = {{"architecture", cfg.architecture},
+                  {"vocab", cfg.vocab},
+                  {"hidden", cfg.hidden},
+                  {"layers", cfg.layers},
+                  {"heads", cfg.heads},
+                  {"kv_heads", cfg.kv_heads},
+                  {"ffn", cfg.ffn},
+                  {"seed", o.seed},
+                  {"tokenizer", tokenizer_name}};
+  json doc_list = json::array();
+  for (const auto& d : docs) doc_list.push_back({{"path", d.path}, {"tokens", d.tokens}});
+  out["workload"] = {{"users", o.users},
+                     {"rounds", o.rounds},
+                     {"output_tokens", o.output_tokens},
+                     {"corpus", o.corpus_is_default ? std::string("(repository sources)") : o.corpus},
+                     {"documents", doc_list}};
+  out["engine"] = {{"threads", o.threads == 0 ? std::thread::hardware_concurrency() : o.threads},
+                   {"block_size", o.block_size},
+                   {"cache_blocks", o.cache_blocks},
+                   {"batch_tokens", o.batch_tokens}};
+  json schemes = json::object();
+  for (const auto& r : results) schemes[r.name] = summarize(r);
+  out["schemes"] = schemes;
+
+  std::printf("%-12s %8s %10s %10s %10s %10s %8s %10s %10s %6s\n", "scheme", "requests", "mean_ms", "p50_ms", "p99_ms",
+              "ttft_ms", "req/s", "prompt", "computed", "hit");
+  for (const auto& [name, s] : schemes.items())
+    std::printf("%-12s %8zu %10.1f %10.1f %10.1f %10.1f %8.2f %10zu %10zu %6.3f\n", name.c_str(),
+                s["requests"].get<std::size_t>(), s["mean_latency_ms"].get<double>(), s["p50_latency_ms"].get<double>(),
+                s["p99_latency_ms"].get<double>(), s["mean_ttft_ms"].get<double>(), s["requests_per_s"].get<double>(),
+                s["prompt_tokens"].get<std::size_t>(), s["computed_prompt_tokens"].get<std::size_t>(),
+                s["cache_hit_rate"].get<double>());
+  if (schemes.contains("efim") && schemes.contains("psm")) {
+    const auto& e = schemes["efim"];
+    const auto& p = schemes["psm"];
+    const auto ratio = [&](const char* key) { return e[key].get<double>() / std::max(p[key].get<double>(), 1e-12); };
+    json ratios = {{"mean_latency", ratio("mean_latency_ms")},
+                   {"p99_latency", ratio("p99_latency_ms")},
+                   {"mean_ttft", ratio("mean_ttft_ms")},
+                   {"requests_per_s", ratio("requests_per_s")},
+                   {"computed_prompt_tokens", ratio("computed_prompt_tokens")}};
+    out["ratios_efim_over_psm"] = ratios;
+    std::printf("\nefim/psm: mean latency %sx, p99 latency %sx, ttft %sx, requests/s %sx, computed prompt tokens %sx\n",
+                fixed(ratios["mean_latency"], 3).c_str(), fixed(ratios["p99_latency"], 3).c_str(),
+                fixed(ratios["mean_ttft"], 3).c_str(), fixed(ratios["requests_per_s"], 2).c_str(),
+                fixed(ratios["computed_prompt_tokens"], 3).c_str());
+  }
+  if (!o.json_path.empty()) {
+    std::ofstream f(o.json_path);
+    f << out.dump(2) << "\n";
+    if (!f) fail("cannot write " + o.json_path);
+  }
+}
+
+// Runs the workload with one tokenizer; `fim` is its FIM token set.
+template <class Tokenizer>
+int run_bench(const options& o, const Tokenizer& tok, const efim::prompt::fim_token_set& fim,
+              const std::string& tokenizer_name) {
+  auto cfg = o.model;
+  cfg.vocab = tok.vocab_size();
+  const auto weights = efim::model::random_weights(cfg, o.seed);
+  const auto docs = load_corpus(o, tok);
+  std::cerr << "efim-bench: tokenizer " << tokenizer_name << "; model " << cfg.architecture << " hidden " << cfg.hidden
+            << ", " << cfg.layers << " layers, " << cfg.heads << "/" << cfg.kv_heads << " heads, ffn " << cfg.ffn
+            << "; " << docs.size() << " documents, " << o.users << " users, " << o.rounds << " rounds\n";
+
+  std::vector<scheme_result> results;
+  for (const auto& s : o.schemes) {
+    if (s == "psm-nocache") results.push_back(run_scheme<efim::prompt::psm>(s, false, o, tok, fim, weights, docs));
+    if (s == "psm") results.push_back(run_scheme<efim::prompt::psm>(s, true, o, tok, fim, weights, docs));
+    if (s == "efim") results.push_back(run_scheme<efim::prompt::efim>(s, true, o, tok, fim, weights, docs));
+    if (s == "spm") results.push_back(run_scheme<efim::prompt::spm>(s, true, o, tok, fim, weights, docs));
+  }
+
+  report(o, cfg, tokenizer_name, docs, results);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const options o = parse(argc, argv);
   try {
-    const efim::text::byte_tokenizer tok(efim::prompt::qwen25_coder.special_tokens());
-    auto cfg = o.model;
-    cfg.vocab = tok.vocab_size();
-    const auto weights = efim::model::random_weights(cfg, o.seed);
-    const auto docs = load_corpus(o, tok);
-    std::cerr << "efim-bench: tokenizer byte-level + " << efim::prompt::qwen25_coder.family << " FIM tokens; model "
-              << cfg.architecture << " hidden " << cfg.hidden << ", " << cfg.layers << " layers, " << cfg.heads << "/"
-              << cfg.kv_heads << " heads, ffn " << cfg.ffn << "; " << docs.size() << " documents, " << o.users
-              << " users, " << o.rounds << " rounds\n";
-
-    std::vector<scheme_result> results;
-    for (const auto& s : o.schemes) {
-      if (s == "psm-nocache") results.push_back(run_scheme<efim::prompt::psm>(s, false, o, weights, docs));
-      if (s == "psm") results.push_back(run_scheme<efim::prompt::psm>(s, true, o, weights, docs));
-      if (s == "efim") results.push_back(run_scheme<efim::prompt::efim>(s, true, o, weights, docs));
-      if (s == "spm") results.push_back(run_scheme<efim::prompt::spm>(s, true, o, weights, docs));
+    std::string path = o.tokenizer;
+    if (path.empty()) {
+      path = EFIM_DEFAULT_TOKENIZER;
+      if (!fs::exists(path)) {
+        if (o.progress)
+          std::cerr << "efim-bench: no " << path << " (run .ci/setup to fetch it); using the byte-level tokenizer\n";
+        path = "byte";
+      }
     }
-
-    json out;
-    out["model"] = {{"architecture", cfg.architecture},
-                    {"vocab", cfg.vocab},
-                    {"hidden", cfg.hidden},
-                    {"layers", cfg.layers},
-                    {"heads", cfg.heads},
-                    {"kv_heads", cfg.kv_heads},
-                    {"ffn", cfg.ffn},
-                    {"seed", o.seed},
-                    {"tokenizer", "byte-level + qwen2.5-coder FIM tokens"}};
-    json doc_list = json::array();
-    for (const auto& d : docs) doc_list.push_back({{"path", d.path}, {"tokens", d.tokens}});
-    out["workload"] = {{"users", o.users},
-                       {"rounds", o.rounds},
-                       {"output_tokens", o.output_tokens},
-                       {"corpus", o.corpus_is_default ? std::string("(repository sources)") : o.corpus},
-                       {"documents", doc_list}};
-    out["engine"] = {{"threads", o.threads == 0 ? std::thread::hardware_concurrency() : o.threads},
-                     {"block_size", o.block_size},
-                     {"cache_blocks", o.cache_blocks},
-                     {"batch_tokens", o.batch_tokens}};
-    json schemes = json::object();
-    for (const auto& r : results) schemes[r.name] = summarize(r);
-    out["schemes"] = schemes;
-
-    std::printf("%-12s %8s %10s %10s %10s %10s %8s %10s %10s %6s\n", "scheme", "requests", "mean_ms", "p50_ms",
-                "p99_ms", "ttft_ms", "req/s", "prompt", "computed", "hit");
-    for (const auto& [name, s] : schemes.items())
-      std::printf("%-12s %8zu %10.1f %10.1f %10.1f %10.1f %8.2f %10zu %10zu %6.3f\n", name.c_str(),
-                  s["requests"].get<std::size_t>(), s["mean_latency_ms"].get<double>(),
-                  s["p50_latency_ms"].get<double>(), s["p99_latency_ms"].get<double>(), s["mean_ttft_ms"].get<double>(),
-                  s["requests_per_s"].get<double>(), s["prompt_tokens"].get<std::size_t>(),
-                  s["computed_prompt_tokens"].get<std::size_t>(), s["cache_hit_rate"].get<double>());
-    if (schemes.contains("efim") && schemes.contains("psm")) {
-      const auto& e = schemes["efim"];
-      const auto& p = schemes["psm"];
-      const auto ratio = [&](const char* key) { return e[key].get<double>() / std::max(p[key].get<double>(), 1e-12); };
-      json ratios = {{"mean_latency", ratio("mean_latency_ms")},
-                     {"p99_latency", ratio("p99_latency_ms")},
-                     {"mean_ttft", ratio("mean_ttft_ms")},
-                     {"requests_per_s", ratio("requests_per_s")},
-                     {"computed_prompt_tokens", ratio("computed_prompt_tokens")}};
-      out["ratios_efim_over_psm"] = ratios;
-      std::printf(
-          "\nefim/psm: mean latency %sx, p99 latency %sx, ttft %sx, requests/s %sx, computed prompt tokens %sx\n",
-          fixed(ratios["mean_latency"], 3).c_str(), fixed(ratios["p99_latency"], 3).c_str(),
-          fixed(ratios["mean_ttft"], 3).c_str(), fixed(ratios["requests_per_s"], 2).c_str(),
-          fixed(ratios["computed_prompt_tokens"], 3).c_str());
+    if (path == "byte") {
+      const efim::text::byte_tokenizer tok(efim::prompt::qwen25_coder.special_tokens());
+      return run_bench(o, tok, efim::prompt::qwen25_coder, "byte-level + qwen2.5-coder FIM tokens");
     }
-    if (!o.json_path.empty()) {
-      std::ofstream f(o.json_path);
-      f << out.dump(2) << "\n";
-      if (!f) fail("cannot write " + o.json_path);
-    }
+    const auto tok = efim::text::load_bpe(path);
+    const auto* fim = efim::prompt::detect_token_set(tok);
+    if (fim == nullptr) fail("tokenizer '" + path + "' has no FIM tokens of a known family");
+    return run_bench(o, tok, *fim, tok.description() + " (" + std::string(fim->family) + " FIM tokens)");
   } catch (const efim::error& e) {
     fail(e.what());
   }
-  return 0;
 }

@@ -10,12 +10,12 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
-#include <span>
-#include <utility>
 #include <set>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "efim/core/error.hpp"

@@ -394,8 +394,8 @@ TEST_CASE("a callback may cancel another request in the middle of a step", "[eng
   efim_pipeline p(qwen_tokenizer(), w, options());
   engine::request_id other = 0;
   engine::completion a, b;
-  p.submit(make_request("first ", "", 6), {[&](const engine::token_event&) { p.cancel(other); },
-                                           [&](engine::completion&& c) { a = std::move(c); }});
+  p.submit(make_request("first ", "", 6),
+           {[&](const engine::token_event&) { p.cancel(other); }, [&](engine::completion&& c) { a = std::move(c); }});
   other = p.submit(make_request("second ", "", 6), {{}, [&](engine::completion&& c) { b = std::move(c); }});
   p.run();
   CHECK(a.tokens.size() == 6);
@@ -431,9 +431,8 @@ TEST_CASE("async runner: a throwing callback fails its own client only", "[engin
   const auto w = small_weights();
   efim_pipeline p(qwen_tokenizer(), w, options());
   engine::async_runner<efim_pipeline> runner(p);
-  auto failing = runner.submit(make_request("x = ", "\n", 4), [](const engine::token_event&) {
-    throw std::runtime_error("client callback failed");
-  });
+  auto failing = runner.submit(make_request("x = ", "\n", 4),
+                               [](const engine::token_event&) { throw std::runtime_error("client callback failed"); });
   auto fine = runner.submit(make_request("y = ", "\n", 4));
   CHECK_THROWS_WITH(failing.get(), "client callback failed");
   CHECK(fine.get().tokens.size() == 4);
@@ -483,7 +482,8 @@ TEST_CASE("a token event's text survives the callback cancelling another request
   CHECK(streamed + final.tail == final.text);
 }
 
-TEST_CASE("a model vocabulary larger than the tokenizer's: only the tokenizer's ids are sampled", "[engine][sampling]") {
+TEST_CASE("a model vocabulary larger than the tokenizer's: only the tokenizer's ids are sampled",
+          "[engine][sampling]") {
   model::config c = small_weights().cfg;
   c.vocab = qwen_tokenizer().vocab_size() + 500;  // padded vocabularies are common in real checkpoints
   const auto w = model::random_weights(c, 5);
@@ -553,9 +553,8 @@ TEST_CASE("async runner: after a failed step the pipeline holds no blocks and no
   {
     engine::async_runner<faulty_pipeline> runner(p);
     auto other = runner.submit(make_request("long = ", "\n", 40));
-    auto failing = runner.submit(make_request("x = ", "\n", 4), [&](const engine::token_event&) {
-      p.fail_after_step = true;
-    });
+    auto failing =
+        runner.submit(make_request("x = ", "\n", 4), [&](const engine::token_event&) { p.fail_after_step = true; });
     CHECK_THROWS_WITH(failing.get(), "injected step failure");
     CHECK_THROWS_WITH(other.get(), "injected step failure");
   }

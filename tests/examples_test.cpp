@@ -1,14 +1,20 @@
 // The example programs, run as a user runs them: real processes, real files, real arguments.
 #include <sys/wait.h>
 #include <catch2/catch.hpp>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "efim/efim.hpp"
 
 namespace fs = std::filesystem;
 
@@ -66,9 +72,10 @@ TEST_CASE("efim-bench writes the documented JSON on a small workload", "[example
   write_source(dir.path / "too_long.py", 5000, 9);
   std::ofstream(dir.path / "notes.md") << "not a source file";
   const auto json_path = dir.path / "out.json";
-  const auto r = run("--corpus " + dir.path.string() + " --users 2 --documents 3 --rounds 3 --output-tokens 4" +
-                     " --min-doc-tokens 500 --max-doc-tokens 2000 --schemes psm-nocache,psm,efim,spm --json " +
-                     json_path.string() + tiny_model);
+  const auto r =
+      run("--corpus " + dir.path.string() + " --tokenizer byte --users 2 --documents 3 --rounds 3 --output-tokens 4" +
+          " --min-doc-tokens 500 --max-doc-tokens 2000 --schemes psm-nocache,psm,efim,spm --json " +
+          json_path.string() + tiny_model);
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   CHECK(r.output.find("efim/psm") != std::string::npos);
@@ -102,28 +109,41 @@ TEST_CASE("efim-bench writes the documented JSON on a small workload", "[example
   CHECK(j.contains("ratios_efim_over_psm"));
 }
 
-TEST_CASE("efim-bench takes the opening lines of a file longer than the longest document", "[examples][bench]") {
+TEST_CASE("efim-bench cuts a file longer than the longest document into runs of whole lines", "[examples][bench]") {
   temp_dir dir("bench-long");
   write_source(dir.path / "long.py", 5000, 1);
-  const auto r = run("--corpus " + dir.path.string() + " --users 1 --rounds 1 --output-tokens 1" +
-                     " --min-doc-tokens 500 --max-doc-tokens 2000 --schemes efim --json /dev/stdout" + tiny_model);
+  const auto r = run("--corpus " + dir.path.string() + " --tokenizer byte --users 1 --documents 5 --rounds 1" +
+                     " --output-tokens 1 --min-doc-tokens 500 --max-doc-tokens 2000 --schemes efim --json /dev/stdout" +
+                     tiny_model);
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   const auto j =
       nlohmann::json::parse(r.output.substr(r.output.find('{'), r.output.rfind('}') - r.output.find('{') + 1));
-  REQUIRE(j["workload"]["documents"].size() == 1);
-  const auto& doc = j["workload"]["documents"][0];
-  // Whole lines only: the file's lines are at most 32 bytes, one token per byte.
+  // Whole lines only (the file's lines are at most 32 bytes, one token per byte), each run as long as
+  // fits in 2,000 tokens, the last one kept because it has at least 500.
   std::ifstream in(dir.path / "long.py");
-  std::string line, kept;
-  std::size_t lines = 0;
-  while (std::getline(in, line) && kept.size() + line.size() + 1 <= 2000) {
-    kept += line + '\n';
+  std::vector<std::pair<std::string, std::size_t>> want;  // (path, tokens)
+  std::string line;
+  std::size_t first = 1, lines = 0, bytes = 0;
+  while (std::getline(in, line)) {
+    if (bytes + line.size() + 1 > 2000) {
+      want.emplace_back("long.py (lines " + std::to_string(first) + "-" + std::to_string(first + lines - 1) + ")",
+                        bytes);
+      first += lines;
+      lines = bytes = 0;
+    }
+    bytes += line.size() + 1;
     ++lines;
   }
-  CHECK(doc["path"] == "long.py (lines 1-" + std::to_string(lines) + ")");
-  CHECK(doc["tokens"] == kept.size());
-  CHECK(kept.size() > 2000 - 32);
+  REQUIRE(bytes >= 500);
+  want.emplace_back("long.py (lines " + std::to_string(first) + "-" + std::to_string(first + lines - 1) + ")", bytes);
+  REQUIRE(want.size() == 3);
+  REQUIRE(j["workload"]["documents"].size() == want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    CHECK(j["workload"]["documents"][i]["path"] == want[i].first);
+    CHECK(j["workload"]["documents"][i]["tokens"] == want[i].second);
+  }
+  CHECK(want[0].second > 2000 - 32);
 }
 
 TEST_CASE("efim-bench's default workload reaches the EFIM cache targets", "[examples][bench]") {
@@ -151,6 +171,9 @@ TEST_CASE("efim-bench rejects bad arguments with a clear message", "[examples][b
   };
   expect_failure("--users 0", "--users needs a whole number >= 1");
   expect_failure("--users many", "not 'many'");
+  expect_failure("--tokenizer " + (dir.path / "none.json").string(), "cannot open");
+  if (const auto gpt2 = fs::path(EFIM_SHARED_DATA) / "vocab" / "ggml-vocab-gpt-2.gguf"; fs::exists(gpt2))
+    expect_failure("--tokenizer " + gpt2.string(), "no FIM tokens");
   expect_failure("--rounds -3", "--rounds needs");
   expect_failure("--bogus 1", "unknown option --bogus");
   expect_failure("--users", "missing value");
@@ -172,7 +195,8 @@ TEST_CASE("efim-tokenize prints the reference ids for real tokenizers", "[exampl
     return;
   }
   temp_dir dir("tokenize");
-  std::vector<std::pair<fs::path, fs::path>> runs{  // (tokenizer, the vocabulary whose vectors apply)
+  std::vector<std::pair<fs::path, fs::path>> runs{
+      // (tokenizer, the vocabulary whose vectors apply)
       {vocab / "ggml-vocab-qwen2.5-coder.gguf", vocab / "ggml-vocab-qwen2.5-coder.gguf"},
       {vocab / "ggml-vocab-starcoder.gguf", vocab / "ggml-vocab-starcoder.gguf"},
       {vocab / "ggml-vocab-deepseek-coder.gguf", vocab / "ggml-vocab-deepseek-coder.gguf"}};
@@ -228,7 +252,8 @@ TEST_CASE("efim-tokenize: special tokens when asked, and clear errors", "[exampl
   CHECK(special.output.rfind("1 ", 0) == 0);  // <fim_prefix> is id 1 in StarCoder's vocabulary
   CHECK(plain.output.size() > special.output.size());
 
-  const auto bad_utf8 = run_program(EFIM_TOKENIZE_PATH, "--tokenizer " + gguf.string() + " < " + write("bad.txt", "ok \xFF"));
+  const auto bad_utf8 =
+      run_program(EFIM_TOKENIZE_PATH, "--tokenizer " + gguf.string() + " < " + write("bad.txt", "ok \xFF"));
   CHECK(bad_utf8.exit_code == 1);
   CHECK(bad_utf8.output.find("not valid UTF-8") != std::string::npos);
   const auto bad_json = run_program(EFIM_TOKENIZE_PATH, "--tokenizer " + write("t.json", "{\"model\": ") + " < " + in);
@@ -241,4 +266,134 @@ TEST_CASE("efim-tokenize: special tokens when asked, and clear errors", "[exampl
   CHECK(run_program(EFIM_TOKENIZE_PATH, "--tokenizer /nonexistent.json < " + in).exit_code == 1);
   CHECK(run_program(EFIM_TOKENIZE_PATH, "< " + in).exit_code == 2);
   CHECK(run_program(EFIM_TOKENIZE_PATH, "--bogus < " + in).exit_code == 2);
+}
+
+namespace {
+template <class T>
+std::vector<T> read_binary(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  REQUIRE(bytes.size() % sizeof(T) == 0);
+  std::vector<T> out(bytes.size() / sizeof(T));
+  std::memcpy(out.data(), bytes.data(), bytes.size());
+  return out;
+}
+}  // namespace
+
+TEST_CASE("efim-fragment writes FIM samples that put the document back together", "[examples][fragment]") {
+  temp_dir dir("fragment");
+  fs::create_directories(dir.path / "corpus");
+  std::map<std::string, std::string> docs{
+      {"a.py", "def add(a, b):\n    return a + b\n"},
+      {"b.cpp", "int main() {\n  // caf\xC3\xA9 \xE4\xB8\xAD\xE6\x96\x87 \xF0\x9F\x98\x80\n  return 0;\n}\n"},
+      {"c.txt", "plain text, a little longer, with   spaces and\ttabs.\n"}};
+  for (const auto& [name, text] : docs) std::ofstream(dir.path / "corpus" / name, std::ios::binary) << text;
+  const auto out = (dir.path / "s").string(), jsonl = (dir.path / "s.jsonl").string();
+  const std::string common = "--corpus " + (dir.path / "corpus").string() + " --tokenizer byte --samples-per-doc 30 ";
+  const auto r = run_program(EFIM_FRAGMENT_PATH, common + "--seed 5 --out " + out + " --jsonl " + jsonl);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("samples: 90") != std::string::npos);
+
+  const auto ids = read_binary<std::uint32_t>(out + ".bin");
+  const auto idx = read_binary<std::uint64_t>(out + ".idx");
+  REQUIRE(idx.size() == 1 + 90 + 1);
+  CHECK(idx[0] == 90);
+  CHECK(idx[1] == 0);
+  CHECK(idx.back() == ids.size());
+
+  const efim::text::byte_tokenizer tok(efim::prompt::qwen25_coder.special_tokens());
+  const auto sp = [&](efim::prompt::fim_role role) { return std::string(efim::prompt::qwen25_coder.text(role)); };
+  std::ifstream lines(jsonl);
+  std::string line;
+  std::map<std::string, std::size_t> layouts;
+  for (std::size_t i = 0; std::getline(lines, line); ++i) {
+    const auto j = nlohmann::json::parse(line);
+    INFO(line);
+    const auto sample = j["ids"].get<std::vector<std::uint32_t>>();
+    REQUIRE(i + 2 < idx.size());
+    CHECK(std::vector<std::uint32_t>(ids.begin() + static_cast<std::ptrdiff_t>(idx[i + 1]),
+                                     ids.begin() + static_cast<std::ptrdiff_t>(idx[i + 2])) == sample);
+    std::string decoded;
+    for (const auto id : sample) decoded += tok.token_bytes(static_cast<efim::token_id>(id));
+    const std::string& doc = docs.at(j["document"].get<std::string>());
+    const std::size_t x = j["hole"][0], y = j["hole"][1];
+    REQUIRE(x <= y);
+    REQUIRE(y <= doc.size());
+    const std::string prefix = doc.substr(0, x), middle = doc.substr(x, y - x), suffix = doc.substr(y);
+    const std::string layout = j["layout"];
+    ++layouts[layout];
+    using efim::prompt::fim_role;
+    if (layout == "spm")
+      CHECK(decoded == sp(fim_role::prefix) + sp(fim_role::suffix) + suffix + sp(fim_role::middle) + prefix + middle +
+                           sp(fim_role::eos));
+    else  // psm, and efim with the typed part of the middle after <MID>
+      CHECK(decoded == sp(fim_role::prefix) + prefix + sp(fim_role::suffix) + suffix + sp(fim_role::middle) + middle +
+                           sp(fim_role::eos));
+    CHECK(j["typed"].get<std::size_t>() <= middle.size());
+  }
+  CHECK(layouts["psm"] > 0);
+  CHECK(layouts["spm"] > 0);
+  CHECK(layouts["efim"] > layouts["psm"]);  // rates 1 : 1 : 2
+
+  // Deterministic for a seed; another seed cuts other holes; layout rates are obeyed.
+  REQUIRE(run_program(EFIM_FRAGMENT_PATH, common + "--seed 5 --out " + out + "2").exit_code == 0);
+  CHECK(read_binary<std::uint32_t>(out + "2.bin") == ids);
+  REQUIRE(run_program(EFIM_FRAGMENT_PATH, common + "--seed 6 --out " + out + "3").exit_code == 0);
+  CHECK(read_binary<std::uint32_t>(out + "3.bin") != ids);
+  const auto only = run_program(EFIM_FRAGMENT_PATH, common + "--psm 0 --spm 0 --efim 1 --out " + out + "4");
+  CHECK(only.output.find("layout efim: 90") != std::string::npos);
+}
+
+TEST_CASE("efim-fragment: fragment tokenization with a real tokenizer, and bad input", "[examples][fragment]") {
+  temp_dir dir("fragment-bpe");
+  const fs::path gguf = fs::path(EFIM_SHARED_DATA) / "vocab" / "ggml-vocab-qwen2.5-coder.gguf";
+  {
+    std::ofstream in(dir.path / "docs.jsonl");
+    for (int i = 0; i < 20; ++i)
+      in << nlohmann::json{{"text", "def function_number_" + std::to_string(i) + "(argument):\n    return argument * " +
+                                        std::to_string(i * 7) + "\n"}}
+                .dump()
+         << "\n";
+  }
+  const std::string input = "--input " + (dir.path / "docs.jsonl").string() + " --samples-per-doc 5 --seed 3 ";
+  if (fs::exists(gguf)) {
+    const std::string bpe = input + "--tokenizer " + gguf.string() + " --out " + (dir.path / "bpe").string();
+    REQUIRE(run_program(EFIM_FRAGMENT_PATH, bpe + "0 --fragment-rate 0").exit_code == 0);
+    REQUIRE(run_program(EFIM_FRAGMENT_PATH, bpe + "1 --fragment-rate 1").exit_code == 0);
+    // Same holes and layouts (the same seed), but fragments tokenized alone take more tokens.
+    const auto whole = read_binary<std::uint32_t>(dir.path / "bpe0.bin");
+    const auto cut = read_binary<std::uint32_t>(dir.path / "bpe1.bin");
+    CHECK(cut.size() > whole.size());
+    const auto tok = efim::text::load_bpe(gguf.string());
+    const auto text_of = [&](const std::vector<std::uint32_t>& v) {
+      std::vector<efim::token_id> ids(v.begin(), v.end());
+      return tok.decode(ids);
+    };
+    CHECK(text_of(cut) == text_of(whole));
+  } else {
+    WARN("the real-tokenizer part is skipped: no " << gguf.string());
+  }
+
+  const auto expect_failure = [&](const std::string& args, const std::string& says) {
+    const auto r = run_program(EFIM_FRAGMENT_PATH, args);
+    INFO(args << "\n" << r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find(says) != std::string::npos);
+  };
+  {
+    std::ofstream bad(dir.path / "bad.jsonl");
+    bad << "{\"text\": \"ok\"}\n{\"text\": oops}\n";
+    std::ofstream(dir.path / "nofield.jsonl") << "{\"body\": \"x\"}\n";
+    std::ofstream(dir.path / "notutf8.jsonl") << "{\"text\": \"\\udc80\"}\n";
+  }
+  const std::string out = " --tokenizer byte --out " + (dir.path / "x").string();
+  expect_failure("--input " + (dir.path / "bad.jsonl").string() + out, "bad.jsonl:2: not JSON");
+  expect_failure("--input " + (dir.path / "nofield.jsonl").string() + out, "nofield.jsonl:1: no string field 'text'");
+  expect_failure("--input " + (dir.path / "notutf8.jsonl").string() + out, "notutf8.jsonl:1:");
+  expect_failure("--input " + (dir.path / "missing.jsonl").string() + out, "cannot open");
+  expect_failure("--input " + (dir.path / "docs.jsonl").string(), "--out PREFIX is required");
+  expect_failure("--input a --corpus b" + out, "give one of --corpus DIR and --input FILE");
+  expect_failure("--input " + (dir.path / "docs.jsonl").string() + out + " --fragment-rate 2", "--fragment-rate needs");
+  expect_failure("--input " + (dir.path / "docs.jsonl").string() + out + " --psm 0 --spm 0 --efim 0", "all zero");
 }

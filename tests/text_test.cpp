@@ -1,6 +1,6 @@
 #include <algorithm>
-#include <cstdlib>
 #include <catch2/catch.hpp>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -317,7 +317,8 @@ TEST_CASE("random_split cuts at character boundaries, as often and as much as as
   CHECK_THROWS_AS(text::random_split<>(1, 0.5, 0), efim::error);
 }
 
-TEST_CASE("fragment tokenization with a real tokenizer: each fragment alone, concatenated", "[text][fragment][shared]") {
+TEST_CASE("fragment tokenization with a real tokenizer: each fragment alone, concatenated",
+          "[text][fragment][shared]") {
   const auto gguf_path = vocab_dir / "ggml-vocab-qwen2.5-coder.gguf";
   if (!std::filesystem::exists(gguf_path)) {
     WARN("skipped: no shared data at " << gguf_path.string());
@@ -347,12 +348,45 @@ namespace {
 // Random text from pools a tokenizer must survive: code, whitespace runs, accents (composed and
 // combining), CJK, Hangul, emoji, digits, control characters.
 std::string random_text(rng& r, std::size_t pieces) {
-  static const std::vector<std::string> pool{
-      "def ", "return", " x", "(", ")", ":", "\n", "\r\n", "\t", "    ", "        ", "  \n\n", "'s", "'LL", "==",
-      "123", "4567890", "\xC3\xA9", "e\xCC\x81", "A\xCC\x8A", "\xE2\x84\xAB", "\xE4\xB8\xAD\xE6\x96\x87",
-      "\xEA\xB0\x80", "\xE1\x84\x80\xE1\x85\xA1", "\xF0\x9F\x98\x80", "\xF0\x9F\x91\xA9\xE2\x80\x8D\xF0\x9F\x92\xBB",
-      "\x01", "\x7F", "\xC2\xA0", "\xE3\x80\x80", "\xD8\xB9\xD8\xB1\xD8\xA8\xD9\x8A", "\xCE\xA9", "_", "$", "//",
-      "<|fim_prefix|>", "\xE2\x96\x81", "\xEF\xBC\x81", "\xE2\x80\xA8"};
+  static const std::vector<std::string> pool{"def ",
+                                             "return",
+                                             " x",
+                                             "(",
+                                             ")",
+                                             ":",
+                                             "\n",
+                                             "\r\n",
+                                             "\t",
+                                             "    ",
+                                             "        ",
+                                             "  \n\n",
+                                             "'s",
+                                             "'LL",
+                                             "==",
+                                             "123",
+                                             "4567890",
+                                             "\xC3\xA9",
+                                             "e\xCC\x81",
+                                             "A\xCC\x8A",
+                                             "\xE2\x84\xAB",
+                                             "\xE4\xB8\xAD\xE6\x96\x87",
+                                             "\xEA\xB0\x80",
+                                             "\xE1\x84\x80\xE1\x85\xA1",
+                                             "\xF0\x9F\x98\x80",
+                                             "\xF0\x9F\x91\xA9\xE2\x80\x8D\xF0\x9F\x92\xBB",
+                                             "\x01",
+                                             "\x7F",
+                                             "\xC2\xA0",
+                                             "\xE3\x80\x80",
+                                             "\xD8\xB9\xD8\xB1\xD8\xA8\xD9\x8A",
+                                             "\xCE\xA9",
+                                             "_",
+                                             "$",
+                                             "//",
+                                             "<|fim_prefix|>",
+                                             "\xE2\x96\x81",
+                                             "\xEF\xBC\x81",
+                                             "\xE2\x80\xA8"};
   std::string s;
   for (std::size_t i = 0; i < pieces; ++i) s += pool[r.below(pool.size())];
   return s;
@@ -404,7 +438,9 @@ std::string small_tokenizer_json() {
   }
   vocab["ab"] = 256;
   vocab["abc"] = 257;
-  vocab["\xC4\xA0" "a"] = 258;  // " a" in the byte-level alphabet
+  vocab
+      ["\xC4\xA0"
+       "a"] = 258;  // " a" in the byte-level alphabet
   nlohmann::json j;
   j["model"] = {{"type", "BPE"}, {"vocab", vocab}, {"merges", {"a b", "ab c", "\xC4\xA0 a"}}};
   j["added_tokens"] = {{{"id", 259}, {"content", "<|fim_prefix|>"}, {"special", true}},
@@ -449,10 +485,18 @@ TEST_CASE("tokenizer.json loading: a small file works, and mutations give efim::
     for (int e = 0; e < edits && !s.empty(); ++e) {
       const std::size_t at = r.below(s.size());
       switch (r.below(4)) {
-        case 0: s[at] = static_cast<char>(r.below(256)); break;
-        case 1: s.erase(at, 1 + r.below(8)); break;
-        case 2: s.resize(at); break;
-        default: s.insert(s.begin() + static_cast<std::ptrdiff_t>(at), "{}[]\",:0-9e"[r.below(11)]); break;
+        case 0:
+          s[at] = static_cast<char>(r.below(256));
+          break;
+        case 1:
+          s.erase(at, 1 + r.below(8));
+          break;
+        case 2:
+          s.resize(at);
+          break;
+        default:
+          s.insert(s.begin() + static_cast<std::ptrdiff_t>(at), "{}[]\",:0-9e"[r.below(11)]);
+          break;
       }
     }
     try {
@@ -520,7 +564,8 @@ TEST_CASE("GGUF tokenizer metadata: mutations give efim::error or a working toke
   std::size_t loaded = 0, refused = 0;
   for (int trial = 0; trial < 3000; ++trial) {
     auto copy = bytes;
-    for (int e = 0; e < 1 + static_cast<int>(r.below(3)); ++e) copy[r.below(copy.size())] = static_cast<std::byte>(r.below(256));
+    for (int e = 0; e < 1 + static_cast<int>(r.below(3)); ++e)
+      copy[r.below(copy.size())] = static_cast<std::byte>(r.below(256));
     try {
       const auto t = text::load_bpe_gguf(gguf::parse(copy));
       std::vector<token_id> out;
@@ -535,13 +580,16 @@ TEST_CASE("GGUF tokenizer metadata: mutations give efim::error or a working toke
 
   auto bad = meta;
   bad.insert_or_assign("tokenizer.ggml.model", gguf::make_string("llama"));
-  CHECK_THROWS_WITH(text::load_bpe_gguf(gguf::parse(gguf::serialize(bad, {}))), Catch::Contains("is not byte-level BPE"));
+  CHECK_THROWS_WITH(text::load_bpe_gguf(gguf::parse(gguf::serialize(bad, {}))),
+                    Catch::Contains("is not byte-level BPE"));
   bad = meta;
   bad.insert_or_assign("tokenizer.ggml.pre", gguf::make_string("mystery"));
-  CHECK_THROWS_WITH(text::load_bpe_gguf(gguf::parse(gguf::serialize(bad, {}))), Catch::Contains("'mystery' is not known"));
+  CHECK_THROWS_WITH(text::load_bpe_gguf(gguf::parse(gguf::serialize(bad, {}))),
+                    Catch::Contains("'mystery' is not known"));
   bad = meta;
   bad.insert_or_assign("tokenizer.ggml.tokens", gguf::make_i32s({1, 2, 3}));
-  CHECK_THROWS_WITH(text::load_bpe_gguf(gguf::parse(gguf::serialize(bad, {}))), Catch::Contains("tokenizer.ggml.tokens"));
+  CHECK_THROWS_WITH(text::load_bpe_gguf(gguf::parse(gguf::serialize(bad, {}))),
+                    Catch::Contains("tokenizer.ggml.tokens"));
   bad = meta;
   bad.insert_or_assign("tokenizer.ggml.token_type", gguf::make_i32s({1, 1}));
   CHECK_THROWS_WITH(text::load_bpe_gguf(gguf::parse(gguf::serialize(bad, {}))), Catch::Contains("token types"));
@@ -575,9 +623,9 @@ TEST_CASE("on 2 MB of code and Unicode text, ids equal the reference tokenizer's
     for (token_id id = 0; ids_in >> id;) want.push_back(id);
     bytes += input.size();
     tokens += want.size();
-    has_combining = has_combining || input.find("\xCC\x81") != std::string::npos;          // U+0301
-    has_cjk = has_cjk || input.find("\xE4\xB8") != std::string::npos;                      // U+4E00 block
-    has_emoji = has_emoji || input.find("\xF0\x9F\x98") != std::string::npos;              // U+1F600 block
+    has_combining = has_combining || input.find("\xCC\x81") != std::string::npos;  // U+0301
+    has_cjk = has_cjk || input.find("\xE4\xB8") != std::string::npos;              // U+4E00 block
+    has_emoji = has_emoji || input.find("\xF0\x9F\x98") != std::string::npos;      // U+1F600 block
     for (const auto& [name, tok] : tokenizers) {
       // Hugging Face's encode matches added tokens in text, so the reference is compared with the
       // mode that does (this repository's own sources hold FIM tokens' text).
@@ -588,7 +636,8 @@ TEST_CASE("on 2 MB of code and Unicode text, ids equal the reference tokenizer's
         while (i < got.size() && i < want.size() && got[i] == want[i]) ++i;
         const auto around = [&](const std::vector<token_id>& v) {
           std::string s;
-          for (std::size_t k = i; k < std::min(v.size(), i + 6); ++k) s += std::to_string(v[k]) + " '" + std::string(tok.token_bytes(v[k])) + "' ";
+          for (std::size_t k = i; k < std::min(v.size(), i + 6); ++k)
+            s += std::to_string(v[k]) + " '" + std::string(tok.token_bytes(v[k])) + "' ";
           return s;
         };
         FAIL(name << " on " << f.filename().string() << ": first difference at token " << i << ": got " << around(got)
@@ -600,6 +649,6 @@ TEST_CASE("on 2 MB of code and Unicode text, ids equal the reference tokenizer's
   CHECK(has_combining);
   CHECK(has_cjk);
   CHECK(has_emoji);
-  WARN("compared " << files.size() << " files, " << bytes << " bytes, " << tokens << " tokens with " << tokenizers.size()
-                   << " tokenizers");
+  WARN("compared " << files.size() << " files, " << bytes << " bytes, " << tokens << " tokens with "
+                   << tokenizers.size() << " tokenizers");
 }

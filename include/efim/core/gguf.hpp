@@ -34,8 +34,19 @@ inline constexpr std::uint32_t magic = 0x46554747;  // "GGUF"
 inline constexpr std::uint64_t default_alignment = 32;
 
 enum class value_type : std::uint32_t {
-  u8 = 0, i8 = 1, u16 = 2, i16 = 3, u32 = 4, i32 = 5, f32 = 6, boolean = 7, string = 8, array = 9,
-  u64 = 10, i64 = 11, f64 = 12,
+  u8 = 0,
+  i8 = 1,
+  u16 = 2,
+  i16 = 3,
+  u32 = 4,
+  i32 = 5,
+  f32 = 6,
+  boolean = 7,
+  string = 8,
+  array = 9,
+  u64 = 10,
+  i64 = 11,
+  f64 = 12,
 };
 
 // An array's elements, by kind (the file's exact element type is kept beside them).
@@ -66,27 +77,48 @@ struct type_traits {
 };
 inline type_traits traits_of(std::uint32_t type) noexcept {
   switch (type) {
-    case 0: return {1, 4};      // F32
-    case 1: return {1, 2};      // F16
-    case 2: return {32, 18};    // Q4_0
-    case 3: return {32, 20};    // Q4_1
-    case 6: return {32, 22};    // Q5_0
-    case 7: return {32, 24};    // Q5_1
-    case 8: return {32, 34};    // Q8_0
-    case 9: return {32, 36};    // Q8_1
-    case 10: return {256, 84};  // Q2_K
-    case 11: return {256, 110}; // Q3_K
-    case 12: return {256, 144}; // Q4_K
-    case 13: return {256, 176}; // Q5_K
-    case 14: return {256, 210}; // Q6_K
-    case 15: return {256, 292}; // Q8_K
-    case 24: return {1, 1};     // I8
-    case 25: return {1, 2};     // I16
-    case 26: return {1, 4};     // I32
-    case 27: return {1, 8};     // I64
-    case 28: return {1, 8};     // F64
-    case 30: return {1, 2};     // BF16
-    default: return {};
+    case 0:
+      return {1, 4};  // F32
+    case 1:
+      return {1, 2};  // F16
+    case 2:
+      return {32, 18};  // Q4_0
+    case 3:
+      return {32, 20};  // Q4_1
+    case 6:
+      return {32, 22};  // Q5_0
+    case 7:
+      return {32, 24};  // Q5_1
+    case 8:
+      return {32, 34};  // Q8_0
+    case 9:
+      return {32, 36};  // Q8_1
+    case 10:
+      return {256, 84};  // Q2_K
+    case 11:
+      return {256, 110};  // Q3_K
+    case 12:
+      return {256, 144};  // Q4_K
+    case 13:
+      return {256, 176};  // Q5_K
+    case 14:
+      return {256, 210};  // Q6_K
+    case 15:
+      return {256, 292};  // Q8_K
+    case 24:
+      return {1, 1};  // I8
+    case 25:
+      return {1, 2};  // I16
+    case 26:
+      return {1, 4};  // I32
+    case 27:
+      return {1, 8};  // I64
+    case 28:
+      return {1, 8};  // F64
+    case 30:
+      return {1, 2};  // BF16
+    default:
+      return {};
   }
 }
 
@@ -115,7 +147,8 @@ struct file {
   [[nodiscard]] const std::vector<T>& array(std::string_view key) const {
     const auto* a = std::get_if<array_value>(&at(key).v);
     const auto* items = a ? std::get_if<std::vector<T>>(&a->items) : nullptr;
-    require(items != nullptr, errc::invalid_argument, "gguf: metadata '" + std::string(key) + "' is not an array of the expected type");
+    require(items != nullptr, errc::invalid_argument,
+            "gguf: metadata '" + std::string(key) + "' is not an array of the expected type");
     return *items;
   }
 };
@@ -166,11 +199,24 @@ class reader {
 
 inline std::uint64_t min_size(value_type t) {
   switch (t) {
-    case value_type::u8: case value_type::i8: case value_type::boolean: return 1;
-    case value_type::u16: case value_type::i16: return 2;
-    case value_type::u32: case value_type::i32: case value_type::f32: return 4;
-    case value_type::u64: case value_type::i64: case value_type::f64: case value_type::string: return 8;
-    case value_type::array: return 12;
+    case value_type::u8:
+    case value_type::i8:
+    case value_type::boolean:
+      return 1;
+    case value_type::u16:
+    case value_type::i16:
+      return 2;
+    case value_type::u32:
+    case value_type::i32:
+    case value_type::f32:
+      return 4;
+    case value_type::u64:
+    case value_type::i64:
+    case value_type::f64:
+    case value_type::string:
+      return 8;
+    case value_type::array:
+      return 12;
   }
   throw error(errc::invalid_argument, "gguf: unknown value type " + std::to_string(static_cast<std::uint32_t>(t)));
 }
@@ -184,17 +230,28 @@ inline value_type read_type(reader& r) {
 template <class Out>
 Out read_number(reader& r, value_type t) {
   switch (t) {
-    case value_type::u8: return static_cast<Out>(r.scalar<std::uint8_t>("a value"));
-    case value_type::i8: return static_cast<Out>(r.scalar<std::int8_t>("a value"));
-    case value_type::u16: return static_cast<Out>(r.scalar<std::uint16_t>("a value"));
-    case value_type::i16: return static_cast<Out>(r.scalar<std::int16_t>("a value"));
-    case value_type::u32: return static_cast<Out>(r.scalar<std::uint32_t>("a value"));
-    case value_type::i32: return static_cast<Out>(r.scalar<std::int32_t>("a value"));
-    case value_type::u64: return static_cast<Out>(r.scalar<std::uint64_t>("a value"));
-    case value_type::i64: return static_cast<Out>(r.scalar<std::int64_t>("a value"));
-    case value_type::f32: return static_cast<Out>(r.scalar<float>("a value"));
-    case value_type::f64: return static_cast<Out>(r.scalar<double>("a value"));
-    default: break;
+    case value_type::u8:
+      return static_cast<Out>(r.scalar<std::uint8_t>("a value"));
+    case value_type::i8:
+      return static_cast<Out>(r.scalar<std::int8_t>("a value"));
+    case value_type::u16:
+      return static_cast<Out>(r.scalar<std::uint16_t>("a value"));
+    case value_type::i16:
+      return static_cast<Out>(r.scalar<std::int16_t>("a value"));
+    case value_type::u32:
+      return static_cast<Out>(r.scalar<std::uint32_t>("a value"));
+    case value_type::i32:
+      return static_cast<Out>(r.scalar<std::int32_t>("a value"));
+    case value_type::u64:
+      return static_cast<Out>(r.scalar<std::uint64_t>("a value"));
+    case value_type::i64:
+      return static_cast<Out>(r.scalar<std::int64_t>("a value"));
+    case value_type::f32:
+      return static_cast<Out>(r.scalar<float>("a value"));
+    case value_type::f64:
+      return static_cast<Out>(r.scalar<double>("a value"));
+    default:
+      break;
   }
   throw error(errc::invalid_argument, "gguf: not a number type");
 }
@@ -391,17 +448,28 @@ class writer {
   }
   void number(value_type t, double d, std::uint64_t u, std::int64_t i) {
     switch (t) {
-      case value_type::u8: return scalar(static_cast<std::uint8_t>(u));
-      case value_type::i8: return scalar(static_cast<std::int8_t>(i));
-      case value_type::u16: return scalar(static_cast<std::uint16_t>(u));
-      case value_type::i16: return scalar(static_cast<std::int16_t>(i));
-      case value_type::u32: return scalar(static_cast<std::uint32_t>(u));
-      case value_type::i32: return scalar(static_cast<std::int32_t>(i));
-      case value_type::u64: return scalar(u);
-      case value_type::i64: return scalar(i);
-      case value_type::f32: return scalar(static_cast<float>(d));
-      case value_type::f64: return scalar(d);
-      default: throw error(errc::invalid_argument, "gguf: not a number type");
+      case value_type::u8:
+        return scalar(static_cast<std::uint8_t>(u));
+      case value_type::i8:
+        return scalar(static_cast<std::int8_t>(i));
+      case value_type::u16:
+        return scalar(static_cast<std::uint16_t>(u));
+      case value_type::i16:
+        return scalar(static_cast<std::int16_t>(i));
+      case value_type::u32:
+        return scalar(static_cast<std::uint32_t>(u));
+      case value_type::i32:
+        return scalar(static_cast<std::int32_t>(i));
+      case value_type::u64:
+        return scalar(u);
+      case value_type::i64:
+        return scalar(i);
+      case value_type::f32:
+        return scalar(static_cast<float>(d));
+      case value_type::f64:
+        return scalar(d);
+      default:
+        throw error(errc::invalid_argument, "gguf: not a number type");
     }
   }
   void value(const gguf::value& v) {

@@ -111,10 +111,15 @@ inline std::optional<std::string> decode(std::string_view s) {
 
 class bpe_tokenizer {
  public:
-  explicit bpe_tokenizer(bpe_config c) : pre_(std::move(c.pre)), nfc_(c.nfc), ignore_merges_(c.ignore_merges),
-                                         add_prefix_space_(c.add_prefix_space), description_(std::move(c.description)) {
+  explicit bpe_tokenizer(bpe_config c)
+      : pre_(std::move(c.pre)),
+        nfc_(c.nfc),
+        ignore_merges_(c.ignore_merges),
+        add_prefix_space_(c.add_prefix_space),
+        description_(std::move(c.description)) {
     const std::size_t n = c.tokens.size();
-    require(n > 0 && n < (std::size_t{1} << 31), errc::invalid_argument, "bpe_tokenizer: the vocabulary is empty or too large");
+    require(n > 0 && n < (std::size_t{1} << 31), errc::invalid_argument,
+            "bpe_tokenizer: the vocabulary is empty or too large");
     require(c.kinds.empty() || c.kinds.size() == n, errc::invalid_argument,
             "bpe_tokenizer: " + std::to_string(c.kinds.size()) + " token kinds for " + std::to_string(n) + " tokens");
     kinds_ = c.kinds.empty() ? std::vector<token_kind>(n, token_kind::normal) : std::move(c.kinds);
@@ -324,7 +329,7 @@ inline bpe_tokenizer load_bpe_gguf(const gguf::file& f) {
                 " tokens");
     c.kinds.reserve(types.size());
     for (const auto t : types)
-      c.kinds.push_back(t == 3 ? token_kind::control
+      c.kinds.push_back(t == 3   ? token_kind::control
                         : t == 4 ? token_kind::user_defined
                         : t == 5 ? token_kind::unused
                                  : token_kind::normal);  // 1 normal, 2 unknown, 6 byte
@@ -413,7 +418,8 @@ inline bpe_tokenizer load_bpe_json(std::string_view json_text) {
             "tokenizer.json: byte_fallback BPE is not byte-level BPE");
     bpe_config c;
     const auto place = [&](std::size_t id, std::string text, token_kind kind) {
-      require(id < (std::size_t{1} << 24), errc::invalid_argument, "tokenizer.json: token id " + std::to_string(id) + " is too large");
+      require(id < (std::size_t{1} << 24), errc::invalid_argument,
+              "tokenizer.json: token id " + std::to_string(id) + " is too large");
       if (id >= c.tokens.size()) {
         c.tokens.resize(id + 1);
         c.kinds.resize(id + 1, token_kind::unused);
