@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "efim/efim.hpp"
+#include "tokenizer_choice.hpp"
 
 namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;
@@ -504,23 +505,9 @@ int run_bench(const options& o, const Tokenizer& tok, const efim::prompt::fim_to
 int main(int argc, char** argv) {
   const options o = parse(argc, argv);
   try {
-    std::string path = o.tokenizer;
-    if (path.empty()) {
-      path = EFIM_DEFAULT_TOKENIZER;
-      if (!fs::exists(path)) {
-        if (o.progress)
-          std::cerr << "efim-bench: no " << path << " (run .ci/setup to fetch it); using the byte-level tokenizer\n";
-        path = "byte";
-      }
-    }
-    if (path == "byte") {
-      const efim::text::byte_tokenizer tok(efim::prompt::qwen25_coder.special_tokens());
-      return run_bench(o, tok, efim::prompt::qwen25_coder, "byte-level + qwen2.5-coder FIM tokens");
-    }
-    const auto tok = efim::text::load_bpe(path);
-    const auto* fim = efim::prompt::detect_token_set(tok);
-    if (fim == nullptr) fail("tokenizer '" + path + "' has no FIM tokens of a known family");
-    return run_bench(o, tok, *fim, tok.description() + " (" + std::string(fim->family) + " FIM tokens)");
+    return efim_examples::with_tokenizer(
+        o.tokenizer, EFIM_DEFAULT_TOKENIZER, "efim-bench",
+        [&](const auto& tok, const auto& fim, const std::string& name) { return run_bench(o, tok, fim, name); });
   } catch (const efim::error& e) {
     fail(e.what());
   }

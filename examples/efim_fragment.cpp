@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "efim/efim.hpp"
+#include "tokenizer_choice.hpp"
 
 namespace fs = std::filesystem;
 
@@ -248,8 +249,8 @@ int run(const options& o, const Tokenizer& tok, const efim::prompt::fim_token_se
       t.tokens += words.size();
       ++t.layouts[layout];
       if (jsonl.is_open()) {
-        nlohmann::json j = {{"document", docs[d].name}, {"layout", layout},       {"hole", {x, y}},
-                            {"typed", typed.size()},    {"ids", ids}};
+        nlohmann::json j = {
+            {"document", docs[d].name}, {"layout", layout}, {"hole", {x, y}}, {"typed", typed.size()}, {"ids", ids}};
         jsonl << j.dump() << "\n";
       }
     }
@@ -266,7 +267,7 @@ int run(const options& o, const Tokenizer& tok, const efim::prompt::fim_token_se
   idx.write(reinterpret_cast<const char*>(offsets.data()),
             static_cast<std::streamsize>(offsets.size() * sizeof(std::uint64_t)));
   if (!bin.flush() || !idx.flush() || (jsonl.is_open() && !jsonl.flush())) fail("cannot write the output files");
-  std::printf("tokenizer: %s (%s FIM tokens)\n", name.c_str(), std::string(set.family).c_str());
+  std::printf("tokenizer: %s\n", name.c_str());
   std::printf("documents: %zu\nsamples: %zu\ntokens: %zu\n", docs.size(), t.samples, t.tokens);
   for (const auto& [layout, n] : t.layouts) std::printf("layout %s: %zu\n", layout.c_str(), n);
   std::printf("wrote %s.bin and %s.idx%s%s\n", o.out.c_str(), o.out.c_str(), o.jsonl.empty() ? "" : " and ",
@@ -279,16 +280,9 @@ int run(const options& o, const Tokenizer& tok, const efim::prompt::fim_token_se
 int main(int argc, char** argv) {
   const options o = parse(argc, argv);
   try {
-    std::string path = o.tokenizer;
-    if (path.empty()) path = fs::exists(EFIM_DEFAULT_TOKENIZER) ? EFIM_DEFAULT_TOKENIZER : "byte";
-    if (path == "byte") {
-      const efim::text::byte_tokenizer tok(efim::prompt::qwen25_coder.special_tokens());
-      return run(o, tok, efim::prompt::qwen25_coder, "byte-level");
-    }
-    const auto tok = efim::text::load_bpe(path);
-    const auto* set = efim::prompt::detect_token_set(tok);
-    if (set == nullptr) fail("tokenizer '" + path + "' has no FIM tokens of a known family");
-    return run(o, tok, *set, tok.description());
+    return efim_examples::with_tokenizer(
+        o.tokenizer, EFIM_DEFAULT_TOKENIZER, "efim-fragment",
+        [&](const auto& tok, const auto& set, const std::string& name) { return run(o, tok, set, name); });
   } catch (const efim::error& e) {
     fail(e.what());
   }

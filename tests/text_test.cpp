@@ -652,3 +652,33 @@ TEST_CASE("on 2 MB of code and Unicode text, ids equal the reference tokenizer's
   WARN("compared " << files.size() << " files, " << bytes << " bytes, " << tokens << " tokens with "
                    << tokenizers.size() << " tokenizers");
 }
+
+TEST_CASE("streaming detokenizer with a real tokenizer: tokens that split characters wait for the rest",
+          "[text][detokenizer][shared]") {
+  const auto gguf_path = vocab_dir / "ggml-vocab-qwen2.5-coder.gguf";
+  if (!std::filesystem::exists(gguf_path)) {
+    WARN("skipped: no shared data at " << gguf_path.string());
+    return;
+  }
+  const auto tok = text::load_bpe(gguf_path.string());
+  rng r(17);
+  std::size_t split_characters = 0;
+  for (int i = 0; i < 300; ++i) {
+    const std::string s = text::nfc(random_text(r, 1 + r.below(30)));
+    std::vector<token_id> ids;
+    tok.encode(s, ids);
+    text::detokenizer<text::bpe_tokenizer> detok(tok);
+    std::string streamed;
+    for (const auto id : ids) {
+      std::string piece;
+      detok.push(id, piece);
+      INFO("'" << s << "'");
+      REQUIRE(utf8::is_valid(piece));  // never half a character
+      split_characters += detok.pending_bytes() > 0 ? 1 : 0;
+      streamed += piece;
+    }
+    detok.flush(streamed);
+    REQUIRE(streamed == s);
+  }
+  CHECK(split_characters > 0);  // the test text does make tokens that end inside a character
+}
