@@ -19,6 +19,7 @@
 #include "efim/text/byte_tokenizer.hpp"
 #include "efim/text/detokenizer.hpp"
 #include "efim/text/fragment.hpp"
+#include "efim/text/pre_tokenizer.hpp"
 
 using namespace efim;
 
@@ -681,4 +682,44 @@ TEST_CASE("streaming detokenizer with a real tokenizer: tokens that split charac
     REQUIRE(streamed == s);
   }
   CHECK(split_characters > 0);  // the test text does make tokens that end inside a character
+}
+
+TEST_CASE("pre-tokenizer presets split as their regexes say", "[text][pretokenizer]") {
+  const auto words = [](std::string_view preset, std::string_view s) {
+    std::vector<std::string> out;
+    text::pre_tokenizer::preset(preset).for_each_word(s, [&](std::string_view w) { out.emplace_back(w); });
+    return out;
+  };
+  using v = std::vector<std::string>;
+  // Llama 3: digits in runs of up to three, contractions in any case, a letter run takes one
+  // non-letter before it.
+  CHECK(words("llama-bpe", "x=1234567 I'M") == v{"x", "=", "123", "456", "7", " I", "'M"});
+  // Qwen2: one digit at a time.
+  CHECK(words("qwen2", "v12 it's") == v{"v", "1", "2", " it", "'s"});
+  // GPT-2: digits in runs, lower-case contractions only, spaces before the last stay apart.
+  CHECK(words("gpt-2", "a  b 42 IT'S") == v{"a", " ", " b", " 42", " IT", "'", "S"});
+  // StarCoder: digits split first, then GPT-2's regex.
+  CHECK(words("starcoder", "n=42") == v{"n", "=", "4", "2"});
+  // DeepSeek-Coder: newlines alone, letters with one leading space, punctuation, digits alone.
+  CHECK(words("deepseek-coder", "if x:\n  y1") == v{"if", " x", ":", "\n", " ", " y", "1"});
+  CHECK_THROWS_WITH(text::pre_tokenizer::preset("nope"), Catch::Contains("'nope' is not known"));
+}
+
+TEST_CASE("split behaviors follow Hugging Face's definitions", "[text][pretokenizer]") {
+  // The example of the Hugging Face tokenizers documentation for Split.
+  const auto words = [](text::split_behavior b, bool invert = false) {
+    text::pre_tokenizer p;
+    p.split("-", b, invert);
+    std::vector<std::string> out;
+    p.for_each_word("the-final--countdown", [&](std::string_view w) { out.emplace_back(w); });
+    return out;
+  };
+  using v = std::vector<std::string>;
+  using b = text::split_behavior;
+  CHECK(words(b::isolated) == v{"the", "-", "final", "-", "-", "countdown"});
+  CHECK(words(b::removed) == v{"the", "final", "countdown"});
+  CHECK(words(b::merged_with_previous) == v{"the-", "final-", "-", "countdown"});
+  CHECK(words(b::merged_with_next) == v{"the", "-final", "-", "-countdown"});
+  CHECK(words(b::contiguous) == v{"the", "-", "final", "--", "countdown"});
+  CHECK(words(b::removed, true) == v{"-", "-", "-"});
 }

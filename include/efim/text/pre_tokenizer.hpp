@@ -120,14 +120,17 @@ class pre_tokenizer {
         break;
       }
       case split_behavior::merged_with_next: {
-        // Delimiters join the piece after them.
-        std::size_t start = 0;
-        for (const auto& [range, m] : pieces)
-          if (!m) {
-            emit(start, range.second);
-            start = range.second;
+        // A delimiter joins the piece after it, unless that is a delimiter too.
+        std::size_t start = std::string_view::npos;
+        for (std::size_t i = 0; i < pieces.size(); ++i) {
+          const auto& [range, m] = pieces[i];
+          if (m && i + 1 < pieces.size() && !pieces[i + 1].second) {
+            start = range.first;
+            continue;
           }
-        emit(start, text.size());
+          emit(start != std::string_view::npos ? start : range.first, range.second);
+          start = std::string_view::npos;
+        }
         break;
       }
       case split_behavior::contiguous: {
