@@ -126,9 +126,6 @@ class bpe_tokenizer {
     bytes_.resize(n);
     ids_.reserve(n);
     byte_id_.fill(-1);
-    const auto& to_cp = byte_level::to_code_point();
-    std::array<std::string, 256> byte_strings;
-    for (unsigned b = 0; b < 256; ++b) byte_level::append_utf8(to_cp[b], byte_strings[b]);
     for (std::size_t id = 0; id < n; ++id) {
       const auto tid = static_cast<token_id>(id);
       std::string& text = c.tokens[id];
