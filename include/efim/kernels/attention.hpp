@@ -65,14 +65,17 @@ inline void block_scores(const attention_row* rows, const float* keys, std::size
     for (std::size_t d = 0; d < head_dim; ++d) {
       vfloat k;
       std::memcpy(&k, keys + d * block_size + slot, sizeof k);
-      for (std::size_t r = 0; r < R; ++r) acc[r] = acc[r] + rows[r].q[d] * k;
+      for (std::size_t r = 0; r < R; ++r) {
+        const vfloat q = vfloat{} + rows[r].q[d];
+        fma_into(acc[r], q, k);
+      }
     }
     for (std::size_t r = 0; r < R; ++r) std::memcpy(scores[r] + slot, &acc[r], sizeof(vfloat));
   }
   for (; slot < block_size; ++slot)
     for (std::size_t r = 0; r < R; ++r) {
       float s = 0.0f;
-      for (std::size_t d = 0; d < head_dim; ++d) s = s + rows[r].q[d] * keys[d * block_size + slot];
+      for (std::size_t d = 0; d < head_dim; ++d) s = fma(rows[r].q[d], keys[d * block_size + slot], s);
       scores[r][slot] = s;
     }
 }
@@ -104,7 +107,7 @@ inline void attend_rows(const kv::paged_layout& l, const float* k_cache, const f
     const std::size_t padded = (n + lanes - 1) / lanes * lanes;
     vfloat sum{};
     for (std::size_t j = 0; j < padded; j += lanes) {
-      for (std::size_t i = j; i < j + lanes; ++i) s[i] = s[i] * scale - top;
+      for (std::size_t i = j; i < j + lanes; ++i) s[i] = fma(s[i], scale, -top);
       exp16(s + j);
       for (std::size_t i = std::max(j, n); i < j + lanes; ++i) s[i] = 0.0f;  // past the causal end
       vfloat e;

@@ -6,6 +6,8 @@
 
 #include "efim/core/types.hpp"
 
+#include "efim/kernels/simd.hpp"
+
 namespace efim::kernels {
 
 enum class rope_style {
@@ -38,8 +40,8 @@ inline void rope(float* x, std::size_t tokens, std::size_t heads, std::size_t he
         const std::size_t b = style == rope_style::adjacent ? 2 * i + 1 : i + pairs;
         const float c = cos_t[t * pairs + i], s = sin_t[t * pairs + i];
         const float x0 = v[a], x1 = v[b];
-        v[a] = x0 * c - x1 * s;
-        v[b] = x0 * s + x1 * c;
+        v[a] = detail::fma(x0, c, -(x1 * s));  // written out: see simd.hpp
+        v[b] = detail::fma(x0, s, x1 * c);
       }
     }
 }

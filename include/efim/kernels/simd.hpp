@@ -4,15 +4,57 @@
 //
 // Vectors stay local to the functions that use them (never parameters or results) so the code is
 // ABI-neutral whatever instruction set it is compiled for.
+//
+// Every multiply-add is written out (fma, fma_into) rather than left as a * b + c: GCC's default
+// -ffp-contract=fast fuses such expressions into FMA instructions where its passes see fit, which can
+// differ between two instances of one template (a 4-row and a 1-row matrix tile, say), and then the
+// same dot product gives other bits in another batch. Written out, each is rounded once where the
+// target has FMA and twice where it has none, whatever the compiler flags.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
+#if defined(__AVX512F__) || defined(__FMA__)
+#include <immintrin.h>
+#endif
 
 namespace efim::kernels::detail {
 
 inline constexpr std::size_t lanes = 16;
 typedef float vfloat __attribute__((vector_size(lanes * sizeof(float))));
 typedef std::int32_t vint __attribute__((vector_size(lanes * sizeof(std::int32_t))));
+
+// a * b + c.
+inline float fma(float a, float b, float c) noexcept {
+#if defined(__FMA__) || defined(__AVX512F__)
+  return __builtin_fmaf(a, b, c);
+#else
+  return a * b + c;  // without FMA instructions nothing can be fused
+#endif
+}
+
+// acc = a * b + acc, lane by lane.
+inline void fma_into(vfloat& acc, const vfloat& a, const vfloat& b) noexcept {
+#if defined(__AVX512F__)
+  __m512 x, y, z;
+  std::memcpy(&x, &a, sizeof x);
+  std::memcpy(&y, &b, sizeof y);
+  std::memcpy(&z, &acc, sizeof z);
+  z = _mm512_fmadd_ps(x, y, z);
+  std::memcpy(&acc, &z, sizeof z);
+#elif defined(__FMA__)
+  for (std::size_t h = 0; h < 2; ++h) {
+    __m256 x, y, z;
+    std::memcpy(&x, reinterpret_cast<const float*>(&a) + 8 * h, sizeof x);
+    std::memcpy(&y, reinterpret_cast<const float*>(&b) + 8 * h, sizeof y);
+    std::memcpy(&z, reinterpret_cast<const float*>(&acc) + 8 * h, sizeof z);
+    z = _mm256_fmadd_ps(x, y, z);
+    std::memcpy(reinterpret_cast<float*>(&acc) + 8 * h, &z, sizeof z);
+  }
+#else
+  acc = acc + a * b;
+#endif
+}
 
 // The canonical reduction of 16 lane sums, plus the sum of the elements past the last full vector.
 inline float reduce_lanes(const float (&a)[lanes], float tail) noexcept {
@@ -36,12 +78,12 @@ inline void dot_tile(const float* const (&x)[MR], const float* const (&w)[NR], s
     for (std::size_t i = 0; i < MR; ++i) std::memcpy(&xv[i], x[i] + k, sizeof(vfloat));
     for (std::size_t j = 0; j < NR; ++j) std::memcpy(&wv[j], w[j] + k, sizeof(vfloat));
     for (std::size_t i = 0; i < MR; ++i)
-      for (std::size_t j = 0; j < NR; ++j) acc[i][j] = acc[i][j] + xv[i] * wv[j];
+      for (std::size_t j = 0; j < NR; ++j) fma_into(acc[i][j], xv[i], wv[j]);
   }
   for (std::size_t i = 0; i < MR; ++i)
     for (std::size_t j = 0; j < NR; ++j) {
       float tail = 0.0f;
-      for (std::size_t k = full; k < n; ++k) tail = tail + x[i][k] * w[j][k];
+      for (std::size_t k = full; k < n; ++k) tail = fma(x[i][k], w[j][k], tail);
       float a[lanes];
       std::memcpy(a, &acc[i][j], sizeof a);
       out[i * NR + j] = reduce_lanes(a, tail);
@@ -63,10 +105,11 @@ inline void axpy(float a, const float* x, float* y, std::size_t n) noexcept {
     vfloat xv, yv;
     std::memcpy(&xv, x + k, sizeof xv);
     std::memcpy(&yv, y + k, sizeof yv);
-    yv = yv + a * xv;
+    const vfloat av = vfloat{} + a;
+    fma_into(yv, av, xv);
     std::memcpy(y + k, &yv, sizeof yv);
   }
-  for (; k < n; ++k) y[k] = y[k] + a * x[k];
+  for (; k < n; ++k) y[k] = fma(a, x[k], y[k]);
 }
 
 // e^x for 16 floats in place (relative error below 3e-7). Inputs below -87.3 give e^-87.3 and
@@ -80,16 +123,20 @@ inline void exp16(float* x) noexcept {
   v = v < lowest ? lowest : v;
   v = v > highest ? highest : v;
   // x = n ln2 + r with |r| <= ln2 / 2; e^x = 2^n e^r.
-  const vfloat n = (v * 1.44269504f + shifter) - shifter;
-  const vfloat r = (v - n * 0.693359375f) + n * 2.12194440e-4f;  // ln 2 in two parts
+  const vfloat log2e = vfloat{} + 1.44269504f;
+  vfloat n = shifter;
+  fma_into(n, v, log2e);
+  n = n - shifter;
+  vfloat r = v;  // ln 2 in two parts
+  const vfloat ln2_hi = vfloat{} + -0.693359375f, ln2_lo = vfloat{} + 2.12194440e-4f;
+  fma_into(r, n, ln2_hi);
+  fma_into(r, n, ln2_lo);
   vfloat p = vfloat{} + 1.0f / 5040.0f;
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
+  for (const float c : {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f}) {
+    vfloat next = vfloat{} + c;
+    fma_into(next, p, r);
+    p = next;
+  }
   const vint bits = (__builtin_convertvector(n, vint) + 127) << 23;
   vfloat scale;
   std::memcpy(&scale, &bits, sizeof scale);
