@@ -219,7 +219,6 @@ class bpe_tokenizer {
     return id >= 0 && static_cast<std::size_t>(id) < kinds_.size() &&
            kinds_[static_cast<std::size_t>(id)] != token_kind::normal;
   }
-  [[nodiscard]] token_kind kind(token_id id) const { return kinds_.at(static_cast<std::size_t>(id)); }
   [[nodiscard]] std::size_t vocab_size() const noexcept { return bytes_.size(); }
   [[nodiscard]] const std::string& description() const noexcept { return description_; }
 
@@ -278,17 +277,16 @@ class bpe_tokenizer {
         heap.push({(static_cast<std::uint64_t>(it->second.rank) << 32) | static_cast<std::uint32_t>(left), left});
     };
     for (int i = 0; i + 1 < static_cast<int>(syms.size()); ++i) consider(i);
-    std::vector<bool> dead(syms.size(), false);
     while (!heap.empty()) {
       const auto [key, left] = heap.top();
       heap.pop();
       auto& l = syms[static_cast<std::size_t>(left)];
-      if (dead[static_cast<std::size_t>(left)] || l.next < 0) continue;
+      if (l.id < 0 || l.next < 0) continue;  // merged into its left neighbour, or last
       auto& r = syms[static_cast<std::size_t>(l.next)];
       const auto it = merges_.find(pair_key(l.id, r.id));
       if (it == merges_.end() || it->second.rank != static_cast<std::uint32_t>(key >> 32)) continue;  // stale
       l.id = it->second.id;
-      dead[static_cast<std::size_t>(l.next)] = true;
+      r.id = -1;
       l.next = r.next;
       if (l.next >= 0) syms[static_cast<std::size_t>(l.next)].prev = left;
       consider(l.prev);
@@ -312,6 +310,14 @@ class bpe_tokenizer {
 
 static_assert(tokenizer<bpe_tokenizer>);
 
+// A merge written as one string, "left right" (a token's byte-level form holds no space).
+inline std::pair<std::string, std::string> split_merge(std::string_view m) {
+  const auto space = m.find(' ', 1);
+  require(space != std::string_view::npos, errc::invalid_argument,
+          "tokenizer: merge '" + std::string(m) + "' has no space");
+  return {std::string(m.substr(0, space)), std::string(m.substr(space + 1))};
+}
+
 // From the tokenizer.ggml.* metadata of a GGUF file (tokenizer.ggml.model must be "gpt2").
 inline bpe_tokenizer load_bpe_gguf(const gguf::file& f) {
   const std::string_view model = f.string("tokenizer.ggml.model");
@@ -334,11 +340,7 @@ inline bpe_tokenizer load_bpe_gguf(const gguf::file& f) {
   if (f.find("tokenizer.ggml.merges")) {
     const auto& merges = f.array<std::string>("tokenizer.ggml.merges");
     c.merges.reserve(merges.size());
-    for (const auto& m : merges) {
-      const auto space = m.find(' ', 1);
-      require(space != std::string::npos, errc::invalid_argument, "tokenizer: merge '" + m + "' has no space");
-      c.merges.emplace_back(m.substr(0, space), m.substr(space + 1));
-    }
+    for (const auto& m : merges) c.merges.push_back(split_merge(m));
   }
   const std::string pre = f.find("tokenizer.ggml.pre") ? std::string(f.string("tokenizer.ggml.pre")) : "default";
   c.pre = pre_tokenizer::preset(pre);
@@ -431,10 +433,7 @@ inline bpe_tokenizer load_bpe_json(std::string_view json_text) {
               a.value("special", false) ? token_kind::control : token_kind::user_defined);
     for (const auto& m : model.at("merges")) {
       if (m.is_string()) {
-        const auto s = m.get<std::string>();
-        const auto space = s.find(' ', 1);
-        require(space != std::string::npos, errc::invalid_argument, "tokenizer.json: merge '" + s + "' has no space");
-        c.merges.emplace_back(s.substr(0, space), s.substr(space + 1));
+        c.merges.push_back(split_merge(m.get<std::string>()));
       } else {
         c.merges.emplace_back(m.at(0).get<std::string>(), m.at(1).get<std::string>());
       }

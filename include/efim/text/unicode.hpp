@@ -71,10 +71,11 @@ class regex {
     re_.reset(re);
   }
 
-  // Calls f(begin, end) for each non-overlapping match in `s`, left to right (byte offsets).
+  // Calls f(begin, end) for each non-overlapping match in `s`, left to right (byte offsets). `f` may
+  // search again (the region is read before each call and refilled after it).
   template <class F>
   void for_each_match(std::string_view s, F&& f) const {
-    std::unique_ptr<OnigRegion, region_free> region(onig_region_new());
+    thread_local const std::unique_ptr<OnigRegion, region_free> region(onig_region_new());
     const auto* begin = reinterpret_cast<const OnigUChar*>(s.data());
     const auto* end = begin + s.size();
     std::size_t at = 0;
