@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -64,6 +65,89 @@ void bench_matmul(thread_pool& pool, std::size_t m, std::size_t n, std::size_t k
   char name[64];
   std::snprintf(name, sizeof name, "matmul %zux%zux%zu", m, n, k);
   report(name, tr, tk, 2.0 * static_cast<double>(m * n * k) / 1e9, "GFLOP/s", max_relative_error(got, want));
+}
+
+// A weight matrix in `type` from random values (64 distinct rows, repeated, so that the output layer
+// is quick to make), in `copies` copies: a decode run cycles through them, so its weights come from
+// memory as in a real model rather than from a cache that holds one small matrix.
+struct bench_weights {
+  dtype type;
+  std::size_t rows, cols, row_bytes, copies;
+  std::vector<std::byte> bytes;
+  [[nodiscard]] kernels::weight_view view(std::size_t copy) const {
+    return {type, rows, cols, bytes.data() + copy * rows * row_bytes};
+  }
+};
+
+bench_weights make_bench_weights(rng& r, dtype type, std::size_t rows, std::size_t cols, std::size_t min_bytes) {
+  bench_weights w{type, rows, cols, row_bytes(type, cols), 1, {}};
+  const std::size_t matrix = rows * w.row_bytes;
+  w.copies = std::max<std::size_t>(1, (min_bytes + matrix - 1) / matrix);
+  std::vector<std::byte> distinct(64 * w.row_bytes);
+  for (std::size_t j = 0; j < 64; ++j) {
+    const auto v = random_vector(r, cols);
+    quantize_row(type, v.data(), distinct.data() + j * w.row_bytes, cols);
+  }
+  w.bytes.resize(w.copies * matrix);
+  for (std::size_t j = 0; j < w.copies * rows; ++j)
+    std::memcpy(w.bytes.data() + j * w.row_bytes, distinct.data() + (j % 64) * w.row_bytes, w.row_bytes);
+  return w;
+}
+
+struct prefill_total {
+  double macs = 0, seconds = 0;
+};
+
+// y (m, rows) = x * dequantize(w)^T against the plain loop (dequantize a row, then a float sum per x
+// row, 1 thread), checked before timing: relative error against the plain loop, and bit equality
+// with the canonical detail::dot on a sample of rows. Prints GMAC/s, and GB/s of weights for decode.
+void bench_typed_matmul(thread_pool& pool, dtype type, std::size_t m, std::size_t rows, std::size_t cols,
+                        prefill_total* total = nullptr) {
+  rng r(4);
+  const bool decode = m <= 8;
+  const auto w = make_bench_weights(r, type, rows, cols, decode ? std::size_t{128} << 20 : 0);
+  const auto x = random_vector(r, m * cols);
+  std::vector<float> want(m * rows), got(m * rows), row(cols);
+  const auto reference = [&] {
+    const auto v = w.view(0);
+    for (std::size_t j = 0; j < rows; ++j) {
+      dequantize_row(type, v.data + j * w.row_bytes, row.data(), cols);
+      for (std::size_t i = 0; i < m; ++i) {
+        float s = 0;
+        for (std::size_t k = 0; k < cols; ++k) s += x[i * cols + k] * row[k];
+        want[i * rows + j] = s;
+      }
+    }
+  };
+  std::size_t copy = 0;
+  const auto kernel = [&] {
+    kernels::matmul(pool, x.data(), w.view(copy), got.data(), m);
+    copy = (copy + 1) % w.copies;
+  };
+  reference();
+  kernel();
+  std::size_t differ = 0;
+  for (std::size_t j = 0; j < rows; j += std::max<std::size_t>(1, rows / 64)) {
+    dequantize_row(type, w.view(0).data + j * w.row_bytes, row.data(), cols);
+    for (std::size_t i = 0; i < m; ++i)
+      differ += kernels::detail::dot(x.data() + i * cols, row.data(), cols) != got[i * rows + j];
+  }
+  const float error = max_relative_error(got, want);
+  const double tr = seconds_per_call(reference, 0.2), tk = seconds_per_call(kernel);
+  const double macs = static_cast<double>(m) * static_cast<double>(rows) * static_cast<double>(cols);
+  char name[64];
+  std::snprintf(name, sizeof name, "matmul %-4s %zux%zux%zu", std::string(to_string(type)).c_str(), m, rows, cols);
+  std::printf("%-34s reference %10.2f GMAC/s   host %10.2f GMAC/s   ratio %6.2fx   max rel err %.1e   %s", name,
+              macs / tr / 1e9, macs / tk / 1e9, tr / tk, static_cast<double>(error),
+              differ == 0 ? "canonical" : "NOT CANONICAL");
+  if (decode)
+    std::printf("   %6.1f GB/s of weights%s", static_cast<double>(rows * w.row_bytes) / tk / 1e9,
+                w.copies > 1 ? "" : " (one copy)");
+  std::printf("\n");
+  if (total) {
+    total->macs += macs;
+    total->seconds += tk;
+  }
 }
 
 // Queries at positions [first, first + queries) of one sequence (prefill), or one query in each of
@@ -159,17 +243,44 @@ void bench_model(thread_pool& pool) {
       c.hidden, c.layers, prompt, chunk, static_cast<double>(prompt) / tp, prompt, static_cast<double>(decode) / td);
 }
 
+// Typed matmul at the shapes of a Qwen2-like model (hidden 768, 12 heads / 2 KV heads, FFN 2048,
+// vocabulary 151936): prefill of 512 tokens, and decode.
+void bench_typed(thread_pool& pool) {
+  struct shape {
+    std::size_t rows, cols;
+  };
+  for (const dtype t : all_dtypes) {
+    prefill_total total;
+    for (const auto [rows, cols] : {shape{768, 768}, shape{128, 768}, shape{2048, 768}, shape{768, 2048}})
+      bench_typed_matmul(pool, t, 512, rows, cols, &total);
+    std::printf("matmul %-4s prefill m=512, 4 shapes   host %10.2f GMAC/s in all\n", std::string(to_string(t)).c_str(),
+                total.macs / total.seconds / 1e9);
+    for (const auto [rows, cols] : {shape{2048, 768}, shape{768, 2048}, shape{151936, 768}})
+      bench_typed_matmul(pool, t, 1, rows, cols);
+    bench_typed_matmul(pool, t, 4, 2048, 768);
+  }
+}
+
 }  // namespace
 
+// Arguments: threads (0: one per hardware thread), then optionally which sections to run (a string
+// naming any of: matmul, typed, attention, model).
 int main(int argc, char** argv) {
   const std::size_t threads = argc > 1 ? static_cast<std::size_t>(std::stoul(argv[1])) : 0;
+  const std::string only = argc > 2 ? argv[2] : "matmul typed attention model";
+  const auto run = [&](const char* section) { return only.find(section) != std::string::npos; };
   thread_pool pool(threads);
   std::printf("efim kernel lab, %zu threads (reference: plain loops, 1 thread)\n", pool.size());
-  bench_matmul(pool, 512, 384, 128);
-  bench_matmul(pool, 512, 128, 384);
-  bench_matmul(pool, 16, 384, 128);
-  bench_attention(pool, true, 512, 1536);
-  bench_attention(pool, false, 16, 2048);
-  bench_model(pool);
+  if (run("matmul")) {
+    bench_matmul(pool, 512, 384, 128);
+    bench_matmul(pool, 512, 128, 384);
+    bench_matmul(pool, 16, 384, 128);
+  }
+  if (run("typed")) bench_typed(pool);
+  if (run("attention")) {
+    bench_attention(pool, true, 512, 1536);
+    bench_attention(pool, false, 16, 2048);
+  }
+  if (run("model")) bench_model(pool);
   return 0;
 }

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "efim/efim.hpp"
+#include "efim/model/vocabulary.hpp"
 #include "tokenizer_choice.hpp"
 
 namespace fs = std::filesystem;
@@ -45,7 +46,10 @@ struct options {
   std::size_t block_size = 16;
   std::size_t cache_blocks = 8192;
   std::size_t batch_tokens = 512;
-  efim::model::config model;
+  efim::model::config model = efim::model::for_architecture(efim::model::architecture::qwen2);
+  std::string model_path;
+  efim::dtype weight_type = efim::dtype::f16;
+  efim::dtype kv_type = efim::dtype::f32;
   std::uint64_t seed = 42;
   bool progress = true;
 };
@@ -69,11 +73,15 @@ engine
   --block-size N          tokens per KV block (16)
   --cache-blocks N        KV blocks in the cache (8192)
   --batch-tokens N        tokens computed per engine step (512)
-model (random weights, Llama architecture)
+model
+  --model FILE            a GGUF model file (its weights and its tokenizer, which needs FIM tokens)
+  --kv TYPE               KV cache elements: f32 or f16 (f32)
+without --model, a random-weight Qwen2-architecture model made in memory, as efim-model make does:
   --tokenizer PATH|byte   a tokenizer.json or .gguf vocabulary with FIM tokens, or the byte-level one
                           (default: the Qwen2.5-Coder tokenizer.json that .ci/setup fetches, or the
                           byte-level tokenizer with Qwen2.5-Coder FIM tokens when it is not there)
-  --hidden N --layers N --heads N --kv-heads N --ffn N --seed S
+  --hidden N --layers N --heads N --kv-heads N --ffn N --seed S   (128, 4, 4, 2, 384, 42)
+  --type T                matrix type: f32, f16, bf16, q8_0, q4_0 (f16)
 output
   --json FILE             write the results as JSON
   --quiet                 no progress on stderr
@@ -104,7 +112,9 @@ options parse(int argc, char** argv) {
   o.model.heads = 4;
   o.model.kv_heads = 2;
   o.model.ffn = 384;
-  o.model.max_context = 8192;
+  o.model.max_context = 32768;
+  o.model.rope_theta = 1e6;
+  o.model.norm_eps = 1e-6f;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--help" || flag == "-h") {
@@ -165,6 +175,14 @@ options parse(int argc, char** argv) {
       o.model.ffn = parse_count(flag, v);
     } else if (flag == "--seed") {
       o.seed = parse_count(flag, v, 0);
+    } else if (flag == "--model") {
+      o.model_path = v;
+    } else if (flag == "--type" || flag == "--kv") {
+      try {
+        (flag == "--type" ? o.weight_type : o.kv_type) = efim::parse_dtype(v);
+      } catch (const efim::error& e) {
+        fail(flag + ": " + e.what());
+      }
     } else {
       fail("unknown option " + flag + " (see --help)");
     }
@@ -361,6 +379,7 @@ scheme_result run_scheme(const std::string& name, bool reuse, const options& o, 
   po.threads = o.threads;
   po.session.reanchor_bytes = std::string::npos;  // the workload never re-anchors
   po.fim = fim;
+  po.kv_type = o.kv_type;
   bench_pipeline<Format, Tokenizer> p(tok, w, po);
 
   std::vector<std::vector<round_request>> work;
@@ -419,16 +438,19 @@ std::string fixed(double v, int digits) {
 }
 
 // Prints the table and the ratios, and writes the JSON.
-void report(const options& o, const efim::model::config& cfg, const std::string& tokenizer_name,
+void report(const options& o, const efim::model::weights& weights, const std::string& tokenizer_name,
             const std::vector<document>& docs, const std::vector<scheme_result>& results) {
+  const auto& cfg = weights.cfg;
   json out;
-  out["model"] = {{"architecture", cfg.architecture},
+  out["model"] = {{"architecture", std::string(efim::model::to_string(cfg.arch))},
                   {"vocab", cfg.vocab},
                   {"hidden", cfg.hidden},
                   {"layers", cfg.layers},
                   {"heads", cfg.heads},
                   {"kv_heads", cfg.kv_heads},
                   {"ffn", cfg.ffn},
+                  {"weights", std::string(efim::to_string(weights.type()))},
+                  {"file", o.model_path.empty() ? std::string("(random, made in memory)") : o.model_path},
                   {"seed", o.seed},
                   {"tokenizer", tokenizer_name}};
   json doc_list = json::array();
@@ -441,7 +463,8 @@ void report(const options& o, const efim::model::config& cfg, const std::string&
   out["engine"] = {{"threads", o.threads == 0 ? std::thread::hardware_concurrency() : o.threads},
                    {"block_size", o.block_size},
                    {"cache_blocks", o.cache_blocks},
-                   {"batch_tokens", o.batch_tokens}};
+                   {"batch_tokens", o.batch_tokens},
+                   {"kv", std::string(efim::to_string(o.kv_type))}};
   json schemes = json::object();
   for (const auto& r : results) schemes[r.name] = summarize(r);
   out["schemes"] = schemes;
@@ -476,17 +499,17 @@ void report(const options& o, const efim::model::config& cfg, const std::string&
   }
 }
 
-// Runs the workload with one tokenizer; `fim` is its FIM token set.
+// Runs the workload with one tokenizer and model; `fim` is the tokenizer's FIM token set.
 template <class Tokenizer>
 int run_bench(const options& o, const Tokenizer& tok, const efim::prompt::fim_token_set& fim,
-              const std::string& tokenizer_name) {
-  auto cfg = o.model;
-  cfg.vocab = tok.vocab_size();
-  const auto weights = efim::model::random_weights(cfg, o.seed);
+              const std::string& tokenizer_name, const efim::model::weights& weights) {
+  const auto& cfg = weights.cfg;
   const auto docs = load_corpus(o, tok);
-  std::cerr << "efim-bench: tokenizer " << tokenizer_name << "; model " << cfg.architecture << " hidden " << cfg.hidden
-            << ", " << cfg.layers << " layers, " << cfg.heads << "/" << cfg.kv_heads << " heads, ffn " << cfg.ffn
-            << "; " << docs.size() << " documents, " << o.users << " users, " << o.rounds << " rounds\n";
+  std::cerr << "efim-bench: tokenizer " << tokenizer_name << "; model " << efim::model::to_string(cfg.arch)
+            << " hidden " << cfg.hidden << ", " << cfg.layers << " layers, " << cfg.heads << "/" << cfg.kv_heads
+            << " heads, ffn " << cfg.ffn << ", " << efim::to_string(weights.type()) << " weights, "
+            << efim::to_string(o.kv_type) << " KV; " << docs.size() << " documents, " << o.users << " users, "
+            << o.rounds << " rounds\n";
 
   std::vector<scheme_result> results;
   for (const auto& s : o.schemes) {
@@ -496,8 +519,42 @@ int run_bench(const options& o, const Tokenizer& tok, const efim::prompt::fim_to
     if (s == "spm") results.push_back(run_scheme<efim::prompt::spm>(s, true, o, tok, fim, weights, docs));
   }
 
-  report(o, cfg, tokenizer_name, docs, results);
+  report(o, weights, tokenizer_name, docs, results);
   return 0;
+}
+
+// The model file of --model, with its own tokenizer.
+int bench_model_file(const options& o) {
+  const auto file = efim::model::open_model(o.model_path);
+  const auto weights = file.bind();
+  const auto tok = efim::text::load_bpe_gguf(file.meta);
+  const auto* fim = efim::prompt::detect_token_set(tok);
+  efim::require(fim != nullptr, efim::errc::invalid_argument,
+                "the tokenizer of '" + o.model_path + "' has no FIM tokens of a known family");
+  return run_bench(o, tok, *fim, tok.description() + " from " + o.model_path, weights);
+}
+
+// A random-weight model made in memory the way efim-model make writes files, with the tokenizer's
+// metadata when the tokenizer comes from a file (Qwen's padded to its 151,936 embedding rows).
+int bench_random_model(const options& o) {
+  std::string tokenizer = o.tokenizer;
+  if (tokenizer.empty() && std::filesystem::exists(EFIM_DEFAULT_TOKENIZER)) tokenizer = EFIM_DEFAULT_TOKENIZER;
+  return efim_examples::with_tokenizer(
+      o.tokenizer, EFIM_DEFAULT_TOKENIZER, "efim-bench",
+      [&](const auto& tok, const auto& fim, const std::string& name) {
+        auto cfg = o.model;
+        efim::model::metadata vocab;
+        if (!tokenizer.empty() && tokenizer != "byte") {
+          vocab = efim::model::vocabulary_metadata(tokenizer, fim.family == efim::prompt::qwen25_coder.family ? 151936 : 0);
+          cfg.vocab = std::get<std::vector<std::string>>(
+                          std::get<efim::gguf::array_value>(vocab.at("tokenizer.ggml.tokens").v).items)
+                          .size();
+        } else {
+          cfg.vocab = tok.vocab_size();
+        }
+        const auto file = efim::model::open_model(efim::model::random_model(cfg, o.seed, {o.weight_type}, vocab, o.threads));
+        return run_bench(o, tok, fim, name, file.bind());
+      });
 }
 
 }  // namespace
@@ -505,9 +562,7 @@ int run_bench(const options& o, const Tokenizer& tok, const efim::prompt::fim_to
 int main(int argc, char** argv) {
   const options o = parse(argc, argv);
   try {
-    return efim_examples::with_tokenizer(
-        o.tokenizer, EFIM_DEFAULT_TOKENIZER, "efim-bench",
-        [&](const auto& tok, const auto& fim, const std::string& name) { return run_bench(o, tok, fim, name); });
+    return o.model_path.empty() ? bench_random_model(o) : bench_model_file(o);
   } catch (const efim::error& e) {
     fail(e.what());
   }

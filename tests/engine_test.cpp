@@ -14,6 +14,7 @@
 #include "efim/core/random.hpp"
 #include "efim/engine/async_runner.hpp"
 #include "efim/engine/pipeline.hpp"
+#include "efim/model/gguf_model.hpp"
 #include "efim/kernels/host.hpp"
 #include "efim/prompt/formats.hpp"
 #include "efim/text/fragment.hpp"
@@ -193,15 +194,24 @@ TEST_CASE("seeded sampling is reproducible", "[engine][sampling]") {
 }
 
 TEST_CASE("generation stops at end-of-sequence unless told to ignore it", "[engine][eos]") {
-  auto w = small_weights();
   // Make <|endoftext|> the most likely token everywhere: a strong, always-positive feature 0 that
   // only the EOS output row reads.
   const auto tok = qwen_tokenizer();
   const auto eos = static_cast<std::size_t>(*tok.special_id(prompt::qwen25_coder.eos));
-  const std::size_t h = w.cfg.hidden;
-  for (std::size_t t = 0; t < w.cfg.vocab; ++t) w.token_embd[t * h] = 100.0f;
-  std::fill(w.output.begin(), w.output.end(), 0.0f);
-  w.output[eos * h] = 1.0f;
+  const auto cfg = small_weights().cfg;
+  const std::size_t h = cfg.hidden;
+  auto bytes = model::random_model(cfg, 21);
+  const auto f = gguf::parse(bytes);
+  for (const auto& t : f.tensors) {
+    auto* v = reinterpret_cast<float*>(bytes.data() + f.data_offset + t.offset);
+    if (t.name == "token_embd.weight")
+      for (std::size_t i = 0; i < cfg.vocab; ++i) v[i * h] = 100.0f;
+    if (t.name == "output.weight") {
+      std::fill_n(v, cfg.vocab * h, 0.0f);
+      v[eos * h] = 1.0f;
+    }
+  }
+  const auto w = model::open_model(std::move(bytes)).bind(cfg);
   efim_pipeline p(tok, w, options());
   const auto stopped = complete(p, make_request("x = ", "\n", 8));
   CHECK(stopped.reason == engine::finish_reason::eos);

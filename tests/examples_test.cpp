@@ -397,3 +397,149 @@ TEST_CASE("efim-fragment: fragment tokenization with a real tokenizer, and bad i
   expect_failure("--input " + (dir.path / "docs.jsonl").string() + out + " --fragment-rate 2", "--fragment-rate needs");
   expect_failure("--input " + (dir.path / "docs.jsonl").string() + out + " --psm 0 --spm 0 --efim 0", "all zero");
 }
+
+namespace {
+run_result model_tool(const std::string& args) { return run_program(EFIM_MODEL_PATH, args); }
+run_result cli(const std::string& args) { return run_program(EFIM_CLI_PATH, args); }
+
+std::string file_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+std::vector<efim::token_id> parse_ids(const std::string& text) {
+  std::vector<efim::token_id> ids;
+  std::istringstream in(text);
+  for (long v; in >> v;) ids.push_back(static_cast<efim::token_id>(v));
+  return ids;
+}
+}  // namespace
+
+TEST_CASE("efim-model makes deterministic models of each architecture that load and describe themselves",
+          "[examples][model]") {
+  temp_dir dir("model-make");
+  const fs::path vocab = fs::path(EFIM_SHARED_DATA) / "vocab" / "ggml-vocab-starcoder.gguf";
+  const bool have_vocab = fs::exists(vocab);
+  if (!have_vocab) WARN("the vocabulary part is skipped: no " << vocab.string());
+  for (const std::string arch : {"llama", "qwen2", "starcoder2"}) {
+    const std::string shape = " --arch " + arch + " --hidden 64 --layers 2 --heads 4 --kv-heads 2 --ffn 96 --context 256";
+    const std::string tokenizer = arch == "starcoder2" && have_vocab ? " --tokenizer " + vocab.string()
+                                                                     : " --tokenizer none --vocab 300";
+    const auto a = (dir.path / (arch + "-a.gguf")).string(), b = (dir.path / (arch + "-b.gguf")).string(),
+               c = (dir.path / (arch + "-c.gguf")).string();
+    for (const auto& [out, seed] : {std::pair{a, "7"}, {b, "7"}, {c, "8"}}) {
+      const auto r = model_tool("make" + shape + tokenizer + " --type q8_0 --seed " + seed + " --threads 2 " + out);
+      INFO(r.output);
+      REQUIRE(r.exit_code == 0);
+    }
+    CHECK(file_bytes(a) == file_bytes(b));
+    CHECK(file_bytes(a) != file_bytes(c));
+    const auto info = model_tool("info --json " + a);
+    INFO(info.output);
+    REQUIRE(info.exit_code == 0);
+    const auto j = nlohmann::json::parse(info.output);
+    CHECK(j["config"]["architecture"] == arch);
+    CHECK(j["config"]["hidden"] == 64);
+    CHECK(j["config"]["layers"] == 2);
+    CHECK(j["config"]["context"] == 256);
+    CHECK(j["tensors"]["q8_0"]["tensors"].get<int>() > 0);
+    CHECK(j["metadata"]["general.architecture"] == arch);
+    const auto w = efim::model::open_model(a).bind();
+    CHECK(w.cfg.arch == efim::model::parse_architecture(arch));
+    CHECK(w.type() == efim::dtype::q8_0);
+    if (arch == "starcoder2" && have_vocab) {
+      CHECK(w.cfg.vocab == 49152);
+      CHECK(j["metadata"]["tokenizer.ggml.fim_pre_token_id"] == "1");
+      CHECK(model_tool("info " + a).output.find("starcoder2") != std::string::npos);
+    }
+  }
+  const auto expect_failure = [&](const std::string& args, const std::string& says) {
+    const auto r = model_tool(args);
+    INFO(args << "\n" << r.output);
+    CHECK(r.exit_code != 0);
+    CHECK(r.output.find(says) != std::string::npos);
+  };
+  const auto out = (dir.path / "x.gguf").string();
+  expect_failure("make --arch gpt2 --tokenizer none --vocab 10 " + out, "'gpt2' is not supported");
+  expect_failure("make --type q5_k --tokenizer none --vocab 10 " + out, "unknown tensor type 'q5_k'");
+  expect_failure("make --hidden 48 --heads 4 --ffn 64 --type q8_0 --tokenizer none --vocab 10 " + out,
+                 "not a whole number of q8_0 blocks");
+  expect_failure("make --tokenizer none " + out, "--vocab N is needed");
+  expect_failure("make --hidden x " + out, "--hidden needs a number");
+  expect_failure("make --bogus 1 " + out, "unknown option --bogus");
+  expect_failure("info " + (dir.path / "missing.gguf").string(), "cannot open");
+  std::ofstream(dir.path / "junk.gguf") << "GGUF but not really";
+  expect_failure("info " + (dir.path / "junk.gguf").string(), "gguf:");
+  CHECK(!fs::exists(out));
+  CHECK(model_tool("--help").output.find("usage: efim-model") != std::string::npos);
+}
+
+TEST_CASE("efim-cli completes a prompt as the reference decoder does", "[examples][cli]") {
+  temp_dir dir("cli");
+  const fs::path vocab = fs::path(EFIM_SHARED_DATA) / "vocab" / "ggml-vocab-qwen2.5-coder.gguf";
+  if (!fs::exists(vocab)) {
+    WARN("skipped: no " << vocab.string());
+    return;
+  }
+  const auto path = (dir.path / "qwen.gguf").string();
+  REQUIRE(model_tool("make --arch qwen2 --hidden 64 --layers 2 --heads 4 --kv-heads 2 --ffn 96 --type f16 --tokenizer " +
+                     vocab.string() + " " + path)
+              .exit_code == 0);
+  const std::string prompt = "<|fim_prefix|>def add(a, b):\n    return <|fim_suffix|>\n<|fim_middle|>";
+  const auto r = cli("complete --model " + path + " --prompt '" + prompt + "' --n-predict 12 --ids --ignore-eos");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const auto got = parse_ids(r.output);
+  REQUIRE(got.size() == 12);
+
+  // The same greedy tokens from the reference decoder, with the special tokens parsed.
+  const auto file = efim::model::open_model(path);
+  const auto w = file.bind();
+  const auto tok = efim::text::load_bpe_gguf(file.meta);
+  std::vector<efim::token_id> ids;
+  tok.encode_special(prompt, ids);
+  CHECK(ids.front() == *tok.special_id("<|fim_prefix|>"));
+  efim::model::reference_model ref(w);
+  auto logits = ref.forward(ids);
+  std::vector<efim::token_id> want;
+  while (want.size() < 12) {
+    want.push_back(efim::kernels::argmax(std::span(logits).last(w.cfg.vocab).first(tok.vocab_size())));
+    logits = ref.forward(std::span(&want.back(), 1));
+  }
+  CHECK(got == want);
+
+  // Text output is the decoded ids; sampling is reproducible for a seed.
+  const auto text = cli("complete --model " + path + " --prompt '" + prompt + "' --n-predict 12 --ignore-eos");
+  CHECK(text.output == tok.decode(want));
+  const auto sample = [&](const std::string& seed) {
+    return cli("complete --model " + path + " --prompt 'x = ' --n-predict 10 --ids --ignore-eos --temperature 0.8 "
+               "--top-k 50 --seed " + seed).output;
+  };
+  CHECK(sample("3") == sample("3"));
+  CHECK(sample("3") != sample("4"));
+
+  const auto expect_failure = [&](const std::string& args, const std::string& says) {
+    const auto f = cli(args);
+    INFO(args << "\n" << f.output);
+    CHECK(f.exit_code != 0);
+    CHECK(f.output.find(says) != std::string::npos);
+  };
+  expect_failure("complete --prompt x", "--model FILE is required");
+  expect_failure("complete --model " + path, "--prompt TEXT or --prompt-file FILE is required");
+  expect_failure("complete --model " + (dir.path / "none.gguf").string() + " --prompt x", "cannot open");
+  expect_failure("complete --model " + path + " --prompt x --n-predict 100000", "exceed the model context");
+  expect_failure("complete --model " + path + " --prompt x --temperature -1", "--temperature must be");
+  std::ofstream(dir.path / "bad.txt") << "ok \xFF";
+  expect_failure("complete --model " + path + " --prompt-file " + (dir.path / "bad.txt").string(), "UTF-8");
+  expect_failure("complete --model " + path + " --prompt-file " + (dir.path / "none.txt").string(), "cannot open");
+  expect_failure("generate", "unknown command");
+
+  // efim-bench runs on the same file, with its tokenizer.
+  temp_dir corpus("cli-corpus");
+  write_source(corpus.path / "a.py", 1500, 1);
+  const auto bench = run("--model " + path + " --corpus " + corpus.path.string() +
+                         " --users 1 --rounds 2 --output-tokens 2 --min-doc-tokens 100 --quiet");
+  INFO(bench.output);
+  CHECK(bench.exit_code == 0);
+  CHECK(bench.output.find("efim/psm") != std::string::npos);
+}

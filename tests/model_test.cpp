@@ -1,15 +1,26 @@
 // kv/, kernels/ and model/: the host backend against plain references.
 #include <algorithm>
+#include <bit>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
+#include <cstring>
+#include <filesystem>
 #include <cmath>
 #include <numeric>
+#include <set>
+#include <span>
+#include <string>
 #include <vector>
 
+#include "efim/core/dtype.hpp"
 #include "efim/core/error.hpp"
+#include "efim/core/gguf.hpp"
 #include "efim/core/random.hpp"
 #include "efim/core/thread_pool.hpp"
 #include "efim/kernels/host.hpp"
 #include "efim/kv/host_storage.hpp"
+#include "efim/model/gguf_model.hpp"
 #include "efim/model/reference.hpp"
 #include "efim/model/transformer.hpp"
 
@@ -67,6 +78,42 @@ std::vector<std::vector<float>> run_chunks(model::transformer<kernels::host>& m,
   return out;
 }
 
+// A weight matrix in `type` (random normal values through the reference quantizer) and its rows
+// dequantized by the reference.
+struct typed_weights {
+  std::vector<std::byte> bytes;
+  std::vector<float> dequantized;
+  kernels::weight_view view;
+};
+
+typed_weights make_weights(rng& r, dtype type, std::size_t rows, std::size_t cols) {
+  typed_weights w;
+  const std::size_t rb = row_bytes(type, cols);
+  w.bytes.resize(rows * rb);
+  w.dequantized.resize(rows * cols);
+  for (std::size_t j = 0; j < rows; ++j) {
+    auto row = random_vector(r, cols);
+    quantize_row(type, row.data(), w.bytes.data() + j * rb, cols);
+    dequantize_row(type, w.bytes.data() + j * rb, w.dequantized.data() + j * cols, cols);
+  }
+  w.view = {type, rows, cols, w.bytes.data()};
+  return w;
+}
+
+// Elements of y (m, rows) that differ in any bit from detail::dot of the x row and the dequantized
+// weight row: the kernel's contract.
+std::size_t non_canonical(const std::vector<float>& x, const typed_weights& w, const std::vector<float>& y,
+                          std::size_t m) {
+  const std::size_t rows = w.view.rows, cols = w.view.cols;
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < m; ++i)
+    for (std::size_t j = 0; j < rows; ++j) {
+      const float want = kernels::detail::dot(x.data() + i * cols, w.dequantized.data() + j * cols, cols);
+      differ += std::bit_cast<std::uint32_t>(want) != std::bit_cast<std::uint32_t>(y[i * rows + j]);
+    }
+  return differ;
+}
+
 std::vector<float> reference_row(const std::vector<float>& all, std::size_t row, std::size_t vocab) {
   return {all.begin() + static_cast<std::ptrdiff_t>(row * vocab),
           all.begin() + static_cast<std::ptrdiff_t>((row + 1) * vocab)};
@@ -102,6 +149,150 @@ TEST_CASE("matmul equals the plain triple loop, and a row never depends on the b
     kernels::matmul(pool, x.data(), w.data(), acc.data(), m, n, k, kernels::accumulate::yes);
     for (std::size_t i = 0; i < y.size(); ++i) CHECK(acc[i] == y[i] + y[i]);
   }
+}
+
+// Shapes for each element type: columns not a multiple of 16 where the type allows, rows not a
+// multiple of any tile, the 768 columns of the real models, rows a multiple of 2 KiB long (their own
+// decode tile) and rows long enough to go in column ranges.
+std::vector<std::pair<std::size_t, std::size_t>> typed_shapes(dtype t) {
+  if (info(t).block == 32) return {{1, 32}, {7, 64}, {33, 96}, {50, 160}, {19, 768}, {9, 1024}, {5, 2080}};
+  return {{1, 1}, {7, 17}, {33, 100}, {50, 64}, {19, 768}, {17, 1024}, {5, 2065}};
+}
+
+TEST_CASE("typed matmul: every element is the canonical dot of the dequantized row, bit for bit", "[kernels][matmul]") {
+  thread_pool one(1), two(2), three(3);
+  rng r(11);
+  for (const dtype t : all_dtypes)
+    for (const auto& [rows, cols] : typed_shapes(t)) {
+      const auto w = make_weights(r, t, rows, cols);
+      for (const std::size_t m : {1, 2, 3, 4, 5, 7, 8, 9, 17, 64}) {
+        INFO(to_string(t) << " m " << m << " rows " << rows << " cols " << cols);
+        const auto x = random_vector(r, m * cols);
+        for (thread_pool* pool : {&one, &two, &three}) {
+          INFO("threads " << pool->size());
+          std::vector<float> y(m * rows, std::nanf(""));
+          kernels::matmul(*pool, x.data(), w.view, y.data(), m);
+          CHECK(non_canonical(x, w, y, m) == 0);
+        }
+      }
+    }
+}
+
+TEST_CASE("typed matmul is canonical on raw bit patterns: subnormal and negative scales, signed zeros",
+          "[kernels][matmul]") {
+  thread_pool pool(2);
+  rng r(14);
+  for (const dtype t : all_dtypes)
+    for (const std::size_t m : {1, 3, 12}) {
+      INFO(to_string(t) << " m " << m);
+      const std::size_t rows = 21, cols = info(t).block == 32 ? 128 : 144;
+      typed_weights w;
+      w.bytes.resize(rows * row_bytes(t, cols));
+      for (auto& b : w.bytes) b = static_cast<std::byte>(r.below(256));
+      // Finite values only (NaN payloads are not part of the contract): clear the top exponent bit of
+      // each element (f32, f16, bf16) or scale (q8_0, q4_0), bit 6 of its last byte; any other
+      // pattern may occur.
+      const std::size_t stride = t == dtype::f32 ? 4 : info(t).block == 32 ? info(t).bytes : 2;
+      const std::size_t last = t == dtype::f32 ? 3 : 1;
+      for (std::size_t e = 0; e < w.bytes.size(); e += stride) w.bytes[e + last] &= std::byte{0xbf};
+      w.dequantized.resize(rows * cols);
+      for (std::size_t j = 0; j < rows; ++j)
+        dequantize_row(t, w.bytes.data() + j * row_bytes(t, cols), w.dequantized.data() + j * cols, cols);
+      w.view = {t, rows, cols, w.bytes.data()};
+      auto x = random_vector(r, m * cols);
+      for (std::size_t e = 0; e < x.size(); e += 5) x[e] = e % 2 ? -0.0f : 0.0f;
+      std::vector<float> y(m * rows);
+      kernels::matmul(pool, x.data(), w.view, y.data(), m);
+      CHECK(non_canonical(x, w, y, m) == 0);
+    }
+}
+
+TEST_CASE("typed matmul matches a double-precision triple loop, and accumulates", "[kernels][matmul]") {
+  thread_pool pool(2);
+  rng r(12);
+  for (const dtype t : all_dtypes)
+    for (const auto& [rows, cols] : typed_shapes(t))
+      for (const std::size_t m : {1, 5, 17}) {
+        INFO(to_string(t) << " m " << m << " rows " << rows << " cols " << cols);
+        const auto w = make_weights(r, t, rows, cols);
+        const auto x = random_vector(r, m * cols);
+        std::vector<float> want(m * rows);
+        for (std::size_t i = 0; i < m; ++i)
+          for (std::size_t j = 0; j < rows; ++j) {
+            double s = 0;
+            for (std::size_t k = 0; k < cols; ++k)
+              s += static_cast<double>(x[i * cols + k]) * w.dequantized[j * cols + k];
+            want[i * rows + j] = static_cast<float>(s);
+          }
+        std::vector<float> y(m * rows);
+        kernels::matmul(pool, x.data(), w.view, y.data(), m);
+        CHECK(max_relative_error(y, want) < 1e-5f);
+        // accumulate::yes adds the same products onto what is there: y0 + (x w^T), rounded once more.
+        const auto y0 = random_vector(r, m * rows);
+        auto sum = y0;
+        kernels::matmul(pool, x.data(), w.view, sum.data(), m, kernels::accumulate::yes);
+        std::size_t differ = 0;
+        for (std::size_t e = 0; e < sum.size(); ++e) differ += sum[e] != y0[e] + y[e];
+        CHECK(differ == 0);
+      }
+}
+
+// The contract fixes every rounding, so any build with FMA instructions (AVX-512, AVX2 + FMA, ...)
+// gives these bits; a build without FMA rounds each product separately and gives other, also fixed,
+// bits. The inputs involve no rounding a compiler could fuse away, so they are the same everywhere.
+// (Checked by running this suite built with -march=native, with -mavx2 -mfma -mf16c, and without.)
+TEST_CASE("typed matmul gives the same bits on every instruction set", "[kernels][matmul]") {
+  thread_pool pool(2);
+  rng r(13);
+  const auto value = [&] { return static_cast<float>(r.uniform() * 2.0 - 1.0); };
+  std::uint64_t hash = 0xcbf29ce484222325ull;  // FNV-1a over the outputs' bits
+  for (const dtype t : all_dtypes) {
+    const std::size_t rows = 37, cols = info(t).block == 32 ? 96 : 100;
+    const std::size_t rb = row_bytes(t, cols);
+    std::vector<std::byte> bytes(rows * rb);
+    for (std::size_t j = 0; j < rows; ++j) {
+      std::byte* row = bytes.data() + j * rb;
+      for (std::size_t e = 0; e < cols; ++e) {
+        const float v = value();
+        if (t == dtype::f32) std::memcpy(row + 4 * e, &v, 4);
+        if (t == dtype::f16 || t == dtype::bf16) {
+          const std::uint16_t h = t == dtype::f16 ? f32_to_f16(v) : f32_to_bf16(v);
+          std::memcpy(row + 2 * e, &h, 2);
+        }
+      }
+      if (info(t).block == 32)  // raw blocks: a random f16 scale in [2^-10, 2^-9), random quants
+        for (std::size_t b = 0; b < cols / 32; ++b) {
+          std::byte* blk = row + b * info(t).bytes;
+          const std::uint16_t d = f32_to_f16(0x1p-10f * (1.0f + 0.5f * (value() + 1.0f)));
+          std::memcpy(blk, &d, 2);
+          for (std::size_t q = 2; q < info(t).bytes; ++q) blk[q] = static_cast<std::byte>(r.below(256));
+        }
+    }
+    const kernels::weight_view w{t, rows, cols, bytes.data()};
+    for (const std::size_t m : {1, 3, 8, 17}) {
+      std::vector<float> x(m * cols), y(m * rows);
+      for (auto& v : x) v = value();
+      kernels::matmul(pool, x.data(), w, y.data(), m);
+      for (const float v : y)
+        for (int shift = 0; shift < 32; shift += 8) {
+          hash ^= (std::bit_cast<std::uint32_t>(v) >> shift) & 0xffu;
+          hash *= 0x100000001b3ull;
+        }
+    }
+  }
+#if defined(__FMA__) || defined(__AVX512F__)
+  CHECK(hash == 0x4fe871bbbc6d1882ull);
+#else
+  CHECK(hash == 0x0d7c75be7d314343ull);
+#endif
+}
+
+TEST_CASE("typed matmul refuses rows that are not whole blocks", "[kernels][matmul]") {
+  thread_pool pool(1);
+  std::vector<std::byte> bytes(64);
+  std::vector<float> x(48), y(1);
+  CHECK_THROWS_AS(kernels::matmul(pool, x.data(), kernels::weight_view{dtype::q8_0, 1, 48, bytes.data()}, y.data(), 1),
+                  efim::error);
 }
 
 TEST_CASE("rmsnorm, rope and swiglu match their definitions", "[kernels]") {
@@ -222,8 +413,9 @@ TEST_CASE("paged attention equals dense attention for random block tables", "[ke
             want[(t * heads + h) * d + i] += static_cast<float>(p[j] / z * v[(j * kv_heads + g) * d + i]);
       }
 
-    const auto run = [&](const std::vector<block_id>& table) {
-      std::vector<float> kc(layout.elements()), vc(layout.elements()), out(len * heads * d);
+    const auto run = [&]<class E>(const std::vector<block_id>& table, E) {
+      std::vector<E> kc(layout.elements()), vc(layout.elements());
+      std::vector<float> out(len * heads * d);
       std::vector<kernels::token_slot> slots(len);
       for (std::size_t t = 0; t < len; ++t) slots[t] = {table, static_cast<position>(t)};
       kernels::kv_write(layout, kc.data(), vc.data(), k.data(), v.data(), slots);
@@ -232,12 +424,15 @@ TEST_CASE("paged attention equals dense attention for random block tables", "[ke
     };
     std::vector<block_id> identity(layout.blocks);
     std::iota(identity.begin(), identity.end(), block_id{0});
-    const auto in_order = run(identity);
+    const auto in_order = run(identity, 0.0f);
+    const auto in_order_f16 = run(identity, half{});
     CHECK(max_relative_error(in_order, want) < 1e-5f);
+    CHECK(max_relative_error(in_order_f16, want) < 3e-3f);  // K and V rounded to 11 significant bits
     for (int trial = 0; trial < 3; ++trial) {
       auto shuffled = identity;
       for (std::size_t i = shuffled.size(); i > 1; --i) std::swap(shuffled[i - 1], shuffled[r.below(i)]);
-      CHECK(run(shuffled) == in_order);  // bit-identical wherever the blocks lie
+      CHECK(run(shuffled, 0.0f) == in_order);  // bit-identical wherever the blocks lie
+      CHECK(run(shuffled, half{}) == in_order_f16);
     }
   }
 }
@@ -369,4 +564,326 @@ TEST_CASE("model input errors are reported, not crashed on", "[model]") {
   cfg.heads = 3;  // 64 is not a multiple of 3
   CHECK_THROWS_AS(model::random_weights(cfg, 1), efim::error);
   CHECK_THROWS_AS(kv::host_storage(1, kv::paged_layout{0, 1, 1, 1}), efim::error);
+}
+
+// ---- architectures, weight types, KV types, model files --------------------------------------------
+
+namespace {
+// A small model of each architecture; hidden and FFN are whole q8_0/q4_0 blocks.
+model::config arch_config(model::architecture a, std::size_t vocab = 300) {
+  auto c = model::for_architecture(a);
+  c.vocab = vocab;
+  c.hidden = 64;
+  c.layers = 2;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.ffn = 96;
+  c.max_context = 512;
+  c.rope_theta = a == model::architecture::llama ? 10000.0 : 1e6;
+  c.norm_eps = a == model::architecture::starcoder2 ? 1e-5f : 1e-6f;
+  return c;
+}
+
+constexpr model::architecture all_architectures[] = {model::architecture::llama, model::architecture::qwen2,
+                                                     model::architecture::starcoder2};
+
+std::string describe(const model::config& c, dtype weights, dtype kv) {
+  return std::string(model::to_string(c.arch)) + " weights " + std::string(to_string(weights)) + " kv " +
+         std::string(to_string(kv));
+}
+
+// The probability of the most likely token.
+float top_probability(const std::vector<float>& logits) {
+  const float top = *std::max_element(logits.begin(), logits.end());
+  double z = 0;
+  for (const float l : logits) z += std::exp(static_cast<double>(l - top));
+  return static_cast<float>(1.0 / z);
+}
+}  // namespace
+
+TEST_CASE("every architecture, weight type and KV type equals the reference decoder", "[model][arch]") {
+  thread_pool pool(2);
+  kernels::host::context ctx{pool};
+  rng r(40);
+  for (const auto arch : all_architectures)
+    for (const dtype wt : all_dtypes)
+      for (const dtype kvt : {dtype::f32, dtype::f16}) {
+        INFO(describe(arch_config(arch), wt, kvt));
+        const auto cfg = arch_config(arch);
+        const auto w = model::random_weights(cfg, 41, {wt, arch == model::architecture::qwen2});
+        CHECK(w.type() == wt);
+        model::transformer<kernels::host> m(w);
+        kv::host_storage kv(cfg.layers, m.kv_layout(8, 8), kvt);
+        const auto tokens = random_tokens(r, 30, cfg.vocab);
+        const std::vector<block_id> table{5, 1, 7, 0};
+        const auto want = model::reference_forward(w, tokens, kvt);
+        // Prefill 11, then token by token: logits at positions 10..29.
+        std::vector<std::size_t> chunks{11};
+        chunks.resize(20, 1);
+        const auto got = run_chunks(m, ctx, kv, tokens, table, chunks);
+        // With K/V stored in f16 both paths round them, and a last-bit difference before rounding can
+        // become one f16 step (5e-4) after it, so f16 KV gets a wider bound than f32 KV.
+        const float bound = kvt == dtype::f32 ? 1e-4f : 1e-3f;
+        for (std::size_t i = 0; i < got.size(); ++i)
+          CHECK(max_relative_error(got[i], reference_row(want, 10 + i, cfg.vocab)) < bound);
+        // Not degenerate: the most likely token is neither certain nor lost in a flat distribution.
+        const float p = top_probability(got.back());
+        CHECK(p > 2.0f / static_cast<float>(cfg.vocab));
+        CHECK(p < 0.99f);
+      }
+}
+
+TEST_CASE("cached, chunked and batched computation give the same bits for every architecture and type",
+          "[model][arch][cache]") {
+  thread_pool one(1), two(2);
+  kernels::host::context c1{one}, c2{two};
+  rng r(42);
+  for (const auto arch : all_architectures)
+    for (const dtype wt : {dtype::f32, dtype::f16, dtype::q8_0, dtype::q4_0})
+      for (const dtype kvt : {dtype::f32, dtype::f16}) {
+        INFO(describe(arch_config(arch), wt, kvt));
+        const auto cfg = arch_config(arch);
+        const auto w = model::random_weights(cfg, 43, {wt});
+        model::transformer<kernels::host> m(w);
+        const auto tokens = random_tokens(r, 45, cfg.vocab);
+        const auto other = random_tokens(r, 13, cfg.vocab);
+        // One shot, in one order of blocks, on one thread.
+        kv::host_storage kv_a(cfg.layers, m.kv_layout(16, 4), kvt);
+        const auto one_shot = run_chunks(m, c1, kv_a, tokens, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, {45});
+        // Chunked, blocks elsewhere, two threads, in a batch with another sequence.
+        kv::host_storage kv_b(cfg.layers, m.kv_layout(16, 4), kvt);
+        const std::vector<block_id> table{15, 3, 9, 12, 0, 7, 1, 14, 2, 8, 4, 6}, other_table{5, 10, 11, 13};
+        run_chunks(m, c2, kv_b, tokens, table, {16, 5, 3}, 0);  // positions 0..23
+        const std::span<const token_id> rest = std::span(tokens).subspan(24);
+        const model::batch_item items[] = {{other, 0, other_table, true}, {rest, 24, table, true}};
+        std::vector<float> logits;
+        m.forward(c2, kv_b, items, logits);
+        CHECK(std::equal(one_shot.back().begin(), one_shot.back().end(),
+                         logits.begin() + static_cast<std::ptrdiff_t>(cfg.vocab)));
+        // A cache hit: the first 20 positions (5 blocks) reused by a sequence that goes on differently.
+        auto second = std::vector<token_id>(tokens.begin(), tokens.begin() + 20);
+        second.insert(second.end(), other.begin(), other.end());
+        const std::vector<block_id> hit_table{15, 3, 9, 12, 0, 5, 10, 11, 13};
+        const auto reused = run_chunks(m, c2, kv_b, second, hit_table, {13}, 20);
+        kv::host_storage fresh(cfg.layers, m.kv_layout(16, 4), kvt);
+        const auto scratch = run_chunks(m, c1, fresh, second, {0, 1, 2, 3, 4, 5, 6, 7, 8}, {33});
+        CHECK(reused.back() == scratch.back());
+      }
+}
+
+TEST_CASE("greedy completions are reproducible and match the reference path", "[model][arch]") {
+  thread_pool pool(2);
+  kernels::host::context ctx{pool};
+  rng r(44);
+  for (const auto arch : all_architectures)
+    for (const dtype wt : {dtype::f16, dtype::q8_0}) {
+      INFO(describe(arch_config(arch), wt, dtype::f32));
+      const auto cfg = arch_config(arch);
+      const auto w = model::random_weights(cfg, 45, {wt});
+      model::transformer<kernels::host> m(w);
+      const auto prompt = random_tokens(r, 17, cfg.vocab);
+      const std::vector<block_id> table{0, 1, 2, 3, 4, 5, 6, 7};
+      const auto generate = [&] {
+        kv::host_storage kv(cfg.layers, m.kv_layout(8, 8));
+        std::vector<token_id> seq = prompt;
+        std::vector<float> logits;
+        model::batch_item item{seq, 0, table, true};
+        for (int i = 0; i < 24; ++i) {
+          m.forward(ctx, kv, std::span(&item, 1), logits);
+          const token_id next = kernels::argmax(logits);
+          const auto start = static_cast<std::size_t>(item.start) + item.tokens.size();
+          seq.push_back(next);
+          item = {std::span(seq).subspan(start), static_cast<position>(start), table, true};
+        }
+        return std::vector<token_id>(seq.begin() + 17, seq.end());
+      };
+      const auto first = generate();
+      CHECK(generate() == first);
+      // The reference decoder, token by token, picks the same tokens (its logits differ only in rounding,
+      // and a random model's top two logits are rarely within 1e-4 of each other).
+      model::reference_model ref(w);
+      auto logits = ref.forward(prompt);
+      std::vector<token_id> want;
+      for (int i = 0; i < 24; ++i) {
+        const token_id next = kernels::argmax(std::span(logits).subspan(logits.size() - cfg.vocab));
+        want.push_back(next);
+        logits = ref.forward(std::span(&want.back(), 1));
+      }
+      CHECK(first == want);
+      // Not stuck on one token.
+      CHECK(std::set<token_id>(first.begin(), first.end()).size() > 3);
+    }
+}
+
+TEST_CASE("a model file written and read back computes the same logits", "[model][gguf]") {
+  thread_pool pool(2);
+  kernels::host::context ctx{pool};
+  rng r(46);
+  const auto dir = std::filesystem::temp_directory_path() / ("efim_model_test_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  for (const auto arch : all_architectures) {
+    auto cfg = arch_config(arch);
+    if (arch == model::architecture::llama) cfg.rope_scale = 4.0;  // DeepSeek-Coder's linear RoPE scaling
+    const model::random_spec spec{dtype::q8_0, arch != model::architecture::llama};
+    const auto path = (dir / (std::string(model::to_string(arch)) + ".gguf")).string();
+    model::write_file(path, model::random_model(cfg, 47, spec));
+    const auto file = model::open_model(path);
+    const auto read = file.cfg();
+    CHECK(read.arch == cfg.arch);
+    CHECK(read.vocab == cfg.vocab);
+    CHECK(read.hidden == cfg.hidden);
+    CHECK(read.layers == cfg.layers);
+    CHECK(read.heads == cfg.heads);
+    CHECK(read.kv_heads == cfg.kv_heads);
+    CHECK(read.ffn == cfg.ffn);
+    CHECK(read.max_context == cfg.max_context);
+    CHECK(read.rope_theta == cfg.rope_theta);
+    CHECK(read.rope_scale == cfg.rope_scale);
+    CHECK(read.norm_eps == cfg.norm_eps);
+    CHECK(read.rope == cfg.rope);
+    CHECK(read.norm == cfg.norm);
+    CHECK(read.mlp == cfg.mlp);
+    const auto from_file = file.bind();
+    const auto in_memory = model::random_weights(cfg, 47, spec);
+    CHECK(from_file.fingerprint == in_memory.fingerprint);
+    CHECK(from_file.tied() == spec.tied);
+    CHECK(from_file.fingerprint != model::random_weights(cfg, 48, spec).fingerprint);
+    const auto tokens = random_tokens(r, 20, cfg.vocab);
+    const auto logits = [&](const model::weights& w) {
+      model::transformer<kernels::host> m(w);
+      kv::host_storage kv(cfg.layers, m.kv_layout(4, 8));
+      return run_chunks(m, ctx, kv, tokens, {0, 1, 2, 3}, {20}).back();
+    };
+    CHECK(logits(from_file) == logits(in_memory));
+  }
+  std::filesystem::remove_all(dir);
+}
+
+namespace {
+// GGUF bytes of a tiny llama model whose tensors `edit` may change (rename, reshape, retype) first.
+template <class Edit>
+std::vector<std::byte> edited_model(Edit edit, model::metadata meta = {}) {
+  const auto cfg = arch_config(model::architecture::llama, 40);
+  const auto good = model::random_model(cfg, 1);
+  const auto f = gguf::parse(good);
+  if (meta.empty()) meta = model::config_metadata(cfg);
+  std::vector<gguf::tensor_data> tensors;
+  for (const auto& t : f.tensors)
+    tensors.push_back({t.name, t.shape, t.type,
+                       std::span(good).subspan(static_cast<std::size_t>(f.data_offset + t.offset), t.bytes)});
+  edit(tensors);
+  return gguf::serialize(meta, tensors);
+}
+
+gguf::tensor_data& named(std::vector<gguf::tensor_data>& ts, std::string_view name) {
+  for (auto& t : ts)
+    if (t.name == name) return t;
+  FAIL("no tensor " << name);
+  return ts.front();
+}
+}  // namespace
+
+TEST_CASE("a model file with a wrong tensor shape, type, name or offset gives a clear error", "[model][gguf]") {
+  const auto bind = [](std::vector<std::byte> bytes) { return model::open_model(std::move(bytes)).bind(); };
+  CHECK_NOTHROW(bind(edited_model([](auto&) {})));
+  CHECK_THROWS_WITH(bind(edited_model([](auto& ts) { named(ts, "blk.1.attn_q.weight").shape = {32, 128}; })),
+                    Catch::Contains("'blk.1.attn_q.weight' has shape [32, 128], expected [64, 64]"));
+  CHECK_THROWS_WITH(bind(edited_model([](auto& ts) { std::erase_if(ts, [](auto& t) { return t.name == "blk.0.ffn_up.weight"; }); })),
+                    Catch::Contains("'blk.0.ffn_up.weight' is missing"));
+  // A tensor this decoder would not use (Llama 3's RoPE frequency factors) must not be ignored silently.
+  CHECK_THROWS_WITH(bind(edited_model([](auto& ts) {
+                      auto extra = named(ts, "output_norm.weight");
+                      extra.name = "rope_freqs.weight";
+                      extra.shape = {16};
+                      extra.data = extra.data.first(64);
+                      ts.push_back(extra);
+                    })),
+                    Catch::Contains("'rope_freqs.weight' is not part of the llama architecture"));
+  CHECK_THROWS_WITH(bind(edited_model([](auto& ts) { named(ts, "output.weight").type = 6; })),  // Q5_0
+                    Catch::Contains("'output.weight' has ggml type 6, which is not supported"));
+  // The same bytes said to be f16 of twice the rows: the shape no longer fits the model.
+  CHECK_THROWS_WITH(bind(edited_model([](auto& ts) {
+                      auto& t = named(ts, "blk.0.attn_k.weight");
+                      t.type = 1;
+                      t.shape = {64, 64};
+                    })),
+                    Catch::Contains("'blk.0.attn_k.weight' has shape [64, 64], expected [64, 32]"));
+  auto bytes = edited_model([](auto&) {});
+  const auto f = gguf::parse(bytes);
+  // Truncated inside the tensor data.
+  CHECK_THROWS_WITH(bind(std::vector<std::byte>(bytes.begin(), bytes.end() - 100)), Catch::Contains("past the end"));
+  // A tensor offset moved past the end, or off its alignment.
+  {
+    auto moved = bytes;
+    const char entry[] = "\x0d\0\0\0\0\0\0\0output.weight";  // the name's length, then the name
+    const auto at = std::search(moved.begin(), moved.end(), reinterpret_cast<const std::byte*>(entry),
+                                reinterpret_cast<const std::byte*>(entry) + sizeof entry - 1);
+    REQUIRE(at != moved.end());
+    const auto offset_at = static_cast<std::size_t>(at - moved.begin()) + sizeof entry - 1 + 4 + 2 * 8 + 4;
+    std::uint64_t offset = 0;
+    std::memcpy(&offset, moved.data() + offset_at, 8);
+    CHECK(offset == f.tensors.back().offset);
+    for (const std::uint64_t bad : {offset + 1, std::uint64_t{1} << 40}) {
+      auto copy = moved;
+      std::memcpy(copy.data() + offset_at, &bad, 8);
+      CHECK_THROWS_WITH(bind(copy), Catch::Contains("output.weight"));
+    }
+  }
+  // Metadata: an unknown architecture, a missing key, an unsupported RoPE scaling, a vector stored quantized.
+  auto meta = model::config_metadata(arch_config(model::architecture::llama, 40));
+  auto other = meta;
+  other["general.architecture"] = gguf::make_string("gpt2");
+  CHECK_THROWS_WITH(bind(edited_model([](auto&) {}, other)), Catch::Contains("'gpt2' is not supported"));
+  other = meta;
+  other.erase("llama.block_count");
+  CHECK_THROWS_WITH(bind(edited_model([](auto&) {}, other)), Catch::Contains("llama.block_count"));
+  other = meta;
+  other["llama.rope.scaling.type"] = gguf::make_string("yarn");
+  CHECK_THROWS_WITH(bind(edited_model([](auto&) {}, other)), Catch::Contains("RoPE scaling 'yarn' is not supported"));
+  other = meta;
+  other["llama.block_count"] = gguf::make_u32(3);
+  CHECK_THROWS_WITH(bind(edited_model([](auto&) {}, other)), Catch::Contains("'blk.2.attn_norm.weight' is missing"));
+  CHECK_THROWS_WITH(bind(edited_model([](auto& ts) {
+                      auto& t = named(ts, "blk.0.attn_norm.weight");
+                      t.type = 8;  // q8_0
+                      t.data = t.data.first(68);
+                    })),
+                    Catch::Contains("vector tensor 'blk.0.attn_norm.weight' is q8_0"));
+}
+
+TEST_CASE("fuzzing model files: every corruption gives an error or a model that runs", "[model][gguf][fuzz]") {
+  thread_pool pool(1);
+  kernels::host::context ctx{pool};
+  const auto bytes = edited_model([](auto&) {});
+  const auto f = gguf::parse(bytes);
+  rng r(49);
+  std::size_t ran = 0, refused = 0;
+  const std::vector<token_id> tokens{1, 2, 3, 39};
+  const std::vector<block_id> table{0, 1};
+  for (int trial = 0; trial < 3000; ++trial) {
+    auto copy = bytes;
+    if (trial % 10 == 0) {
+      copy.resize(r.below(copy.size()));
+    } else {
+      const int flips = 1 + static_cast<int>(r.below(4));
+      for (int i = 0; i < flips; ++i) {
+        // Mostly the metadata and tensor directory, sometimes the tensor data.
+        const std::size_t at = r.below(4) == 0 ? r.below(copy.size()) : r.below(static_cast<std::size_t>(f.data_offset));
+        copy[at] = static_cast<std::byte>(r.below(256));
+      }
+    }
+    try {
+      const auto w = model::open_model(std::move(copy)).bind();
+      model::transformer<kernels::host> m(w);
+      kv::host_storage kv(w.cfg.layers, m.kv_layout(2, 4));
+      const model::batch_item item{std::span(tokens).first(std::min<std::size_t>(4, w.cfg.vocab)), 0, table, true};
+      std::vector<float> logits;
+      m.forward(ctx, kv, std::span(&item, 1), logits);
+      ++ran;
+    } catch (const efim::error&) {
+      ++refused;
+    }
+  }
+  CHECK(ran > 0);
+  CHECK(refused > 0);
 }

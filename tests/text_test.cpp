@@ -255,6 +255,45 @@ TEST_CASE("the Qwen2.5-Coder tokenizer.json matches the reference vectors and it
   CHECK(from_json.decode(plain) == from_json.decode(parsed));
 }
 
+TEST_CASE("a tokenizer.json becomes GGUF vocabulary metadata that tokenizes the same", "[text][bpe][shared]") {
+  const std::filesystem::path json = std::filesystem::path(EFIM_TOKENIZER_CACHE) / "qwen2.5-coder" / "tokenizer.json";
+  const auto gguf_path = vocab_dir / "ggml-vocab-qwen2.5-coder.gguf";
+  if (!std::filesystem::exists(json) || !std::filesystem::exists(gguf_path)) {
+    WARN("skipped: needs " << json.string() << " (fetched by .ci/setup) and " << gguf_path.string());
+    return;
+  }
+  std::ifstream in(json, std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto meta = text::gguf_vocabulary(text);
+  CHECK(std::get<std::string>(meta.at("tokenizer.ggml.pre").v) == "qwen2");
+  const auto file = gguf::parse(gguf::serialize(meta, {}));
+  const auto converted = text::load_bpe_gguf(file);
+  const auto original = text::load_bpe_json(text);
+  const auto shared_file = gguf::read(gguf_path.string());
+  const auto shared = text::load_bpe_gguf(shared_file);
+  CHECK(converted.vocab_size() == original.vocab_size());
+  for (const auto& [input, want] : reference_vectors(gguf_path)) {
+    INFO("'" << input << "'");
+    std::vector<token_id> got;
+    converted.encode(input, got);
+    CHECK(got == want);
+  }
+  // The same token strings as the GGUF vocabulary converted by llama.cpp's tools, where both have them.
+  const auto& ours = file.array<std::string>("tokenizer.ggml.tokens");
+  const auto& theirs = shared_file.array<std::string>("tokenizer.ggml.tokens");
+  std::size_t same = 0;
+  for (std::size_t id = 0; id < 151665; ++id) same += ours[id] == theirs[id];
+  CHECK(same == 151665);
+  for (const char* special : {"<|fim_prefix|>", "<|fim_middle|>", "<|endoftext|>"})
+    CHECK(converted.special_id(special) == shared.special_id(special));
+  // What no preset can say is refused.
+  CHECK_THROWS_WITH(text::gguf_vocabulary(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
+                                              "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "x+"},
+                                                                "behavior": "Isolated"}})"),
+                    Catch::Contains("none of the GGUF presets"));
+  CHECK_THROWS_AS(text::gguf_vocabulary("{"), efim::error);
+}
+
 TEST_CASE("FIM token sets are detected from the vocabulary", "[text][bpe][shared]") {
   if (!std::filesystem::is_directory(vocab_dir)) {
     WARN("skipped: no shared data at " << vocab_dir.string());

@@ -3,6 +3,7 @@
 #include "efim/version.hpp"
 
 #include "efim/core/config.hpp"
+#include "efim/core/dtype.hpp"
 #include "efim/core/error.hpp"
 #include "efim/core/gguf.hpp"
 #include "efim/core/random.hpp"
@@ -37,7 +38,9 @@
 
 #include "efim/kernels/attention.hpp"
 #include "efim/kernels/concepts.hpp"
+#include "efim/kernels/gelu.hpp"
 #include "efim/kernels/host.hpp"
+#include "efim/kernels/layernorm.hpp"
 #include "efim/kernels/matmul.hpp"
 #include "efim/kernels/rmsnorm.hpp"
 #include "efim/kernels/rope.hpp"
@@ -46,6 +49,7 @@
 #include "efim/kernels/swiglu.hpp"
 
 #include "efim/model/config.hpp"
+#include "efim/model/gguf_model.hpp"
 #include "efim/model/reference.hpp"
 #include "efim/model/transformer.hpp"
 #include "efim/model/weights.hpp"

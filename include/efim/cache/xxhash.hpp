@@ -9,6 +9,7 @@
 // GCC 12 reports its own AVX-512 intrinsics as maybe-uninitialized when inlined (GCC bug 105593).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 #include <xxhash.h>
 #if defined(__GNUC__) && !defined(__clang__)

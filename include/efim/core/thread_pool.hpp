@@ -2,6 +2,7 @@
 // A fixed pool of worker threads for data-parallel loops; the calling thread takes part.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <exception>
@@ -59,15 +60,18 @@ class thread_pool {
     };
     job_ = job{&body, [](void* b, std::size_t c) { (*static_cast<decltype(body)*>(b))(c); }, chunks};
     next_.store(0, std::memory_order_relaxed);
+    busy_workers_.store(workers_.size(), std::memory_order_relaxed);
     {
       std::lock_guard lock(mutex_);
-      busy_workers_ = workers_.size();
-      ++generation_;
+      generation_.fetch_add(1, std::memory_order_release);
     }
     wake_.notify_all();
     run_chunks();
-    std::unique_lock lock(mutex_);
-    done_.wait(lock, [this] { return busy_workers_ == 0; });
+    if (!spin_until([this] { return busy_workers_.load(std::memory_order_acquire) == 0; })) {
+      std::unique_lock lock(mutex_);
+      done_.wait(lock, [this] { return busy_workers_.load(std::memory_order_acquire) == 0; });
+    }
+    std::lock_guard lock(mutex_);
     if (failure_) {
       auto failure = std::exchange(failure_, nullptr);
       std::rethrow_exception(failure);
@@ -104,26 +108,45 @@ class thread_pool {
     }
   }
 
+  // Spins a little while before a thread blocks: the steps of a decode come microseconds apart, and
+  // waking a sleeping thread takes longer than the work of a small matrix product.
+  template <class Ready>
+  static bool spin_until(Ready ready) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(200);
+    for (std::size_t i = 1;; ++i) {
+      if (ready()) return true;
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+      if (i % 64 == 0 && std::chrono::steady_clock::now() > until) return false;
+    }
+  }
+
   void work() {
     std::size_t seen = 0;
     for (;;) {
-      {
+      if (!spin_until([&] { return generation_.load(std::memory_order_acquire) != seen; })) {
         std::unique_lock lock(mutex_);
-        wake_.wait(lock, [&] { return stopping_ || generation_ != seen; });
-        if (stopping_) return;
-        seen = generation_;
+        wake_.wait(lock, [&] { return stopping_ || generation_.load(std::memory_order_acquire) != seen; });
       }
+      {
+        std::lock_guard lock(mutex_);
+        if (stopping_) return;
+      }
+      seen = generation_.load(std::memory_order_acquire);
       run_chunks();
-      std::lock_guard lock(mutex_);
-      if (--busy_workers_ == 0) done_.notify_one();
+      if (busy_workers_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        std::lock_guard lock(mutex_);  // orders the notification after the caller's check of the count
+        done_.notify_one();
+      }
     }
   }
 
   std::vector<std::thread> workers_;
   std::mutex mutex_;
   std::condition_variable wake_, done_;
-  std::size_t generation_ = 0;
-  std::size_t busy_workers_ = 0;
+  std::atomic<std::size_t> generation_{0};
+  std::atomic<std::size_t> busy_workers_{0};
   bool stopping_ = false;
   job job_;
   std::atomic<std::size_t> next_{0};

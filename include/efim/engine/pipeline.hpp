@@ -20,6 +20,7 @@
 
 #include "efim/cache/clock.hpp"
 #include "efim/cache/manager.hpp"
+#include "efim/core/dtype.hpp"
 #include "efim/core/error.hpp"
 #include "efim/core/random.hpp"
 #include "efim/core/thread_pool.hpp"
@@ -42,6 +43,7 @@ struct pipeline_options {
   cache::manager_options cache{};
   scheduler_options schedule{};
   prompt::session_options session{};
+  dtype kv_type = dtype::f32;       // KV cache elements: f32, or f16 for half the memory
   std::size_t threads = 0;          // compute threads, the driving thread included (0: all cores)
   std::size_t max_sessions = 4096;  // the least recently used session is dropped past this
 };
@@ -62,7 +64,7 @@ class pipeline {
         ctx_{pool_},
         model_(weights),
         cache_(options_.cache),
-        kv_(weights.cfg.layers, model_.kv_layout(options_.cache.blocks, options_.cache.block_size)),
+        kv_(weights.cfg.layers, model_.kv_layout(options_.cache.blocks, options_.cache.block_size), options_.kv_type),
         scheduler_(options_.schedule) {
     require(tok_.vocab_size() <= weights.cfg.vocab, errc::invalid_argument,
             "pipeline: the tokenizer has " + std::to_string(tok_.vocab_size()) + " tokens but the model only " +

@@ -1,5 +1,6 @@
 #pragma once
-// Causal attention over paged KV, and the write of new K/V rows into their pages.
+// Causal attention over paged KV, and the write of new K/V rows into their pages. The cache holds
+// float or half (f16) elements; f16 elements are converted to f32 as they are loaded.
 //
 // A query at position p attends to positions 0..p of its own sequence. Every value a query's result
 // depends on (its scores, their maximum, exponentials, sum, and the weighted sum of values) is
@@ -12,8 +13,14 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
+#if defined(__AVX512F__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
 
+#include "efim/core/dtype.hpp"
 #include "efim/core/error.hpp"
 #include "efim/core/thread_pool.hpp"
 #include "efim/core/types.hpp"
@@ -28,17 +35,72 @@ struct token_slot {
   position pos = 0;
 };
 
+namespace detail {
+
+inline float to_f32(float x) noexcept { return x; }
+inline float to_f32(half x) noexcept { return f16_to_f32(x.bits); }
+inline void store(float x, float& out) noexcept { out = x; }
+inline void store(float x, half& out) noexcept { out.bits = f32_to_f16(x); }
+
+// 16 elements as floats.
+inline void load_lanes(const float* p, vfloat& out) noexcept { std::memcpy(&out, p, sizeof out); }
+inline void load_lanes(const half* p, vfloat& out) noexcept {
+#if defined(__AVX512F__)
+  __m256i h;
+  std::memcpy(&h, p, sizeof h);
+  const __m512 f = _mm512_maskz_cvtph_ps(0xffff, h);  // the unmasked form trips GCC 12's -Wuninitialized
+  std::memcpy(&out, &f, sizeof out);
+#elif defined(__F16C__)
+  for (std::size_t i = 0; i < 2; ++i) {
+    __m128i h;
+    std::memcpy(&h, p + 8 * i, sizeof h);
+    const __m256 f = _mm256_cvtph_ps(h);
+    std::memcpy(reinterpret_cast<float*>(&out) + 8 * i, &f, sizeof f);
+  }
+#else
+  float f[lanes];
+  for (std::size_t i = 0; i < lanes; ++i) f[i] = to_f32(p[i]);
+  std::memcpy(&out, f, sizeof out);
+#endif
+}
+
+// y[i] = y[i] + a * x[i] for x held as E.
+template <class E>
+inline void axpy_from(float a, const E* x, float* y, std::size_t n) noexcept {
+  if constexpr (std::is_same_v<E, float>) {
+    axpy(a, x, y, n);
+  } else {
+    std::size_t k = 0;
+    const vfloat av = vfloat{} + a;
+    for (; k + lanes <= n; k += lanes) {
+      vfloat xv, yv;
+      load_lanes(x + k, xv);
+      std::memcpy(&yv, y + k, sizeof yv);
+      fma_into(yv, av, xv);
+      std::memcpy(y + k, &yv, sizeof yv);
+    }
+    for (; k < n; ++k) y[k] = fma(a, to_f32(x[k]), y[k]);
+  }
+}
+
+}  // namespace detail
+
 // k, v: (tokens, kv_heads, head_dim) rows for the batch's tokens, written into their pages.
-inline void kv_write(const kv::paged_layout& l, float* k_cache, float* v_cache, const float* k, const float* v,
+template <class E>
+inline void kv_write(const kv::paged_layout& l, E* k_cache, E* v_cache, const float* k, const float* v,
                      std::span<const token_slot> tokens) noexcept {
   const std::size_t row = l.kv_heads * l.head_dim;
   for (std::size_t t = 0; t < tokens.size(); ++t) {
     const auto at = kv::locate(tokens[t].table, l.block_size, static_cast<std::size_t>(tokens[t].pos));
     for (std::size_t g = 0; g < l.kv_heads; ++g) {
       const float* src_k = k + t * row + g * l.head_dim;
-      float* dst_k = k_cache + l.key_offset(at.block, g) + at.slot;
-      for (std::size_t d = 0; d < l.head_dim; ++d) dst_k[d * l.block_size] = src_k[d];
-      std::copy_n(v + t * row + g * l.head_dim, l.head_dim, v_cache + l.offset(at.block, g, at.slot));
+      const float* src_v = v + t * row + g * l.head_dim;
+      E* dst_k = k_cache + l.key_offset(at.block, g) + at.slot;
+      E* dst_v = v_cache + l.offset(at.block, g, at.slot);
+      for (std::size_t d = 0; d < l.head_dim; ++d) {
+        detail::store(src_k[d], dst_k[d * l.block_size]);
+        detail::store(src_v[d], dst_v[d]);
+      }
     }
   }
 }
@@ -55,8 +117,8 @@ struct attention_row {
 };
 
 // scores[r][slot] = q_r . K[slot] for the block's slots: each score a sum over dimensions in order.
-template <std::size_t R>
-inline void block_scores(const attention_row* rows, const float* keys, std::size_t block_size, std::size_t head_dim,
+template <std::size_t R, class E>
+inline void block_scores(const attention_row* rows, const E* keys, std::size_t block_size, std::size_t head_dim,
                          float* const* scores) noexcept {
   std::size_t slot = 0;
   for (; slot + lanes <= block_size; slot += lanes) {
@@ -64,7 +126,7 @@ inline void block_scores(const attention_row* rows, const float* keys, std::size
     for (std::size_t r = 0; r < R; ++r) acc[r] = vfloat{};
     for (std::size_t d = 0; d < head_dim; ++d) {
       vfloat k;
-      std::memcpy(&k, keys + d * block_size + slot, sizeof k);
+      load_lanes(keys + d * block_size + slot, k);
       for (std::size_t r = 0; r < R; ++r) {
         const vfloat q = vfloat{} + rows[r].q[d];
         fma_into(acc[r], q, k);
@@ -75,15 +137,15 @@ inline void block_scores(const attention_row* rows, const float* keys, std::size
   for (; slot < block_size; ++slot)
     for (std::size_t r = 0; r < R; ++r) {
       float s = 0.0f;
-      for (std::size_t d = 0; d < head_dim; ++d) s = fma(rows[r].q[d], keys[d * block_size + slot], s);
+      for (std::size_t d = 0; d < head_dim; ++d) s = fma(rows[r].q[d], to_f32(keys[d * block_size + slot]), s);
       scores[r][slot] = s;
     }
 }
 
 // Rows of the same sequence and KV head: scores, softmax, and the weighted sum of values.
 // `scratch` holds R rows of `stride` floats, stride >= every row's keys rounded up to blocks and lanes.
-template <std::size_t R>
-inline void attend_rows(const kv::paged_layout& l, const float* k_cache, const float* v_cache,
+template <std::size_t R, class E>
+inline void attend_rows(const kv::paged_layout& l, const E* k_cache, const E* v_cache,
                         std::span<const block_id> table, std::size_t kv_head, const attention_row* rows, float scale,
                         float* scratch, std::size_t stride) noexcept {
   const std::size_t bs = l.block_size, d = l.head_dim;
@@ -122,17 +184,17 @@ inline void attend_rows(const kv::paged_layout& l, const float* k_cache, const f
 
   for (std::size_t j = 0; j < most; ++j) {
     const auto at = kv::locate(table, bs, j);
-    const float* v = v_cache + l.offset(at.block, kv_head, at.slot);
+    const E* v = v_cache + l.offset(at.block, kv_head, at.slot);
     for (std::size_t r = 0; r < R; ++r)
-      if (j < rows[r].keys) axpy(scores[r][j], v, rows[r].out, d);
+      if (j < rows[r].keys) axpy_from(scores[r][j], v, rows[r].out, d);
   }
   for (std::size_t r = 0; r < R; ++r)
     for (std::size_t i = 0; i < d; ++i) rows[r].out[i] *= inv_sum[r];
 }
 
-template <std::size_t... R>
-inline void attend_rows_n(std::size_t n, std::index_sequence<R...>, const kv::paged_layout& l, const float* k_cache,
-                          const float* v_cache, std::span<const block_id> table, std::size_t kv_head,
+template <class E, std::size_t... R>
+inline void attend_rows_n(std::size_t n, std::index_sequence<R...>, const kv::paged_layout& l, const E* k_cache,
+                          const E* v_cache, std::span<const block_id> table, std::size_t kv_head,
                           const attention_row* rows, float scale, float* scratch, std::size_t stride) noexcept {
   ((n == R + 1 ? attend_rows<R + 1>(l, k_cache, v_cache, table, kv_head, rows, scale, scratch, stride) : void()), ...);
 }
@@ -147,7 +209,8 @@ struct attention_tile {
 }  // namespace detail
 
 // q, out: (tokens, heads, head_dim). Query head h reads KV head h / (heads / kv_heads).
-inline void paged_attention(thread_pool& pool, const kv::paged_layout& l, const float* k_cache, const float* v_cache,
+template <class E>
+inline void paged_attention(thread_pool& pool, const kv::paged_layout& l, const E* k_cache, const E* v_cache,
                             const float* q, float* out, std::span<const token_slot> tokens, std::size_t heads,
                             float scale) {
   using detail::max_rows;

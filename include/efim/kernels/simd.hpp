@@ -14,9 +14,11 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
-#if defined(__AVX512F__) || defined(__FMA__)
+#if defined(__AVX512F__) || defined(__FMA__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
+
+#include "efim/core/dtype.hpp"
 
 namespace efim::kernels::detail {
 
@@ -54,6 +56,36 @@ inline void fma_into(vfloat& acc, const vfloat& a, const vfloat& b) noexcept {
 #else
   acc = acc + a * b;
 #endif
+}
+
+// v = 16 IEEE halves from p, widened to f32 with F16C where the target has it: the values of
+// f16_to_f32 (a signaling NaN comes out quiet, as any arithmetic on it would make it).
+inline void widen_f16(vfloat& v, const std::byte* p) noexcept {
+  float f[lanes];
+#if defined(__F16C__)
+  for (std::size_t h = 0; h < 2; ++h) {
+    __m128i half;
+    std::memcpy(&half, p + 16 * h, sizeof half);
+    _mm256_storeu_ps(f + 8 * h, _mm256_cvtph_ps(half));
+  }
+#else
+  for (std::size_t i = 0; i < lanes; ++i) {
+    std::uint16_t h;
+    std::memcpy(&h, p + 2 * i, sizeof h);
+    f[i] = f16_to_f32(h);
+  }
+#endif
+  std::memcpy(&v, f, sizeof v);
+}
+
+// v = 16 bfloat16s from p, widened to f32 (a shift, exact).
+inline void widen_bf16(vfloat& v, const std::byte* p) noexcept {
+  typedef std::uint16_t vhalf __attribute__((vector_size(lanes * sizeof(std::uint16_t))));
+  typedef std::uint32_t vword __attribute__((vector_size(lanes * sizeof(std::uint32_t))));
+  vhalf h;
+  std::memcpy(&h, p, sizeof h);
+  const vword bits = __builtin_convertvector(h, vword) << 16;
+  std::memcpy(&v, &bits, sizeof v);
 }
 
 // The canonical reduction of 16 lane sums, plus the sum of the elements past the last full vector.

@@ -1,15 +1,21 @@
 #pragma once
-// SwiGLU: h = silu(gate) * up, elementwise.
-#include <cmath>
+// SwiGLU: h = silu(gate) * up = gate / (1 + e^-gate) * up, elementwise, 16 at a time with exp16.
 #include <cstddef>
+#include <cstring>
+
+#include "efim/kernels/simd.hpp"
 
 namespace efim::kernels {
 
 // gate, up, out: n elements; out may alias gate.
 inline void swiglu(const float* gate, const float* up, float* out, std::size_t n) noexcept {
-  for (std::size_t i = 0; i < n; ++i) {
-    const float g = gate[i];
-    out[i] = g / (1.0f + std::exp(-g)) * up[i];
+  using detail::lanes;
+  float e[lanes];
+  for (std::size_t i = 0; i < n; i += lanes) {
+    const std::size_t m = n - i < lanes ? n - i : lanes;
+    for (std::size_t j = 0; j < lanes; ++j) e[j] = j < m ? -gate[i + j] : 0.0f;
+    detail::exp16(e);
+    for (std::size_t j = 0; j < m; ++j) out[i + j] = gate[i + j] / (1.0f + e[j]) * up[i + j];
   }
 }
 

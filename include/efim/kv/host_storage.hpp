@@ -1,37 +1,71 @@
 #pragma once
-// KV tensors in host memory: per layer one K and one V array in the paged layout.
+// KV tensors in host memory: per layer one K and one V array in the paged layout, in f32 or f16.
 #include <cstddef>
+#include <string>
+#include <type_traits>
 #include <vector>
 
+#include "efim/core/dtype.hpp"
 #include "efim/kv/layout.hpp"
 
 namespace efim::kv {
 
+// The dtype of a KV cache holding E.
+template <class E>
+constexpr dtype element_type() noexcept {
+  static_assert(std::is_same_v<E, float> || std::is_same_v<E, half>, "KV elements are float or half");
+  return std::is_same_v<E, float> ? dtype::f32 : dtype::f16;
+}
+
 class host_storage {
  public:
-  host_storage(std::size_t layers, paged_layout layout) : layers_(layers), layout_(layout) {
+  host_storage(std::size_t layers, paged_layout layout, dtype type = dtype::f32)
+      : layers_(layers), layout_(layout), type_(type) {
     validate(layout);
     require(layers > 0, errc::invalid_argument, "kv: at least one layer");
-    data_.assign(2 * layers * layout.elements(), 0.0f);
+    require(type == dtype::f32 || type == dtype::f16, errc::invalid_argument,
+            "kv: a KV cache holds f32 or f16, not " + std::string(to_string(type)));
+    data_.assign(bytes(layers, layout, type), std::byte{0});
   }
 
   // Bytes a storage of this shape holds.
-  static constexpr std::size_t bytes(std::size_t layers, const paged_layout& layout) noexcept {
-    return 2 * layers * layout.elements() * sizeof(float);
+  static constexpr std::size_t bytes(std::size_t layers, const paged_layout& layout, dtype type = dtype::f32) noexcept {
+    return 2 * layers * layout.elements() * (type == dtype::f16 ? 2 : 4);
   }
 
   [[nodiscard]] const paged_layout& layout() const noexcept { return layout_; }
   [[nodiscard]] std::size_t layers() const noexcept { return layers_; }
+  [[nodiscard]] dtype type() const noexcept { return type_; }
 
-  float* keys(std::size_t layer) noexcept { return data_.data() + (2 * layer) * layout_.elements(); }
-  float* values(std::size_t layer) noexcept { return data_.data() + (2 * layer + 1) * layout_.elements(); }
-  const float* keys(std::size_t layer) const noexcept { return data_.data() + (2 * layer) * layout_.elements(); }
-  const float* values(std::size_t layer) const noexcept { return data_.data() + (2 * layer + 1) * layout_.elements(); }
+  // (block, kv_head, dim, slot) keys and (block, kv_head, slot, dim) values of a layer, as E.
+  template <class E = float>
+  E* keys(std::size_t layer) {
+    return at<E>(2 * layer);
+  }
+  template <class E = float>
+  E* values(std::size_t layer) {
+    return at<E>(2 * layer + 1);
+  }
+  template <class E = float>
+  const E* keys(std::size_t layer) const {
+    return const_cast<host_storage*>(this)->at<E>(2 * layer);
+  }
+  template <class E = float>
+  const E* values(std::size_t layer) const {
+    return const_cast<host_storage*>(this)->at<E>(2 * layer + 1);
+  }
 
  private:
+  template <class E>
+  E* at(std::size_t array) {
+    require(element_type<E>() == type_, errc::invalid_argument, "kv: the cache holds other elements");
+    return reinterpret_cast<E*>(data_.data()) + array * layout_.elements();
+  }
+
   std::size_t layers_;
   paged_layout layout_;
-  std::vector<float> data_;  // (layer, k|v, block, kv_head, slot, dim)
+  dtype type_;
+  std::vector<std::byte> data_;  // (layer, k|v, block, kv_head, slot|dim, dim|slot) as E
 };
 
 }  // namespace efim::kv

@@ -1,7 +1,7 @@
 #pragma once
-// The Llama-architecture decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU) over paged KV.
-// One forward pass computes a batch of chunks from several sequences: their rows share the matrix
-// products; each token attends to its own sequence through that sequence's block table.
+// The Llama-family decoder (llama, qwen2, starcoder2) over paged KV. One forward pass computes a batch of
+// chunks from several sequences: their rows share the matrix products; each token attends to its own
+// sequence through that sequence's block table. Weights are read in the type they are stored in.
 #include <cmath>
 #include <cstddef>
 #include <span>
@@ -9,8 +9,11 @@
 #include <vector>
 
 #include "efim/core/config.hpp"
+#include "efim/core/dtype.hpp"
 #include "efim/core/error.hpp"
+#include "efim/kernels/gelu.hpp"
 #include "efim/kernels/host.hpp"
+#include "efim/kernels/layernorm.hpp"
 #include "efim/model/weights.hpp"
 
 namespace efim::model {
@@ -74,37 +77,43 @@ class transformer<kernels::host> {
     if (n == 0) return;
 
     // Embeddings, slots and rotary angles for every row.
+    const std::size_t embd_row = row_bytes(w_->token_embd.type, c.hidden);
     std::size_t row = 0;
     for (const auto& it : items)
       for (std::size_t i = 0; i < it.tokens.size(); ++i, ++row) {
-        std::copy_n(w_->token_embd.begin() + static_cast<std::ptrdiff_t>(it.tokens[i] * c.hidden), c.hidden,
-                    x_.begin() + static_cast<std::ptrdiff_t>(row * c.hidden));
+        dequantize_row(w_->token_embd.type, w_->token_embd.data + static_cast<std::size_t>(it.tokens[i]) * embd_row,
+                       x_.data() + row * c.hidden, c.hidden);
         positions_[row] = it.start + static_cast<position>(i);
         slots_[row] = {it.table, positions_[row]};
       }
     const std::size_t hd = c.head_dim();
-    kernels::rope_table(positions_, hd, c.rope_theta, cos_.data(), sin_.data());
+    kernels::rope_table(positions_, hd, c.rope_theta, cos_.data(), sin_.data(), c.rope_scale);
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
 
     for (std::size_t l = 0; l < c.layers; ++l) {
       const layer_weights& lw = w_->layers[l];
-      kernels::rmsnorm(x_.data(), lw.attn_norm.data(), xb_.data(), n, c.hidden, c.norm_eps);
-      kernels::matmul(ctx.pool, xb_.data(), lw.wq.data(), q_.data(), n, c.q_dim(), c.hidden);
-      kernels::matmul(ctx.pool, xb_.data(), lw.wk.data(), k_.data(), n, c.kv_dim(), c.hidden);
-      kernels::matmul(ctx.pool, xb_.data(), lw.wv.data(), v_.data(), n, c.kv_dim(), c.hidden);
+      norm(x_.data(), lw.attn_norm, lw.attn_norm_b, xb_.data(), n);
+      linear(ctx, xb_.data(), lw.wq, lw.bq, q_.data(), n);
+      linear(ctx, xb_.data(), lw.wk, lw.bk, k_.data(), n);
+      linear(ctx, xb_.data(), lw.wv, lw.bv, v_.data(), n);
       kernels::rope(q_.data(), n, c.heads, hd, cos_.data(), sin_.data(), c.rope);
       kernels::rope(k_.data(), n, c.kv_heads, hd, cos_.data(), sin_.data(), c.rope);
-      kernels::kv_write(kv.layout(), kv.keys(l), kv.values(l), k_.data(), v_.data(), slots_);
-      kernels::paged_attention(ctx.pool, kv.layout(), kv.keys(l), kv.values(l), q_.data(), att_.data(), slots_, c.heads,
-                               scale);
-      kernels::matmul(ctx.pool, att_.data(), lw.wo.data(), x_.data(), n, c.hidden, c.q_dim(), kernels::accumulate::yes);
+      if (kv.type() == dtype::f16)
+        attend<half>(ctx, kv, l, scale);
+      else
+        attend<float>(ctx, kv, l, scale);
+      residual(ctx, att_.data(), lw.wo, lw.bo, n);
 
-      kernels::rmsnorm(x_.data(), lw.ffn_norm.data(), xb_.data(), n, c.hidden, c.norm_eps);
-      kernels::matmul(ctx.pool, xb_.data(), lw.w_gate.data(), gate_.data(), n, c.ffn, c.hidden);
-      kernels::matmul(ctx.pool, xb_.data(), lw.w_up.data(), up_.data(), n, c.ffn, c.hidden);
-      kernels::swiglu(gate_.data(), up_.data(), gate_.data(), n * c.ffn);
-      kernels::matmul(ctx.pool, gate_.data(), lw.w_down.data(), x_.data(), n, c.hidden, c.ffn,
-                      kernels::accumulate::yes);
+      norm(x_.data(), lw.ffn_norm, lw.ffn_norm_b, xb_.data(), n);
+      if (c.mlp == mlp_kind::swiglu) {
+        linear(ctx, xb_.data(), lw.w_gate, {}, gate_.data(), n);
+        linear(ctx, xb_.data(), lw.w_up, lw.b_up, up_.data(), n);
+        kernels::swiglu(gate_.data(), up_.data(), gate_.data(), n * c.ffn);
+      } else {
+        linear(ctx, xb_.data(), lw.w_up, lw.b_up, gate_.data(), n);
+        kernels::gelu(gate_.data(), gate_.data(), n * c.ffn);
+      }
+      residual(ctx, gate_.data(), lw.w_down, lw.b_down, n);
     }
 
     // Final norm and output projection for the last row of each item that wants logits.
@@ -113,19 +122,56 @@ class transformer<kernels::host> {
     for (const auto& it : items) {
       row += it.tokens.size();
       if (!it.want_logits || it.tokens.empty()) continue;
-      kernels::rmsnorm(x_.data() + (row - 1) * c.hidden, w_->output_norm.data(), xb_.data() + out_row * c.hidden, 1,
-                       c.hidden, c.norm_eps);
+      norm(x_.data() + (row - 1) * c.hidden, w_->output_norm, w_->output_norm_b, xb_.data() + out_row * c.hidden, 1);
       ++out_row;
     }
-    if (n_logits > 0)
-      kernels::matmul(ctx.pool, xb_.data(), w_->output.data(), logits.data(), n_logits, c.vocab, c.hidden);
+    if (n_logits > 0) linear(ctx, xb_.data(), w_->output, w_->output_b, logits.data(), n_logits);
   }
 
  private:
+  void norm(const float* x, vector weight, vector bias, float* y, std::size_t rows) const {
+    const config& c = cfg();
+    if (c.norm == norm_kind::rms)
+      kernels::rmsnorm(x, weight.data(), y, rows, c.hidden, c.norm_eps);
+    else
+      kernels::layernorm(x, weight.data(), bias.data(), y, rows, c.hidden, c.norm_eps);
+  }
+
+  // y (rows, w.rows) = x w^T + bias.
+  static void linear(kernels::host::context& ctx, const float* x, const matrix& w, vector bias, float* y,
+                     std::size_t rows) {
+    kernels::matmul(ctx.pool, x, w, y, rows);
+    if (!bias.empty()) add_bias(y, bias, rows);
+  }
+
+  // x += h w^T + bias, the residual stream.
+  void residual(kernels::host::context& ctx, const float* h, const matrix& w, vector bias, std::size_t rows) {
+    if (bias.empty()) {
+      kernels::matmul(ctx.pool, h, w, x_.data(), rows, kernels::accumulate::yes);
+      return;
+    }
+    kernels::matmul(ctx.pool, h, w, branch_.data(), rows);
+    add_bias(branch_.data(), bias, rows);
+    for (std::size_t i = 0; i < rows * w.rows; ++i) x_[i] += branch_[i];
+  }
+
+  static void add_bias(float* y, vector bias, std::size_t rows) noexcept {
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t j = 0; j < bias.size(); ++j) y[r * bias.size() + j] += bias[j];
+  }
+
+  template <class E>
+  void attend(kernels::host::context& ctx, storage& kv, std::size_t layer, float scale) {
+    kernels::kv_write(kv.layout(), kv.keys<E>(layer), kv.values<E>(layer), k_.data(), v_.data(), slots_);
+    kernels::paged_attention(ctx.pool, kv.layout(), kv.keys<E>(layer), kv.values<E>(layer), q_.data(), att_.data(),
+                             slots_, cfg().heads, scale);
+  }
+
   void resize(std::size_t n) {
     const config& c = cfg();
     x_.resize(n * c.hidden);
     xb_.resize(n * c.hidden);
+    branch_.resize(n * c.hidden);
     q_.resize(n * c.q_dim());
     att_.resize(n * c.q_dim());
     k_.resize(n * c.kv_dim());
@@ -139,11 +185,11 @@ class transformer<kernels::host> {
   }
 
   const weights* w_;
-  std::vector<float> x_, xb_;     // (tokens, hidden): residual stream, normed input
-  std::vector<float> q_, att_;    // (tokens, heads, head_dim)
-  std::vector<float> k_, v_;      // (tokens, kv_heads, head_dim)
-  std::vector<float> gate_, up_;  // (tokens, ffn)
-  std::vector<float> cos_, sin_;  // (tokens, head_dim / 2)
+  std::vector<float> x_, xb_, branch_;  // (tokens, hidden): residual stream, normed input, a biased branch
+  std::vector<float> q_, att_;          // (tokens, heads, head_dim)
+  std::vector<float> k_, v_;            // (tokens, kv_heads, head_dim)
+  std::vector<float> gate_, up_;        // (tokens, ffn)
+  std::vector<float> cos_, sin_;        // (tokens, head_dim / 2)
   std::vector<position> positions_;
   std::vector<kernels::token_slot> slots_;
 };

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <queue>
 #include <span>
@@ -372,21 +373,29 @@ inline split_behavior parse_behavior(const nlohmann::json& j) {
   throw error(errc::invalid_argument, "tokenizer.json: unknown split behavior '" + b + "'");
 }
 
-inline void add_pre_tokenizer(const nlohmann::json& j, bpe_config& c) {
+// One split of a tokenizer.json pre-tokenizer.
+struct split_spec {
+  std::string pattern;
+  split_behavior behavior = split_behavior::isolated;
+  bool invert = false;
+};
+
+// The splits a tokenizer.json pre-tokenizer makes, in order, and ByteLevel's add_prefix_space.
+inline void read_pre_tokenizer(const nlohmann::json& j, std::vector<split_spec>& splits, bool& add_prefix_space) {
   if (j.is_null()) return;
   const std::string type = j.at("type").get<std::string>();
   if (type == "Sequence") {
-    for (const auto& p : j.at("pretokenizers")) add_pre_tokenizer(p, c);
+    for (const auto& p : j.at("pretokenizers")) read_pre_tokenizer(p, splits, add_prefix_space);
   } else if (type == "Split") {
     const auto& pattern = j.at("pattern");
-    const std::string p = pattern.contains("Regex") ? pattern.at("Regex").get<std::string>()
-                                                    : regex_escape(pattern.at("String").get<std::string>());
-    c.pre.split(p, parse_behavior(j), j.value("invert", false));
+    splits.push_back({pattern.contains("Regex") ? pattern.at("Regex").get<std::string>()
+                                                : regex_escape(pattern.at("String").get<std::string>()),
+                      parse_behavior(j), j.value("invert", false)});
   } else if (type == "ByteLevel") {
-    if (j.value("use_regex", true)) c.pre.split(gpt2_pattern);
-    c.add_prefix_space = j.value("add_prefix_space", false);
+    if (j.value("use_regex", true)) splits.push_back({std::string(gpt2_pattern)});
+    add_prefix_space = j.value("add_prefix_space", false);
   } else if (type == "Digits") {
-    c.pre.split(j.value("individual_digits", false) ? R"(\p{N})" : R"(\p{N}+)");
+    splits.push_back({j.value("individual_digits", false) ? R"(\p{N})" : R"(\p{N}+)"});
   } else {
     throw error(errc::invalid_argument, "tokenizer.json: pre-tokenizer '" + type + "' is not supported");
   }
@@ -440,9 +449,77 @@ inline bpe_tokenizer load_bpe_json(std::string_view json_text) {
     }
     c.ignore_merges = model.value("ignore_merges", false);
     if (j.contains("normalizer")) detail::add_normalizer(j.at("normalizer"), c);
-    if (j.contains("pre_tokenizer")) detail::add_pre_tokenizer(j.at("pre_tokenizer"), c);
+    if (j.contains("pre_tokenizer")) {
+      std::vector<detail::split_spec> splits;
+      detail::read_pre_tokenizer(j.at("pre_tokenizer"), splits, c.add_prefix_space);
+      for (const auto& sp : splits) c.pre.split(sp.pattern, sp.behavior, sp.invert);
+    }
     c.description = "tokenizer.json byte-level BPE, " + std::to_string(c.tokens.size()) + " tokens";
     return bpe_tokenizer(std::move(c));
+  } catch (const nlohmann::json::exception& e) {
+    throw error(errc::invalid_argument, std::string("tokenizer.json: ") + e.what());
+  }
+}
+
+// The tokenizer.ggml.* metadata of a GGUF vocabulary for a Hugging Face tokenizer.json, as GGUF
+// converters write it: byte-level token strings by id (ids the file leaves out become unused
+// "[PAD<id>]" tokens), token types (1 normal, 3 special added token, 4 other added token, 5 unused),
+// merges as "left right", and the pre-tokenizer preset whose splits the file's pre-tokenizer makes.
+inline std::map<std::string, gguf::value, std::less<>> gguf_vocabulary(std::string_view json_text) {
+  try {
+    const auto j = nlohmann::json::parse(json_text);
+    const auto& model = j.at("model");
+    require(model.value("type", std::string("BPE")) == "BPE" && !model.value("byte_fallback", false),
+            errc::invalid_argument, "tokenizer.json: not a byte-level BPE tokenizer");
+    std::vector<std::string> tokens;
+    std::vector<std::int64_t> types;
+    const auto place = [&](std::size_t id, std::string text, std::int64_t type) {
+      require(id < (std::size_t{1} << 24), errc::invalid_argument,
+              "tokenizer.json: token id " + std::to_string(id) + " is too large");
+      while (tokens.size() <= id) {
+        tokens.push_back("[PAD" + std::to_string(tokens.size()) + "]");
+        types.push_back(5);
+      }
+      tokens[id] = std::move(text);
+      types[id] = type;
+    };
+    for (const auto& [text, id] : model.at("vocab").items()) place(id.get<std::size_t>(), text, 1);
+    if (j.contains("added_tokens"))
+      for (const auto& a : j.at("added_tokens"))
+        place(a.at("id").get<std::size_t>(), a.at("content").get<std::string>(), a.value("special", false) ? 3 : 4);
+    std::vector<std::string> merges;
+    for (const auto& m : model.at("merges"))
+      merges.push_back(m.is_string() ? m.get<std::string>() : m.at(0).get<std::string>() + " " + m.at(1).get<std::string>());
+
+    std::vector<detail::split_spec> splits;
+    bool prefix_space = false;
+    if (j.contains("pre_tokenizer")) detail::read_pre_tokenizer(j.at("pre_tokenizer"), splits, prefix_space);
+    std::vector<std::string> patterns;
+    for (const auto& sp : splits) {
+      require(sp.behavior == split_behavior::isolated && !sp.invert && !prefix_space, errc::invalid_argument,
+              "tokenizer.json: its pre-tokenizer is none of the GGUF presets (a split that does not isolate its "
+              "matches, or add_prefix_space)");
+      patterns.push_back(sp.pattern);
+    }
+    bpe_config normalizer;
+    if (j.contains("normalizer")) detail::add_normalizer(j.at("normalizer"), normalizer);
+    std::string pre;
+    for (const auto& p : pre_tokenizer::presets())
+      if (std::equal(patterns.begin(), patterns.end(), p.patterns.begin(), p.patterns.end()))
+        pre = std::string(p.name);
+    require(!pre.empty(), errc::invalid_argument,
+            "tokenizer.json: its pre-tokenizer is none of the GGUF presets (gpt-2, qwen2, llama-bpe, starcoder, "
+            "deepseek-coder)");
+    require(normalizer.nfc == (pre == "qwen2") && model.value("ignore_merges", false) == (pre == "llama-bpe"),
+            errc::invalid_argument,
+            "tokenizer.json: its normalizer or ignore_merges differs from what the GGUF preset '" + pre + "' implies");
+    std::map<std::string, gguf::value, std::less<>> out;
+    out["tokenizer.ggml.model"] = gguf::make_string("gpt2");
+    out["tokenizer.ggml.pre"] = gguf::make_string(pre);
+    out["tokenizer.ggml.tokens"] = gguf::make_strings(std::move(tokens));
+    out["tokenizer.ggml.token_type"] = gguf::make_i32s(std::move(types));
+    out["tokenizer.ggml.merges"] = gguf::make_strings(std::move(merges));
+    return out;
   } catch (const nlohmann::json::exception& e) {
     throw error(errc::invalid_argument, std::string("tokenizer.json: ") + e.what());
   }

@@ -39,29 +39,35 @@ class pre_tokenizer {
 
   // The preset for a `tokenizer.ggml.pre` name.
   static pre_tokenizer preset(std::string_view name) {
-    pre_tokenizer p;
-    if (name == "gpt-2" || name == "gpt2" || name == "default") {
-      p.split(gpt2_pattern);
-    } else if (name == "qwen2") {
-      p.split(
-          R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)");
-    } else if (name == "llama-bpe" || name == "llama3") {
-      p.split(
-          R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)");
-    } else if (name == "starcoder") {
-      p.split(R"(\p{N})").split(gpt2_pattern);
-    } else if (name == "deepseek-coder") {
-      p.split(R"([\r\n])")
-          .split(R"(\s?\p{L}+)")
-          .split(R"(\s?\p{P}+)")
-          .split("[\u4E00-\u9FA5\u0800-\u4E00\uAC00-\uD7FF]+")
-          .split(R"(\p{N})");
-    } else {
-      throw error(errc::invalid_argument, "pre-tokenizer '" + std::string(name) +
-                                              "' is not known (known: gpt-2, qwen2, llama-bpe, starcoder, "
-                                              "deepseek-coder)");
-    }
-    return p;
+    for (const auto& p : presets())
+      if (p.name == name || (p.name == "gpt-2" && (name == "gpt2" || name == "default")) ||
+          (p.name == "llama-bpe" && name == "llama3")) {
+        pre_tokenizer out;
+        for (const auto pattern : p.patterns) out.split(pattern);
+        return out;
+      }
+    throw error(errc::invalid_argument, "pre-tokenizer '" + std::string(name) +
+                                            "' is not known (known: gpt-2, qwen2, llama-bpe, starcoder, "
+                                            "deepseek-coder)");
+  }
+
+  // The presets GGUF files name: each a sequence of isolating splits.
+  struct named_preset {
+    std::string_view name;
+    std::vector<std::string_view> patterns;
+  };
+  static const std::vector<named_preset>& presets() {
+    static const std::vector<named_preset> table{
+        {"gpt-2", {gpt2_pattern}},
+        {"qwen2",
+         {R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"}},
+        {"llama-bpe",
+         {R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"}},
+        {"starcoder", {R"(\p{N})", gpt2_pattern}},
+        {"deepseek-coder",
+         {R"([\r\n])", R"(\s?\p{L}+)", R"(\s?\p{P}+)", "[\u4E00-\u9FA5\u0800-\u4E00\uAC00-\uD7FF]+", R"(\p{N})"}},
+    };
+    return table;
   }
 
   // Calls f(word) for each word of `text`, in order.

@@ -1,0 +1,281 @@
+// Model benchmark: prefill and decode tokens/s of the host backend on GGUF models, measured side by side
+// in one run with the plain f32 reference decoder (and with llama.cpp on the same files, when the
+// llama.cpp reference program is built), each path checked against the reference before it is timed.
+//
+// Like llama-bench's pp512 / tg128: prefill is one batch of --prompt tokens from an empty cache; decode is
+// --decode single-token steps from an empty cache.
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "efim/efim.hpp"
+#include "efim/model/vocabulary.hpp"
+
+namespace fs = std::filesystem;
+using namespace efim;
+
+namespace {
+const char* const usage = R"(usage: efim-model-bench [options]
+
+Times prefill (one batch of --prompt tokens) and decode (--decode single-token steps), both from an empty
+cache, on each model: the host backend on --threads threads, the plain f32 reference decoder on one
+thread, and llama.cpp on the same file when its reference program was built. Prints tokens/s and ratios.
+  --model FILE        a GGUF model (repeatable). Default: the Qwen2-shaped model of hidden 768, 12 layers,
+                      12 heads / 2 KV heads, FFN 2048, vocabulary 151,936, in f16 and in q8_0, made with
+                      efim-model's maker into --dir (kept there for later runs)
+  --dir DIR           where default models are made (bench-models)
+  --prompt N          prefill tokens (512)
+  --decode N          decode steps (128)
+  --threads N         host backend threads (2)
+  --reps N            timed repetitions; the best is reported (3)
+  --kv TYPE           KV cache of the host backend: f32 or f16 (f16, as llama-bench)
+  --no-reference      skip the reference decoder (it takes about a minute per model)
+  --no-llama          skip llama.cpp
+  --json FILE         write the results as JSON
+)";
+
+[[noreturn]] void fail(const std::string& message) {
+  std::cerr << "efim-model-bench: " << message << "\n";
+  std::exit(2);
+}
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+std::vector<token_id> bench_tokens(std::size_t n, std::size_t vocab) {
+  rng r(1234);
+  std::vector<token_id> t(n);
+  for (auto& x : t) x = static_cast<token_id>(r.below(std::min<std::size_t>(vocab, 150000)));
+  return t;
+}
+
+float max_relative_error(std::span<const float> got, std::span<const float> want) {
+  float scale = 0, err = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    scale = std::max(scale, std::abs(want[i]));
+    err = std::max(err, std::abs(got[i] - want[i]));
+  }
+  return scale > 0 ? err / scale : err;
+}
+
+struct timing {
+  double prefill_tps = 0, decode_tps = 0;
+};
+
+// The host backend: logits of the prefill's last token (for the check) and the best of `reps` timings.
+timing time_host(const model::weights& w, std::size_t threads, dtype kv_type, const std::vector<token_id>& prompt,
+                 std::size_t decode, std::size_t reps, std::vector<float>& prefill_logits) {
+  thread_pool pool(threads);
+  kernels::host::context ctx{pool};
+  model::transformer<kernels::host> m(w);
+  constexpr std::size_t block = 16;
+  const std::size_t blocks = (std::max(prompt.size(), decode) + block - 1) / block;
+  kv::host_storage kv(w.cfg.layers, m.kv_layout(blocks, block), kv_type);
+  std::vector<block_id> table(blocks);
+  for (std::size_t i = 0; i < blocks; ++i) table[i] = static_cast<block_id>(i);
+  const auto steps = bench_tokens(decode, w.cfg.vocab);
+  timing best;
+  std::vector<float> logits;
+  for (std::size_t rep = 0; rep < reps; ++rep) {
+    const model::batch_item all{prompt, 0, table, true};
+    double t0 = now();
+    m.forward(ctx, kv, std::span(&all, 1), logits);
+    best.prefill_tps = std::max(best.prefill_tps, static_cast<double>(prompt.size()) / (now() - t0));
+    if (rep == 0) prefill_logits = logits;
+    t0 = now();
+    for (std::size_t i = 0; i < decode; ++i) {
+      const model::batch_item one{std::span(steps).subspan(i, 1), static_cast<position>(i), table, true};
+      m.forward(ctx, kv, std::span(&one, 1), logits);
+    }
+    best.decode_tps = std::max(best.decode_tps, static_cast<double>(decode) / (now() - t0));
+  }
+  return best;
+}
+
+// The plain reference decoder, once: prefill, then decode steps with its dense cache.
+timing time_reference(const model::weights& w, const std::vector<token_id>& prompt, std::size_t decode,
+                      std::vector<float>& prefill_logits) {
+  model::reference_model ref(w, dtype::f32);
+  timing t;
+  double t0 = now();
+  const auto all = ref.forward(prompt);
+  t.prefill_tps = static_cast<double>(prompt.size()) / (now() - t0);
+  prefill_logits.assign(all.end() - static_cast<std::ptrdiff_t>(w.cfg.vocab), all.end());
+  ref.reset();
+  const auto steps = bench_tokens(decode, w.cfg.vocab);
+  t0 = now();
+  for (std::size_t i = 0; i < decode; ++i) (void)ref.forward(std::span(steps).subspan(i, 1));
+  t.decode_tps = static_cast<double>(decode) / (now() - t0);
+  return t;
+}
+
+// llama.cpp through the reference program; nullopt when it is not there or fails.
+std::optional<nlohmann::json> time_llama(const std::string& path, std::size_t threads, std::size_t prompt,
+                                         std::size_t decode, std::size_t reps) {
+  const std::string program = EFIM_LLAMA_REFERENCE;
+  if (program.empty() || !fs::exists(program)) return std::nullopt;
+  const std::string cmd = program + " bench " + path + " --pp " + std::to_string(prompt) + " --tg " +
+                          std::to_string(decode) + " --threads " + std::to_string(threads) + " --reps " +
+                          std::to_string(reps) + " 2>/dev/null";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (!pipe) return std::nullopt;
+  std::string out;
+  char buf[4096];
+  for (std::size_t n; (n = fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, n);
+  if (pclose(pipe) != 0) return std::nullopt;
+  try {
+    return nlohmann::json::parse(out.substr(out.find('{')));
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+// The default models: made once into `dir` by the same maker as efim-model make.
+std::vector<std::string> default_models(const fs::path& dir) {
+  model::config c = model::for_architecture(model::architecture::qwen2);
+  c.hidden = 768;
+  c.layers = 12;
+  c.heads = 12;
+  c.kv_heads = 2;
+  c.ffn = 2048;
+  c.max_context = 32768;
+  c.rope_theta = 1e6;
+  c.norm_eps = 1e-6f;
+  const std::string tokenizer = EFIM_DEFAULT_TOKENIZER;
+  model::metadata vocab;
+  if (fs::exists(tokenizer)) {
+    vocab = model::vocabulary_metadata(tokenizer, 151936);
+  } else {
+    std::cerr << "efim-model-bench: no " << tokenizer << " (run .ci/setup); the models get no tokenizer, so "
+              << "llama.cpp cannot load them\n";
+  }
+  c.vocab = 151936;
+  fs::create_directories(dir);
+  std::vector<std::string> paths;
+  for (const dtype type : {dtype::f16, dtype::q8_0}) {
+    const auto path = (dir / ("qwen2-768x12-" + std::string(to_string(type)) + ".gguf")).string();
+    if (!fs::exists(path)) {
+      std::cerr << "efim-model-bench: making " << path << "\n";
+      model::write_file(path, model::random_model(c, 1, {type}, vocab));
+    }
+    paths.push_back(path);
+  }
+  return paths;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> models;
+  std::string dir = "bench-models", json_path;
+  std::size_t prompt_n = 512, decode_n = 128, threads = 2, reps = 3;
+  dtype kv_type = dtype::f16;
+  bool reference = true, llama = true;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const auto value = [&]() -> std::string {
+      if (i + 1 >= argc) fail(a + " needs a value");
+      return argv[++i];
+    };
+    const auto count = [&]() -> std::size_t {
+      const std::string v = value();
+      try {
+        std::size_t used = 0;
+        const auto n = std::stoul(v, &used);
+        if (used == v.size() && n > 0) return n;
+      } catch (const std::exception&) {
+      }
+      fail(a + " needs a positive whole number, not '" + v + "'");
+    };
+    if (a == "--help" || a == "-h") {
+      std::cout << usage;
+      return 0;
+    } else if (a == "--model") {
+      models.push_back(value());
+    } else if (a == "--dir") {
+      dir = value();
+    } else if (a == "--prompt") {
+      prompt_n = count();
+    } else if (a == "--decode") {
+      decode_n = count();
+    } else if (a == "--threads") {
+      threads = count();
+    } else if (a == "--reps") {
+      reps = count();
+    } else if (a == "--kv") {
+      kv_type = parse_dtype(value());
+    } else if (a == "--no-reference") {
+      reference = false;
+    } else if (a == "--no-llama") {
+      llama = false;
+    } else if (a == "--json") {
+      json_path = value();
+    } else {
+      fail("unknown option " + a + " (see --help)");
+    }
+  }
+  try {
+    if (models.empty()) models = default_models(dir);
+    nlohmann::json results = nlohmann::json::array();
+    std::printf("%-28s %-6s %12s %12s %12s %12s %9s %9s\n", "model", "path", "prefill t/s", "decode t/s",
+                "prefill x", "decode x", "check", "");
+    for (const auto& path : models) {
+      const auto file = model::open_model(path);
+      const auto w = file.bind();
+      const auto prompt = bench_tokens(prompt_n, w.cfg.vocab);
+      const std::string name = fs::path(path).filename().string();
+      std::vector<float> host_logits, ref_logits;
+      const timing host = time_host(w, threads, kv_type, prompt, decode_n, reps, host_logits);
+      nlohmann::json r = {{"model", path},
+                          {"architecture", std::string(model::to_string(w.cfg.arch))},
+                          {"weights", std::string(to_string(w.type()))},
+                          {"kv", std::string(to_string(kv_type))},
+                          {"threads", threads},
+                          {"prompt", prompt_n},
+                          {"decode", decode_n},
+                          {"efim", {{"prefill_tokens_per_s", host.prefill_tps}, {"decode_tokens_per_s", host.decode_tps}}}};
+      std::printf("%-28s %-6s %12.1f %12.2f\n", name.c_str(), "efim", host.prefill_tps, host.decode_tps);
+      if (reference) {
+        const timing ref = time_reference(w, prompt, decode_n, ref_logits);
+        const float err = max_relative_error(host_logits, ref_logits);
+        r["reference"] = {{"prefill_tokens_per_s", ref.prefill_tps},
+                          {"decode_tokens_per_s", ref.decode_tps},
+                          {"efim_vs_reference_max_relative_error", err}};
+        r["efim_over_reference"] = {{"prefill", host.prefill_tps / ref.prefill_tps},
+                                    {"decode", host.decode_tps / ref.decode_tps}};
+        std::printf("%-28s %-6s %12.1f %12.2f %11.1fx %11.1fx %9.1e\n", "", "ref", ref.prefill_tps, ref.decode_tps,
+                    host.prefill_tps / ref.prefill_tps, host.decode_tps / ref.decode_tps, static_cast<double>(err));
+      }
+      if (llama) {
+        if (const auto l = time_llama(path, threads, prompt_n, decode_n, reps)) {
+          const double pp = l->at("pp_best").get<double>(), tg = l->at("tg_best").get<double>();
+          r["llama_cpp"] = *l;
+          r["efim_over_llama_cpp"] = {{"prefill", host.prefill_tps / pp}, {"decode", host.decode_tps / tg}};
+          std::printf("%-28s %-6s %12.1f %12.2f %11.2fx %11.2fx\n", "", "llama", pp, tg, host.prefill_tps / pp,
+                      host.decode_tps / tg);
+        } else {
+          std::printf("%-28s %-6s (not available: build efim-llama-reference after .ci/setup)\n", "", "llama");
+        }
+      }
+      results.push_back(r);
+      std::fflush(stdout);
+    }
+    std::printf("(x: efim's tokens/s over that row's; check: efim's prefill logits against the reference's)\n");
+    if (!json_path.empty()) {
+      std::ofstream f(json_path);
+      f << results.dump(2) << "\n";
+      if (!f) fail("cannot write " + json_path);
+    }
+    return 0;
+  } catch (const efim::error& e) {
+    fail(e.what());
+  }
+}

@@ -1,0 +1,70 @@
+#pragma once
+// The tokenizer half of a model file: tokenizer.ggml.* metadata from a Hugging Face tokenizer.json or
+// from another GGUF file, padded to the model's vocabulary, with the special token ids GGUF readers
+// look for (end of text, padding, and the FIM sentinels llama.cpp's /infill uses).
+#include <cstddef>
+#include <cstdint>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "efim/core/error.hpp"
+#include "efim/core/gguf.hpp"
+#include "efim/model/gguf_model.hpp"
+#include "efim/prompt/fim_tokens.hpp"
+#include "efim/text/bpe_tokenizer.hpp"
+
+namespace efim::model {
+
+// Tokenizer metadata from `path` (a .gguf file: its tokenizer.* keys; otherwise a tokenizer.json),
+// padded with unused "[PAD<id>]" tokens to `vocab` tokens when that is more.
+inline metadata vocabulary_metadata(const std::string& path, std::size_t vocab = 0) {
+  metadata out;
+  if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".gguf") == 0) {
+    const auto f = gguf::read(path);
+    for (const auto& [key, value] : f.metadata)
+      if (key.starts_with("tokenizer.")) out.emplace(key, value);
+    require(out.contains("tokenizer.ggml.tokens"), errc::invalid_argument, "'" + path + "' has no tokenizer");
+  } else {
+    std::ifstream in(path, std::ios::binary);
+    require(in.good(), errc::io, "cannot open '" + path + "'");
+    std::stringstream text;
+    text << in.rdbuf();
+    out = text::gguf_vocabulary(text.str());
+  }
+  auto& tokens = std::get<std::vector<std::string>>(
+      std::get<gguf::array_value>(out.at("tokenizer.ggml.tokens").v).items);
+  if (vocab > tokens.size()) {
+    const auto types_it = out.find("tokenizer.ggml.token_type");
+    auto* types = types_it == out.end() ? nullptr
+                                        : std::get_if<std::vector<std::int64_t>>(
+                                              &std::get<gguf::array_value>(types_it->second.v).items);
+    while (tokens.size() < vocab) {
+      tokens.push_back("[PAD" + std::to_string(tokens.size()) + "]");
+      if (types) types->push_back(5);  // unused
+    }
+  }
+  // Special ids, where the file does not name them already.
+  const auto tok = text::load_bpe_gguf(gguf::parse(gguf::serialize(out, {})));
+  if (const auto* fim = prompt::detect_token_set(tok)) {
+    const auto id = [&](std::string_view role_text, std::string_view key) {
+      if (role_text.empty()) return;
+      if (const auto t = tok.special_id(role_text))
+        out.try_emplace(std::string("tokenizer.ggml.") + std::string(key), gguf::make_u32(static_cast<std::uint32_t>(*t)));
+    };
+    id(fim->eos, "eos_token_id");
+    id(fim->bos, "bos_token_id");
+    id(fim->pad, "padding_token_id");
+    id(fim->prefix, "fim_pre_token_id");
+    id(fim->suffix, "fim_suf_token_id");
+    id(fim->middle, "fim_mid_token_id");
+    id(fim->pad, "fim_pad_token_id");
+    id(fim->repo_name, "fim_rep_token_id");
+    id(fim->file_sep, "fim_sep_token_id");
+    out.try_emplace("tokenizer.ggml.add_bos_token", gguf::value{gguf::value_type::boolean, fim->add_bos});
+  }
+  return out;
+}
+
+}  // namespace efim::model

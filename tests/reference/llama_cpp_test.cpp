@@ -1,0 +1,230 @@
+// efim against llama.cpp on the same GGUF files: files written by llama.cpp's tools (gguf-py's writer,
+// llama.cpp's quantizer) load here and give the logits llama.cpp gives, and files efim-model writes load
+// in llama.cpp and give the logits efim gives. llama.cpp runs as a process (efim-llama-reference).
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "efim/efim.hpp"
+
+namespace fs = std::filesystem;
+using namespace efim;
+
+namespace {
+struct run_result {
+  int exit_code;
+  std::string out;
+};
+
+run_result run(const std::string& cmd) {
+  FILE* pipe = popen((cmd + " 2>&1").c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  std::string out;
+  char buf[1 << 16];
+  for (std::size_t n; (n = fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+const fs::path vocab_dir = fs::path(EFIM_SHARED_DATA) / "vocab";
+const fs::path work = fs::path(EFIM_WORK_DIR);
+
+// A model written by gguf-py, llama.cpp's GGUF writer, through tests/reference/make_model.py.
+fs::path gguf_py_model(const std::string& name, const std::string& args) {
+  const fs::path out = work / (name + ".gguf");
+  const auto r = run(std::string(EFIM_PYTHON) + " " + EFIM_MAKE_MODEL + " " + args + " " + out.string());
+  INFO(r.out);
+  REQUIRE(r.exit_code == 0);
+  return out;
+}
+
+std::string ids_text(const std::vector<token_id>& ids) {
+  std::string s;
+  for (const auto id : ids) {
+    if (!s.empty()) s += ' ';
+    s += std::to_string(id);
+  }
+  return s;
+}
+
+// llama.cpp's logits for every position of `ids` (f32 KV, one thread).
+std::vector<std::vector<float>> llama_logits(const fs::path& model, const std::vector<token_id>& ids) {
+  const auto r = run(std::string(EFIM_LLAMA_REFERENCE) + " logits " + model.string() + " --all --threads 1 --ids '" +
+                     ids_text(ids) + "'");
+  INFO(r.out.substr(0, 2000));
+  REQUIRE(r.exit_code == 0);
+  std::vector<std::vector<float>> rows;
+  std::istringstream lines(r.out);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream in(line);
+    std::vector<float> row;
+    for (float v; in >> v;) row.push_back(v);
+    if (!row.empty()) rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+// efim's logits for every position, token by token through the paged transformer.
+std::vector<std::vector<float>> efim_logits(const model::weights& w, const std::vector<token_id>& ids) {
+  thread_pool pool(2);
+  kernels::host::context ctx{pool};
+  model::transformer<kernels::host> m(w);
+  kv::host_storage kv(w.cfg.layers, m.kv_layout(8, 8));
+  const std::vector<block_id> table{3, 1, 4, 0, 5, 2, 7, 6};
+  std::vector<std::vector<float>> rows;
+  std::vector<float> logits;
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    const model::batch_item item{std::span(ids).subspan(i, 1), static_cast<position>(i), table, true};
+    m.forward(ctx, kv, std::span(&item, 1), logits);
+    rows.push_back(logits);
+  }
+  return rows;
+}
+
+float max_relative_error(const std::vector<float>& got, const std::vector<float>& want) {
+  REQUIRE(got.size() == want.size());
+  float scale = 0.0f, err = 0.0f;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    scale = std::max(scale, std::abs(want[i]));
+    err = std::max(err, std::abs(got[i] - want[i]));
+  }
+  return err / scale;
+}
+
+float worst(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  REQUIRE(a.size() == b.size());
+  float e = 0.0f;
+  for (std::size_t i = 0; i < a.size(); ++i) e = std::max(e, max_relative_error(a[i], b[i]));
+  return e;
+}
+
+const std::vector<token_id> tokens{17, 4242, 311, 9, 1000, 77, 2048, 5, 12345, 600, 31, 8000};
+
+bool ready() {
+  if (!fs::exists(EFIM_LLAMA_REFERENCE) || !fs::is_directory(vocab_dir)) {
+    WARN("llama_cpp: skipped: needs efim-llama-reference (.ci/setup fetches llama.cpp) and " << vocab_dir.string());
+    return false;
+  }
+  fs::create_directories(work);
+  return true;
+}
+
+struct arch_case {
+  std::string arch, vocab;
+  bool tied;
+  float bound;  // llama.cpp's starcoder2 reads GELU from an f16 table: 1.6e-4 from the exact tanh form
+};
+const arch_case cases[] = {{"llama", "ggml-vocab-deepseek-coder.gguf", false, 1e-4f},
+                           {"qwen2", "ggml-vocab-qwen2.5-coder.gguf", true, 1e-4f},
+                           {"starcoder2", "ggml-vocab-starcoder.gguf", false, 1e-3f}};
+const std::string shape = " --hidden 64 --layers 2 --heads 4 --kv-heads 2 --ffn 128 --context 512";
+}  // namespace
+
+TEST_CASE("models written by llama.cpp's gguf-py load here and compute what llama.cpp computes", "[llama_cpp]") {
+  if (!ready()) return;
+  for (const auto& c : cases) {
+    INFO(c.arch);
+    const auto path = gguf_py_model("gguf_py_" + c.arch, "--arch " + c.arch + shape + " --seed 3 --vocab " +
+                                                             (vocab_dir / c.vocab).string() + (c.tied ? " --tied" : ""));
+    const auto file = model::open_model(path.string());
+    const auto w = file.bind();
+    CHECK(w.tied() == c.tied);
+    const auto theirs = llama_logits(path, tokens);
+    const auto ours = efim_logits(w, tokens);
+    CHECK(worst(ours, theirs) < c.bound);
+    // The reference decoder agrees with both.
+    const auto ref = model::reference_forward(w, tokens);
+    for (std::size_t t = 0; t < tokens.size(); ++t)
+      CHECK(max_relative_error(ours[t], std::vector<float>(ref.begin() + static_cast<std::ptrdiff_t>(t * w.cfg.vocab),
+                                                           ref.begin() + static_cast<std::ptrdiff_t>((t + 1) * w.cfg.vocab))) <
+            1e-4f);
+    // Its tokenizer too: the file's vocabulary is the shared one.
+    const auto tok = text::load_bpe_gguf(file.meta);
+    CHECK(tok.vocab_size() <= w.cfg.vocab);
+  }
+}
+
+TEST_CASE("quantized files from gguf-py and llama.cpp's quantizer load and run", "[llama_cpp]") {
+  if (!ready()) return;
+  for (const auto& c : cases) {
+    INFO(c.arch);
+    const std::string args = "--arch " + c.arch + shape + " --seed 4 --vocab " + (vocab_dir / c.vocab).string();
+    const auto f32_path = gguf_py_model("q_" + c.arch + "_f32", args);
+    for (const std::string type : {"f16", "bf16", "q8_0", "q4_0"}) {
+      INFO(type);
+      // Written by gguf-py's quantizers, and by llama.cpp's from the f32 file.
+      const auto by_gguf_py = gguf_py_model("q_" + c.arch + "_" + type, args + " --type " + type);
+      const fs::path by_llama = work / ("q_" + c.arch + "_" + type + "_llama.gguf");
+      const auto q = run(std::string(EFIM_LLAMA_REFERENCE) + " quantize " + f32_path.string() + " " +
+                         by_llama.string() + " " + type + " --threads 1");
+      INFO(q.out.substr(0, 2000));
+      REQUIRE(q.exit_code == 0);
+      for (const auto& path : {by_gguf_py, by_llama}) {
+        INFO(path.string());
+        const auto w = model::open_model(path.string()).bind();
+        const auto ours = efim_logits(w, tokens);
+        // The same weights, dequantized, through the reference decoder: only the order of sums differs.
+        const auto ref = model::reference_forward(w, tokens);
+        for (std::size_t t = 0; t < tokens.size(); ++t)
+          CHECK(max_relative_error(ours[t],
+                                   std::vector<float>(ref.begin() + static_cast<std::ptrdiff_t>(t * w.cfg.vocab),
+                                                      ref.begin() + static_cast<std::ptrdiff_t>((t + 1) * w.cfg.vocab))) <
+                1e-4f);
+        // llama.cpp rounds activations to the weight type (q8_0 activations for q8_0 and q4_0 weights),
+        // efim keeps them in f32: close, not equal.
+        CHECK(worst(ours, llama_logits(path, tokens)) < (type == "f16" || type == "bf16" ? 2e-2f : 6e-2f));
+      }
+    }
+    // A k-quant mix is refused with a clear error, not computed wrongly.
+    const fs::path kquant = work / ("q_" + c.arch + "_q4_k_m.gguf");
+    REQUIRE(run(std::string(EFIM_LLAMA_REFERENCE) + " quantize " + f32_path.string() + " " + kquant.string() +
+                " q4_k_m --threads 1")
+                .exit_code == 0);
+    CHECK_THROWS_WITH(model::open_model(kquant.string()).bind(), Catch::Contains("which is not supported"));
+  }
+}
+
+TEST_CASE("models efim-model writes load in llama.cpp and give the logits efim gives", "[llama_cpp]") {
+  if (!ready()) return;
+  for (const auto& c : cases) {
+    INFO(c.arch);
+    const fs::path path = work / ("efim_" + c.arch + ".gguf");
+    const auto r = run(std::string(EFIM_MODEL_TOOL) + " make --arch " + c.arch + shape + " --type f32 --seed 5" +
+                       (c.tied ? " --tied" : "") + " --tokenizer " + (vocab_dir / c.vocab).string() + " " +
+                       path.string());
+    INFO(r.out);
+    REQUIRE(r.exit_code == 0);
+    const auto w = model::open_model(path.string()).bind();
+    CHECK(worst(efim_logits(w, tokens), llama_logits(path, tokens)) < c.bound);
+    // Greedy continuations agree token for token.
+    const auto theirs = run(std::string(EFIM_LLAMA_REFERENCE) + " generate " + path.string() + " --threads 1 --n 16 --ids '" +
+                            ids_text(tokens) + "'");
+    REQUIRE(theirs.exit_code == 0);
+    std::vector<token_id> want;
+    std::istringstream in(theirs.out);
+    for (long v; in >> v;) want.push_back(static_cast<token_id>(v));
+    thread_pool pool(2);
+    kernels::host::context ctx{pool};
+    model::transformer<kernels::host> m(w);
+    kv::host_storage kv(w.cfg.layers, m.kv_layout(8, 8));
+    const std::vector<block_id> table{0, 1, 2, 3, 4, 5, 6, 7};
+    std::vector<token_id> seq = tokens, got;
+    std::vector<float> logits;
+    std::size_t start = 0;
+    while (got.size() < 16) {
+      const model::batch_item item{std::span(seq).subspan(start), static_cast<position>(start), table, true};
+      m.forward(ctx, kv, std::span(&item, 1), logits);
+      start = seq.size();
+      got.push_back(kernels::argmax(logits));
+      seq.push_back(got.back());
+    }
+    CHECK(got == want);
+  }
+}
