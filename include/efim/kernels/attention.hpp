@@ -63,26 +63,6 @@ inline void load_lanes(const half* p, vfloat& out) noexcept {
   std::memcpy(&out, f, sizeof out);
 #endif
 }
-
-// y[i] = y[i] + a * x[i] for x held as E.
-template <class E>
-inline void axpy_from(float a, const E* x, float* y, std::size_t n) noexcept {
-  if constexpr (std::is_same_v<E, float>) {
-    axpy(a, x, y, n);
-  } else {
-    std::size_t k = 0;
-    const vfloat av = vfloat{} + a;
-    for (; k + lanes <= n; k += lanes) {
-      vfloat xv, yv;
-      load_lanes(x + k, xv);
-      std::memcpy(&yv, y + k, sizeof yv);
-      fma_into(yv, av, xv);
-      std::memcpy(y + k, &yv, sizeof yv);
-    }
-    for (; k < n; ++k) y[k] = fma(a, to_f32(x[k]), y[k]);
-  }
-}
-
 }  // namespace detail
 
 // k, v: (tokens, kv_heads, head_dim) rows for the batch's tokens, written into their pages.
@@ -179,17 +159,45 @@ inline void attend_rows(const kv::paged_layout& l, const E* k_cache, const E* v_
     float lanes_sum[lanes];
     std::memcpy(lanes_sum, &sum, sizeof lanes_sum);
     inv_sum[r] = 1.0f / reduce_lanes(lanes_sum, 0.0f);
-    std::fill_n(rows[r].out, d, 0.0f);
   }
 
-  for (std::size_t j = 0; j < most; ++j) {
-    const auto at = kv::locate(table, bs, j);
-    const E* v = v_cache + l.offset(at.block, kv_head, at.slot);
+  // The weighted sum of values, keys in order for every output element, held in registers a few
+  // vectors of dimensions at a time, each value row read (and widened) once for all the rows.
+  constexpr std::size_t C = R <= 6 ? 4 : 2;  // vectors of dimensions at a time: R * C sums in registers
+  const std::size_t full = d - d % lanes;
+  for (std::size_t d0 = 0; d0 < full; d0 += C * lanes) {
+    const std::size_t c_n = std::min(C, (full - d0) / lanes);
+    vfloat acc[R][C];
     for (std::size_t r = 0; r < R; ++r)
-      if (j < rows[r].keys) axpy_from(scores[r][j], v, rows[r].out, d);
+      for (std::size_t c = 0; c < C; ++c) acc[r][c] = vfloat{};
+    for (std::size_t j = 0; j < most; ++j) {
+      const auto at = kv::locate(table, bs, j);
+      const E* v = v_cache + l.offset(at.block, kv_head, at.slot) + d0;
+      vfloat vv[C] = {};
+      for (std::size_t c = 0; c < C; ++c)
+        if (c < c_n) load_lanes(v + c * lanes, vv[c]);
+      for (std::size_t r = 0; r < R; ++r) {
+        if (j >= rows[r].keys) continue;
+        const vfloat p = vfloat{} + scores[r][j];
+        for (std::size_t c = 0; c < C; ++c)
+          if (c < c_n) fma_into(acc[r][c], p, vv[c]);
+      }
+    }
+    for (std::size_t r = 0; r < R; ++r)
+      for (std::size_t c = 0; c < c_n; ++c) {
+        const vfloat out = acc[r][c] * inv_sum[r];
+        std::memcpy(rows[r].out + d0 + c * lanes, &out, sizeof out);
+      }
   }
-  for (std::size_t r = 0; r < R; ++r)
-    for (std::size_t i = 0; i < d; ++i) rows[r].out[i] *= inv_sum[r];
+  for (std::size_t i = full; i < d; ++i)  // dimensions past the last whole vector
+    for (std::size_t r = 0; r < R; ++r) {
+      float o = 0.0f;
+      for (std::size_t j = 0; j < rows[r].keys; ++j) {
+        const auto at = kv::locate(table, bs, j);
+        o = fma(scores[r][j], to_f32(v_cache[l.offset(at.block, kv_head, at.slot) + i]), o);
+      }
+      rows[r].out[i] = o * inv_sum[r];
+    }
 }
 
 template <class E, std::size_t... R>
