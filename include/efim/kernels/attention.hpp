@@ -16,9 +16,6 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
-#if defined(__AVX512F__) || defined(__F16C__)
-#include <immintrin.h>
-#endif
 
 #include "efim/core/dtype.hpp"
 #include "efim/core/error.hpp"
@@ -44,25 +41,8 @@ inline void store(float x, half& out) noexcept { out.bits = f32_to_f16(x); }
 
 // 16 elements as floats.
 inline void load_lanes(const float* p, vfloat& out) noexcept { std::memcpy(&out, p, sizeof out); }
-inline void load_lanes(const half* p, vfloat& out) noexcept {
-#if defined(__AVX512F__)
-  __m256i h;
-  std::memcpy(&h, p, sizeof h);
-  const __m512 f = _mm512_maskz_cvtph_ps(0xffff, h);  // the unmasked form trips GCC 12's -Wuninitialized
-  std::memcpy(&out, &f, sizeof out);
-#elif defined(__F16C__)
-  for (std::size_t i = 0; i < 2; ++i) {
-    __m128i h;
-    std::memcpy(&h, p + 8 * i, sizeof h);
-    const __m256 f = _mm256_cvtph_ps(h);
-    std::memcpy(reinterpret_cast<float*>(&out) + 8 * i, &f, sizeof f);
-  }
-#else
-  float f[lanes];
-  for (std::size_t i = 0; i < lanes; ++i) f[i] = to_f32(p[i]);
-  std::memcpy(&out, f, sizeof out);
-#endif
-}
+inline void load_lanes(const half* p, vfloat& out) noexcept { widen_f16(out, reinterpret_cast<const std::byte*>(p)); }
+
 }  // namespace detail
 
 // k, v: (tokens, kv_heads, head_dim) rows for the batch's tokens, written into their pages.

@@ -61,6 +61,12 @@ inline void fma_into(vfloat& acc, const vfloat& a, const vfloat& b) noexcept {
 // v = 16 IEEE halves from p, widened to f32 with F16C where the target has it: the values of
 // f16_to_f32 (a signaling NaN comes out quiet, as any arithmetic on it would make it).
 inline void widen_f16(vfloat& v, const std::byte* p) noexcept {
+#if defined(__AVX512F__)
+  __m256i h;
+  std::memcpy(&h, p, sizeof h);
+  const __m512 f = _mm512_maskz_cvtph_ps(0xffff, h);  // the unmasked form trips GCC 12's -Wuninitialized
+  std::memcpy(&v, &f, sizeof v);
+#else
   float f[lanes];
 #if defined(__F16C__)
   for (std::size_t h = 0; h < 2; ++h) {
@@ -76,6 +82,7 @@ inline void widen_f16(vfloat& v, const std::byte* p) noexcept {
   }
 #endif
   std::memcpy(&v, f, sizeof v);
+#endif
 }
 
 // v = 16 bfloat16s from p, widened to f32 (a shift, exact).

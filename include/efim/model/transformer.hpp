@@ -49,7 +49,7 @@ class transformer<kernels::host> {
   // Bytes of scratch a batch of `tokens` rows needs, logits included (the transformer holds it).
   [[nodiscard]] std::size_t workspace_bytes(std::size_t tokens) const noexcept {
     const config& c = cfg();
-    const std::size_t per_token = 2 * c.hidden + 2 * c.q_dim() + 2 * c.kv_dim() + 2 * c.ffn + c.head_dim();
+    const std::size_t per_token = 3 * c.hidden + 2 * c.q_dim() + 2 * c.kv_dim() + 2 * c.ffn + c.head_dim();
     return (tokens * per_token + tokens * c.vocab) * sizeof(float);
   }
 
