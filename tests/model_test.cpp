@@ -837,6 +837,12 @@ TEST_CASE("a model file with a wrong tensor shape, type, name or offset gives a 
   other = meta;
   other.erase("llama.block_count");
   CHECK_THROWS_WITH(bind(edited_model([](auto&) {}, other)), Catch::Contains("llama.block_count"));
+  // A scaling factor without a type is linear scaling, as llama.cpp reads it; "none" ignores the factor.
+  other = meta;
+  other["llama.rope.scaling.factor"] = gguf::make_f32(4.0f);
+  CHECK(model::read_config(gguf::parse(edited_model([](auto&) {}, other))).rope_scale == 4.0);
+  other["llama.rope.scaling.type"] = gguf::make_string("none");
+  CHECK(model::read_config(gguf::parse(edited_model([](auto&) {}, other))).rope_scale == 1.0);
   other = meta;
   other["llama.rope.scaling.type"] = gguf::make_string("yarn");
   CHECK_THROWS_WITH(bind(edited_model([](auto&) {}, other)), Catch::Contains("RoPE scaling 'yarn' is not supported"));

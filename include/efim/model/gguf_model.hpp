@@ -104,14 +104,17 @@ inline config read_config(const gguf::file& f) {
                 " head dimensions (partial rotary) is not supported");
   }
   c.rope_theta = detail::number(f, n, "rope.freq_base", 10000.0);
+  // As llama.cpp reads it: a scaling factor without a type is linear; the older key says the same.
+  std::string scaling = "linear";
   if (const gguf::value* type = detail::find_key(f, n, "rope.scaling.type")) {
     const auto* s = std::get_if<std::string>(&type->v);
     require(s && (*s == "none" || *s == "linear"), errc::invalid_argument,
             "model: RoPE scaling '" + (s ? *s : std::string("?")) + "' is not supported (none, linear)");
-    if (*s == "linear") c.rope_scale = detail::number(f, n, "rope.scaling.factor", 1.0);
-  } else {
-    c.rope_scale = detail::number(f, n, "rope.scale_linear", 1.0);
+    scaling = *s;
   }
+  if (scaling == "linear")
+    c.rope_scale = detail::number(f, n, "rope.scaling.factor", detail::number(f, n, "rope.scale_linear", 1.0));
+  if (c.rope_scale == 0.0) c.rope_scale = 1.0;  // llama.cpp reads a factor of 0 as none
   c.norm_eps = static_cast<float>(
       detail::number(f, n, c.norm == norm_kind::rms ? "attention.layer_norm_rms_epsilon" : "attention.layer_norm_epsilon",
                      1e-5));
