@@ -1,5 +1,6 @@
 #pragma once
 // Command-line handling shared by the example programs that take subcommands.
+#include <cstdint>
 #include <cstdlib>
 #include <exception>
 #include <iostream>
@@ -29,7 +30,8 @@ inline double number(std::string_view program, std::string_view flag, const std:
 
 inline std::size_t count(std::string_view program, std::string_view flag, const std::string& text) {
   const double v = number(program, flag, text);
-  if (v < 0 || v != static_cast<double>(static_cast<std::size_t>(v))) fail(program, std::string(flag) + " needs a count");
+  if (!(v >= 0 && v <= 9007199254740992.0 && v == static_cast<double>(static_cast<std::uint64_t>(v))))
+    fail(program, std::string(flag) + " needs a whole number, not '" + text + "'");
   return static_cast<std::size_t>(v);
 }
 
@@ -49,6 +51,8 @@ int run_command(int argc, char** argv, std::string_view program, const char* usa
   try {
     return command(std::string_view(argv[1]));
   } catch (const efim::error& e) {
+    fail(program, e.what(), 1);
+  } catch (const std::exception& e) {  // out of memory, say: still a message, not an abort
     fail(program, e.what(), 1);
   }
 }

@@ -545,14 +545,15 @@ int bench_random_model(const options& o) {
         auto cfg = o.model;
         efim::model::metadata vocab;
         if (!tokenizer.empty() && tokenizer != "byte") {
-          vocab = efim::model::vocabulary_metadata(tokenizer, fim.family == efim::prompt::qwen25_coder.family ? 151936 : 0);
+          vocab = efim::model::vocabulary_metadata(tokenizer);
           cfg.vocab = std::get<std::vector<std::string>>(
                           std::get<efim::gguf::array_value>(vocab.at("tokenizer.ggml.tokens").v).items)
                           .size();
         } else {
           cfg.vocab = tok.vocab_size();
         }
-        const auto file = efim::model::open_model(efim::model::random_model(cfg, o.seed, {o.weight_type}, vocab, o.threads));
+        const auto file =
+            efim::model::open_model(efim::model::random_model(cfg, o.seed, {o.weight_type}, vocab, o.threads));
         return run_bench(o, tok, fim, name, file.bind());
       });
 }
@@ -563,7 +564,7 @@ int main(int argc, char** argv) {
   const options o = parse(argc, argv);
   try {
     return o.model_path.empty() ? bench_random_model(o) : bench_model_file(o);
-  } catch (const efim::error& e) {
+  } catch (const std::exception& e) {  // efim::error, or out of memory for an absurd model shape
     fail(e.what());
   }
 }

@@ -30,7 +30,9 @@ Special-token text in the prompt (such as <|fim_prefix|>) stands for those token
 
 [[noreturn]] void fail(const std::string& message, int code = 2) { efim_examples::fail("efim-cli", message, code); }
 double number(std::string_view flag, const std::string& text) { return efim_examples::number("efim-cli", flag, text); }
-std::size_t count(std::string_view flag, const std::string& text) { return efim_examples::count("efim-cli", flag, text); }
+std::size_t count(std::string_view flag, const std::string& text) {
+  return efim_examples::count("efim-cli", flag, text);
+}
 
 // The special token a GGUF file names under `key`, if it does.
 std::optional<efim::token_id> special(const efim::gguf::file& f, std::string_view key) {
@@ -93,7 +95,7 @@ int complete(int argc, char** argv) {
   }
   if (model_path.empty()) fail("--model FILE is required (see --help)");
   if (!have_prompt) fail("--prompt TEXT or --prompt-file FILE is required (see --help)");
-  if (temperature < 0 || top_p <= 0 || top_p > 1) fail("--temperature must be >= 0 and --top-p in (0, 1]");
+  if (!(temperature >= 0 && top_p > 0 && top_p <= 1)) fail("--temperature must be >= 0 and --top-p in (0, 1]");
 
   const auto file = efim::model::open_model(model_path);
   const auto weights = file.bind();
@@ -131,10 +133,10 @@ int complete(int argc, char** argv) {
   for (std::size_t i = 0; i < n_predict; ++i) {
     model.forward(ctx, kv, std::span(&item, 1), logits);
     const std::span<const float> row = std::span(logits).first(tok.vocab_size());
-    const efim::token_id next =
-        temperature <= 0 ? efim::kernels::argmax(row)
-                         : efim::kernels::sample(row, static_cast<float>(temperature), top_k,
-                                                 static_cast<float>(top_p), random.uniform(), scratch);
+    const efim::token_id next = temperature <= 0
+                                    ? efim::kernels::argmax(row)
+                                    : efim::kernels::sample(row, static_cast<float>(temperature), top_k,
+                                                            static_cast<float>(top_p), random.uniform(), scratch);
     if (eos && next == *eos && !ignore_eos) break;
     done = tokens.size();
     tokens.push_back(next);

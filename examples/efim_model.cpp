@@ -26,7 +26,8 @@ make: writes a model with random weights (deterministic for a seed) that llama.c
   --heads N           query heads (12)
   --kv-heads N        key/value heads (2)
   --ffn N             feed-forward width (2048)
-  --head-dim N        head size, when it is not hidden / heads
+  --head-dim N        head size, when it is not hidden / heads (llama only: llama.cpp's qwen2 and
+                      starcoder2 need heads x head size = hidden)
   --context N         training context length (32768)
   --rope-base F       RoPE base (1e6 for qwen2, 1e5 for starcoder2, 1e4 for llama)
   --rope-scale F      linear RoPE scaling factor (1)
@@ -35,16 +36,20 @@ make: writes a model with random weights (deterministic for a seed) that llama.c
   --tied              no output matrix: the token embeddings give the logits
   --tokenizer PATH    tokenizer.json, or a .gguf file to take the tokenizer from (default: the
                       Qwen2.5-Coder tokenizer.json that .ci/setup fetches); "none" for no tokenizer
-  --vocab N           vocabulary rows; the tokenizer is padded to N (default: the tokenizer's size,
-                      151936 with the Qwen tokenizer, which is the Qwen2.5-Coder models')
+  --vocab N           vocabulary rows; the tokenizer is padded to N (default: the tokenizer's size; for
+                      the Qwen2.5-Coder vocabulary 151936, as its models have)
   --seed S            (1)
   --threads N         threads drawing the weights (0: all cores)
 info: the metadata, the decoder config and a summary of the tensors by type.
 )";
 
 [[noreturn]] void fail(const std::string& message, int code = 2) { efim_examples::fail("efim-model", message, code); }
-double number(std::string_view flag, const std::string& text) { return efim_examples::number("efim-model", flag, text); }
-std::size_t count(std::string_view flag, const std::string& text) { return efim_examples::count("efim-model", flag, text); }
+double number(std::string_view flag, const std::string& text) {
+  return efim_examples::number("efim-model", flag, text);
+}
+std::size_t count(std::string_view flag, const std::string& text) {
+  return efim_examples::count("efim-model", flag, text);
+}
 
 int make(int argc, char** argv) {
   std::map<std::string, std::string> opt;
@@ -64,10 +69,9 @@ int make(int argc, char** argv) {
     }
   }
   if (out.empty()) fail("make needs an output file (see --help)");
-  static const std::vector<std::string> known{"--arch",      "--hidden",     "--layers",   "--heads",     "--kv-heads",
-                                              "--ffn",       "--head-dim",   "--context",  "--rope-base", "--rope-scale",
-                                              "--norm-eps",  "--type",       "--tokenizer", "--vocab",    "--seed",
-                                              "--threads"};
+  static const std::vector<std::string> known{
+      "--arch",      "--hidden",     "--layers",   "--heads", "--kv-heads",  "--ffn",   "--head-dim", "--context",
+      "--rope-base", "--rope-scale", "--norm-eps", "--type",  "--tokenizer", "--vocab", "--seed",     "--threads"};
   for (const auto& [k, v] : opt)
     if (std::find(known.begin(), known.end(), k) == known.end()) fail("unknown option " + k + " (see --help)");
   const auto get = [&](const std::string& k, const char* fallback) {
@@ -87,9 +91,14 @@ int make(int argc, char** argv) {
   const char* base = qwen ? "1e6" : c.arch == efim::model::architecture::starcoder2 ? "1e5" : "1e4";
   c.rope_theta = number("--rope-base", get("--rope-base", base));
   c.rope_scale = number("--rope-scale", get("--rope-scale", "1"));
-  c.norm_eps = static_cast<float>(number("--norm-eps", get("--norm-eps", qwen ? "1e-6" : "1e-5")));
+  const double eps = number("--norm-eps", get("--norm-eps", qwen ? "1e-6" : "1e-5"));
+  if (!(eps > 0 && eps < 1)) fail("--norm-eps must be in (0, 1)");
+  c.norm_eps = static_cast<float>(eps);
   const efim::model::random_spec spec{efim::parse_dtype(get("--type", "f16")), tied};
-  const auto seed = static_cast<std::uint64_t>(number("--seed", get("--seed", "1")));
+  const std::uint64_t seed = count("--seed", get("--seed", "1"));
+  if (c.head_size != 0 && c.head_size * c.heads != c.hidden && c.arch != efim::model::architecture::llama)
+    fail("--head-dim: llama.cpp's " + std::string(efim::model::to_string(c.arch)) +
+         " needs heads x head size = hidden; only llama models may differ");
   const std::size_t threads = count("--threads", get("--threads", "0"));
 
   std::string tokenizer = get("--tokenizer", "");
@@ -101,8 +110,7 @@ int make(int argc, char** argv) {
   efim::model::metadata vocab_meta;
   std::size_t vocab = count("--vocab", get("--vocab", "0"));
   if (tokenizer != "none") {
-    // The Qwen2.5-Coder models have 151,936 embedding rows for 151,665 tokens; pad the same way.
-    vocab_meta = efim::model::vocabulary_metadata(tokenizer, vocab != 0 ? vocab : qwen ? 151936 : 0);
+    vocab_meta = efim::model::vocabulary_metadata(tokenizer, vocab);
     const auto n = std::get<std::vector<std::string>>(
                        std::get<efim::gguf::array_value>(vocab_meta.at("tokenizer.ggml.tokens").v).items)
                        .size();
@@ -117,8 +125,8 @@ int make(int argc, char** argv) {
   efim::model::write_file(out, bytes);
   std::cerr << "efim-model: wrote " << out << " (" << efim::model::to_string(c.arch) << ", hidden " << c.hidden << ", "
             << c.layers << " layers, " << c.heads << "/" << c.kv_heads << " heads, ffn " << c.ffn << ", vocab "
-            << c.vocab << ", " << efim::to_string(spec.type) << (tied ? ", tied" : "") << ", "
-            << bytes.size() / 1e6 << " MB)\n";
+            << c.vocab << ", " << efim::to_string(spec.type) << (tied ? ", tied" : "") << ", " << bytes.size() / 1e6
+            << " MB)\n";
   return 0;
 }
 
@@ -210,7 +218,7 @@ int info(int argc, char** argv) {
     j["tensors"][type] = {{"tensors", s.tensors}, {"parameters", s.elements}, {"bytes", s.bytes}};
 
   if (json) {
-    std::cout << j.dump(2) << "\n";
+    std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     return 0;
   }
   std::cout << path << ": GGUF v" << file.meta.version << ", " << file.bytes.size() << " bytes, fingerprint "

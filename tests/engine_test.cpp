@@ -14,8 +14,8 @@
 #include "efim/core/random.hpp"
 #include "efim/engine/async_runner.hpp"
 #include "efim/engine/pipeline.hpp"
-#include "efim/model/gguf_model.hpp"
 #include "efim/kernels/host.hpp"
+#include "efim/model/gguf_model.hpp"
 #include "efim/prompt/formats.hpp"
 #include "efim/text/fragment.hpp"
 

@@ -1,12 +1,13 @@
 // kv/, kernels/ and model/: the host backend against plain references.
+#include <unistd.h>
 #include <algorithm>
 #include <bit>
-#include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <cmath>
+#include <limits>
 #include <numeric>
 #include <set>
 #include <span>
@@ -379,14 +380,19 @@ TEST_CASE("sampling: greedy, top-k, top-p and seeded draws", "[kernels][sampling
 TEST_CASE("paged attention equals dense attention for random block tables", "[kernels][attention]") {
   thread_pool pool(2);
   rng r(3);
-  // (heads, kv heads): grouped, one KV head per query head, and groups larger than a tile of 8 rows.
-  for (const auto& [heads, kv_heads, block_size] : {std::tuple<std::size_t, std::size_t, std::size_t>{4, 2, 1},
-                                                    {4, 2, 3},
-                                                    {4, 2, 16},
-                                                    {3, 3, 16},
-                                                    {12, 1, 16},
-                                                    {24, 2, 5}}) {
-    const std::size_t d = 12, len = 37;
+  // (heads, KV heads, block size, head size): grouped, one KV head per query head, groups larger than a
+  // tile of 8 rows, and head sizes of no whole vector, of 4 vectors (the models'), and of 8 and a half.
+  for (const auto& [heads, kv_heads, block_size, d] :
+       {std::tuple<std::size_t, std::size_t, std::size_t, std::size_t>{4, 2, 1, 12},
+        {4, 2, 3, 12},
+        {4, 2, 16, 12},
+        {3, 3, 16, 12},
+        {12, 1, 16, 12},
+        {24, 2, 5, 12},
+        {12, 2, 16, 64},
+        {8, 8, 16, 64},
+        {4, 1, 7, 136}}) {
+    const std::size_t len = 37;
     const std::size_t blocks_needed = (len + block_size - 1) / block_size;
     const kv::paged_layout layout{blocks_needed + 5, kv_heads, block_size, d};
     // Dense K/V (position, kv_head, dim) and queries for every position.
@@ -786,10 +792,22 @@ gguf::tensor_data& named(std::vector<gguf::tensor_data>& ts, std::string_view na
 TEST_CASE("a model file with a wrong tensor shape, type, name or offset gives a clear error", "[model][gguf]") {
   const auto bind = [](std::vector<std::byte> bytes) { return model::open_model(std::move(bytes)).bind(); };
   CHECK_NOTHROW(bind(edited_model([](auto&) {})));
-  CHECK_THROWS_WITH(bind(edited_model([](auto& ts) { named(ts, "blk.1.attn_q.weight").shape = {32, 128}; })),
+  CHECK_THROWS_WITH(bind(edited_model([](auto& ts) {
+                      named(ts, "blk.1.attn_q.weight").shape = {32, 128};
+                    })),
                     Catch::Contains("'blk.1.attn_q.weight' has shape [32, 128], expected [64, 64]"));
-  CHECK_THROWS_WITH(bind(edited_model([](auto& ts) { std::erase_if(ts, [](auto& t) { return t.name == "blk.0.ffn_up.weight"; }); })),
-                    Catch::Contains("'blk.0.ffn_up.weight' is missing"));
+  CHECK_THROWS_WITH(
+      bind(edited_model([](auto& ts) { std::erase_if(ts, [](auto& t) { return t.name == "blk.0.ffn_up.weight"; }); })),
+      Catch::Contains("'blk.0.ffn_up.weight' is missing"));
+  // A norm bias of an RMSNorm model (llama.cpp refuses it too), and a tensor named twice.
+  CHECK_THROWS_WITH(bind(edited_model([](auto& ts) {
+                      auto extra = named(ts, "output_norm.weight");
+                      extra.name = "output_norm.bias";
+                      ts.push_back(extra);
+                    })),
+                    Catch::Contains("'output_norm.bias' is not part of the llama architecture"));
+  CHECK_THROWS_WITH(bind(edited_model([](auto& ts) { ts.push_back(named(ts, "output_norm.weight")); })),
+                    Catch::Contains("'output_norm.weight' appears twice"));
   // A tensor this decoder would not use (Llama 3's RoPE frequency factors) must not be ignored silently.
   CHECK_THROWS_WITH(bind(edited_model([](auto& ts) {
                       auto extra = named(ts, "output_norm.weight");
@@ -846,6 +864,25 @@ TEST_CASE("a model file with a wrong tensor shape, type, name or offset gives a 
   other = meta;
   other["llama.rope.scaling.type"] = gguf::make_string("yarn");
   CHECK_THROWS_WITH(bind(edited_model([](auto&) {}, other)), Catch::Contains("RoPE scaling 'yarn' is not supported"));
+  // Dimensions whose products would overflow, and values that are not finite.
+  other = meta;
+  other["llama.attention.head_count"] = gguf::value{gguf::value_type::u64, std::uint64_t{824632147971}};
+  other["llama.attention.head_count_kv"] = gguf::value{gguf::value_type::u64, std::uint64_t{824632147971}};
+  other["llama.attention.key_length"] = gguf::make_u32(22369664);
+  CHECK_THROWS_AS(bind(edited_model([](auto&) {}, other)), efim::error);
+  other = meta;
+  other["llama.attention.head_count"] = gguf::make_u32(1u << 30);
+  other["llama.attention.key_length"] = gguf::make_u32(1u << 30);
+  CHECK_THROWS_WITH(bind(edited_model([](auto&) {}, other)), Catch::Contains("implausibly large"));
+  other = meta;
+  other["llama.attention.layer_norm_rms_epsilon"] = gguf::value{gguf::value_type::f64, 1e300};
+  CHECK_THROWS_WITH(bind(edited_model([](auto&) {}, other)), Catch::Contains("finite"));
+  other = meta;
+  other["llama.rope.freq_base"] = gguf::make_f32(std::numeric_limits<float>::quiet_NaN());
+  CHECK_THROWS_WITH(bind(edited_model([](auto&) {}, other)), Catch::Contains("finite"));
+  auto huge = arch_config(model::architecture::llama, 40);
+  huge.max_context = std::size_t{1} << 32;
+  CHECK_THROWS_WITH(model::config_metadata(huge), Catch::Contains("implausibly large"));
   other = meta;
   other["llama.block_count"] = gguf::make_u32(3);
   CHECK_THROWS_WITH(bind(edited_model([](auto&) {}, other)), Catch::Contains("'blk.2.attn_norm.weight' is missing"));
@@ -874,7 +911,8 @@ TEST_CASE("fuzzing model files: every corruption gives an error or a model that 
       const int flips = 1 + static_cast<int>(r.below(4));
       for (int i = 0; i < flips; ++i) {
         // Mostly the metadata and tensor directory, sometimes the tensor data.
-        const std::size_t at = r.below(4) == 0 ? r.below(copy.size()) : r.below(static_cast<std::size_t>(f.data_offset));
+        const std::size_t at =
+            r.below(4) == 0 ? r.below(copy.size()) : r.below(static_cast<std::size_t>(f.data_offset));
         copy[at] = static_cast<std::byte>(r.below(256));
       }
     }

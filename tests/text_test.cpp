@@ -281,9 +281,17 @@ TEST_CASE("a tokenizer.json becomes GGUF vocabulary metadata that tokenizes the 
   // The same token strings as the GGUF vocabulary converted by llama.cpp's tools, where both have them.
   const auto& ours = file.array<std::string>("tokenizer.ggml.tokens");
   const auto& theirs = shared_file.array<std::string>("tokenizer.ggml.tokens");
-  std::size_t same = 0;
-  for (std::size_t id = 0; id < 151665; ++id) same += ours[id] == theirs[id];
+  const auto& our_types = file.array<std::int64_t>("tokenizer.ggml.token_type");
+  const auto& their_types = shared_file.array<std::int64_t>("tokenizer.ggml.token_type");
+  REQUIRE(ours.size() >= 151665);
+  REQUIRE(theirs.size() >= 151665);
+  std::size_t same = 0, same_type = 0;
+  for (std::size_t id = 0; id < 151665; ++id) {
+    same += ours[id] == theirs[id];
+    same_type += our_types[id] == their_types[id];
+  }
   CHECK(same == 151665);
+  CHECK(same_type == 151665);
   for (const char* special : {"<|fim_prefix|>", "<|fim_middle|>", "<|endoftext|>"})
     CHECK(converted.special_id(special) == shared.special_id(special));
   // What no preset can say is refused.

@@ -131,8 +131,9 @@ TEST_CASE("models written by llama.cpp's gguf-py load here and compute what llam
   if (!ready()) return;
   for (const auto& c : cases) {
     INFO(c.arch);
-    const auto path = gguf_py_model("gguf_py_" + c.arch, "--arch " + c.arch + shape + " --seed 3 --vocab " +
-                                                             (vocab_dir / c.vocab).string() + (c.tied ? " --tied" : ""));
+    const auto path =
+        gguf_py_model("gguf_py_" + c.arch, "--arch " + c.arch + shape + " --seed 3 --vocab " +
+                                               (vocab_dir / c.vocab).string() + (c.tied ? " --tied" : ""));
     const auto file = model::open_model(path.string());
     const auto w = file.bind();
     CHECK(w.tied() == c.tied);
@@ -142,9 +143,9 @@ TEST_CASE("models written by llama.cpp's gguf-py load here and compute what llam
     // The reference decoder agrees with both.
     const auto ref = model::reference_forward(w, tokens);
     for (std::size_t t = 0; t < tokens.size(); ++t)
-      CHECK(max_relative_error(ours[t], std::vector<float>(ref.begin() + static_cast<std::ptrdiff_t>(t * w.cfg.vocab),
-                                                           ref.begin() + static_cast<std::ptrdiff_t>((t + 1) * w.cfg.vocab))) <
-            1e-4f);
+      CHECK(max_relative_error(
+                ours[t], std::vector<float>(ref.begin() + static_cast<std::ptrdiff_t>(t * w.cfg.vocab),
+                                            ref.begin() + static_cast<std::ptrdiff_t>((t + 1) * w.cfg.vocab))) < 1e-4f);
     // Its tokenizer too: the file's vocabulary is the shared one.
     const auto tok = text::load_bpe_gguf(file.meta);
     CHECK(tok.vocab_size() <= w.cfg.vocab);
@@ -173,9 +174,9 @@ TEST_CASE("quantized files from gguf-py and llama.cpp's quantizer load and run",
         // The same weights, dequantized, through the reference decoder: only the order of sums differs.
         const auto ref = model::reference_forward(w, tokens);
         for (std::size_t t = 0; t < tokens.size(); ++t)
-          CHECK(max_relative_error(ours[t],
-                                   std::vector<float>(ref.begin() + static_cast<std::ptrdiff_t>(t * w.cfg.vocab),
-                                                      ref.begin() + static_cast<std::ptrdiff_t>((t + 1) * w.cfg.vocab))) <
+          CHECK(max_relative_error(
+                    ours[t], std::vector<float>(ref.begin() + static_cast<std::ptrdiff_t>(t * w.cfg.vocab),
+                                                ref.begin() + static_cast<std::ptrdiff_t>((t + 1) * w.cfg.vocab))) <
                 1e-4f);
         // llama.cpp rounds activations to the weight type (q8_0 activations for q8_0 and q4_0 weights),
         // efim keeps them in f32: close, not equal.
@@ -196,16 +197,16 @@ TEST_CASE("models efim-model writes load in llama.cpp and give the logits efim g
   for (const auto& c : cases) {
     INFO(c.arch);
     const fs::path path = work / ("efim_" + c.arch + ".gguf");
-    const auto r = run(std::string(EFIM_MODEL_TOOL) + " make --arch " + c.arch + shape + " --type f32 --seed 5" +
-                       (c.tied ? " --tied" : "") + " --tokenizer " + (vocab_dir / c.vocab).string() + " " +
-                       path.string());
+    const auto r =
+        run(std::string(EFIM_MODEL_TOOL) + " make --arch " + c.arch + shape + " --type f32 --seed 5" +
+            (c.tied ? " --tied" : "") + " --tokenizer " + (vocab_dir / c.vocab).string() + " " + path.string());
     INFO(r.out);
     REQUIRE(r.exit_code == 0);
     const auto w = model::open_model(path.string()).bind();
     CHECK(worst(efim_logits(w, tokens), llama_logits(path, tokens)) < c.bound);
     // Greedy continuations agree token for token.
-    const auto theirs = run(std::string(EFIM_LLAMA_REFERENCE) + " generate " + path.string() + " --threads 1 --n 16 --ids '" +
-                            ids_text(tokens) + "'");
+    const auto theirs = run(std::string(EFIM_LLAMA_REFERENCE) + " generate " + path.string() +
+                            " --threads 1 --n 16 --ids '" + ids_text(tokens) + "'");
     REQUIRE(theirs.exit_code == 0);
     std::vector<token_id> want;
     std::istringstream in(theirs.out);

@@ -20,6 +20,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -342,9 +343,11 @@ inline file parse(std::span<const std::byte> bytes) {
     f.alignment = *n;
   }
   f.tensors.reserve(static_cast<std::size_t>(n_tensors));
+  std::map<std::string, bool, std::less<>> names;
   for (std::uint64_t i = 0; i < n_tensors; ++i) {
     tensor_info t;
     t.name = r.string("a tensor name");
+    require(names.emplace(t.name, true).second, errc::invalid_argument, "gguf: tensor '" + t.name + "' appears twice");
     const auto dims = r.scalar<std::uint32_t>("a tensor's dimension count");
     require(dims >= 1 && dims <= 4, errc::invalid_argument,
             "gguf: tensor '" + t.name + "' has " + std::to_string(dims) + " dimensions (1 to 4 allowed)");
@@ -446,30 +449,38 @@ class writer {
     const auto* p = reinterpret_cast<const std::byte*>(s.data());
     out.insert(out.end(), p, p + s.size());
   }
-  void number(value_type t, double d, std::uint64_t u, std::int64_t i) {
-    switch (t) {
-      case value_type::u8:
-        return scalar(static_cast<std::uint8_t>(u));
-      case value_type::i8:
-        return scalar(static_cast<std::int8_t>(i));
-      case value_type::u16:
-        return scalar(static_cast<std::uint16_t>(u));
-      case value_type::i16:
-        return scalar(static_cast<std::int16_t>(i));
-      case value_type::u32:
-        return scalar(static_cast<std::uint32_t>(u));
-      case value_type::i32:
-        return scalar(static_cast<std::int32_t>(i));
-      case value_type::u64:
-        return scalar(u);
-      case value_type::i64:
-        return scalar(i);
-      case value_type::f32:
-        return scalar(static_cast<float>(d));
-      case value_type::f64:
-        return scalar(d);
-      default:
-        throw error(errc::invalid_argument, "gguf: not a number type");
+  // A number as the type the value names: floats from a double, integers from an integer (a cast
+  // from another kind could be undefined, a NaN into an integer say).
+  template <class X>
+  void number(value_type t, X x) {
+    if constexpr (std::is_floating_point_v<X>) {
+      require(t == value_type::f32 || t == value_type::f64, errc::invalid_argument,
+              "gguf: a floating-point value of an integer type");
+      if (t == value_type::f32)
+        scalar(static_cast<float>(x));
+      else
+        scalar(static_cast<double>(x));
+    } else {
+      switch (t) {
+        case value_type::u8:
+          return scalar(static_cast<std::uint8_t>(x));
+        case value_type::i8:
+          return scalar(static_cast<std::int8_t>(x));
+        case value_type::u16:
+          return scalar(static_cast<std::uint16_t>(x));
+        case value_type::i16:
+          return scalar(static_cast<std::int16_t>(x));
+        case value_type::u32:
+          return scalar(static_cast<std::uint32_t>(x));
+        case value_type::i32:
+          return scalar(static_cast<std::int32_t>(x));
+        case value_type::u64:
+          return scalar(static_cast<std::uint64_t>(x));
+        case value_type::i64:
+          return scalar(static_cast<std::int64_t>(x));
+        default:
+          throw error(errc::invalid_argument, "gguf: an integer value of a floating-point or non-number type");
+      }
     }
   }
   void value(const gguf::value& v) {
@@ -484,7 +495,7 @@ class writer {
           else if constexpr (std::is_same_v<X, array_value>)
             array(x);
           else
-            number(v.type, static_cast<double>(x), static_cast<std::uint64_t>(x), static_cast<std::int64_t>(x));
+            number(v.type, x);
         },
         v.v);
   }
@@ -504,7 +515,7 @@ class writer {
               else if constexpr (std::is_same_v<I, std::vector<bool>>)
                 scalar<std::uint8_t>(x ? 1 : 0);
               else
-                number(a.type, static_cast<double>(x), static_cast<std::uint64_t>(x), static_cast<std::int64_t>(x));
+                number(a.type, x);
             }
           }
         },

@@ -21,6 +21,8 @@ class thread_pool {
   // `threads` counts the caller too; 0 means one per hardware thread.
   explicit thread_pool(std::size_t threads = 0) {
     if (threads == 0) threads = std::max<std::size_t>(1, std::thread::hardware_concurrency());
+    require(threads <= 4096, errc::invalid_argument,
+            "thread_pool: " + std::to_string(threads) + " threads asked for; at most 4096");
     workers_.reserve(threads - 1);
     try {
       for (std::size_t i = 0; i + 1 < threads; ++i) workers_.emplace_back([this] { work(); });

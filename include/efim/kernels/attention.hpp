@@ -105,9 +105,9 @@ inline void block_scores(const attention_row* rows, const E* keys, std::size_t b
 // Rows of the same sequence and KV head: scores, softmax, and the weighted sum of values.
 // `scratch` holds R rows of `stride` floats, stride >= every row's keys rounded up to blocks and lanes.
 template <std::size_t R, class E>
-inline void attend_rows(const kv::paged_layout& l, const E* k_cache, const E* v_cache,
-                        std::span<const block_id> table, std::size_t kv_head, const attention_row* rows, float scale,
-                        float* scratch, std::size_t stride) noexcept {
+inline void attend_rows(const kv::paged_layout& l, const E* k_cache, const E* v_cache, std::span<const block_id> table,
+                        std::size_t kv_head, const attention_row* rows, float scale, float* scratch,
+                        std::size_t stride) noexcept {
   const std::size_t bs = l.block_size, d = l.head_dim;
   std::size_t most = 0;
   for (std::size_t r = 0; r < R; ++r) most = std::max(most, rows[r].keys);

@@ -15,7 +15,9 @@ inline void swiglu(const float* gate, const float* up, float* out, std::size_t n
     const std::size_t m = n - i < lanes ? n - i : lanes;
     for (std::size_t j = 0; j < lanes; ++j) e[j] = j < m ? -gate[i + j] : 0.0f;
     detail::exp16(e);
-    for (std::size_t j = 0; j < m; ++j) out[i + j] = gate[i + j] / (1.0f + e[j]) * up[i + j];
+    // Below -88, e^-gate is past what exp16 reaches, and silu(gate) is 0 to within 1e-36.
+    for (std::size_t j = 0; j < m; ++j)
+      out[i + j] = gate[i + j] < -88.0f ? 0.0f : gate[i + j] / (1.0f + e[j]) * up[i + j];
   }
 }
 

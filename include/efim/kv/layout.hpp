@@ -35,6 +35,10 @@ struct paged_layout {
 inline void validate(const paged_layout& l) {
   require(l.blocks > 0 && l.kv_heads > 0 && l.block_size > 0 && l.head_dim > 0, errc::invalid_argument,
           "kv: every extent of the paged layout must be positive");
+  constexpr std::size_t most = std::size_t{1} << 40;  // elements of one K or V array
+  require(l.head_dim <= most / l.block_size && l.kv_heads <= most / (l.block_size * l.head_dim) &&
+              l.blocks <= most / l.block_stride(),
+          errc::invalid_argument, "kv: the paged layout is too large");
 }
 
 // Where the token at `pos` of a sequence lives, given its block table.

@@ -1,5 +1,6 @@
 #pragma once
 // Hyper-parameters of a Llama-family decoder, and what each supported architecture computes.
+#include <cmath>
 #include <cstddef>
 #include <string>
 #include <string_view>
@@ -83,13 +84,21 @@ inline void validate(const config& c) {
   require(
       c.vocab > 0 && c.hidden > 0 && c.layers > 0 && c.heads > 0 && c.kv_heads > 0 && c.ffn > 0 && c.max_context > 0,
       errc::invalid_argument, "model: every dimension of the config must be positive");
+  // Bounds that keep every product of dimensions (q_dim, the KV layout, token ids) far from overflow.
+  constexpr std::size_t most = std::size_t{1} << 24;
+  require(c.vocab < (std::size_t{1} << 31) && c.hidden <= most && c.ffn <= most && c.layers <= (1u << 16) &&
+              c.heads <= most && c.head_dim() <= most && c.heads * c.head_dim() <= most &&
+              c.max_context < (std::size_t{1} << 31),
+          errc::invalid_argument, "model: a dimension of the config is implausibly large");
   require(c.head_size != 0 || c.hidden % c.heads == 0, errc::invalid_argument,
           "model: hidden must be a multiple of heads");
   require(c.heads % c.kv_heads == 0, errc::invalid_argument, "model: heads must be a multiple of kv_heads");
   require(c.head_dim() > 0 && c.head_dim() % 2 == 0, errc::invalid_argument,
           "model: the head dimension must be even for RoPE");
-  require(c.rope_theta > 0.0 && c.rope_scale > 0.0 && c.norm_eps > 0.0f, errc::invalid_argument,
-          "model: rope_theta, rope_scale and norm_eps must be positive");
+  require(std::isfinite(c.rope_theta) && std::isfinite(c.rope_scale) && std::isfinite(c.norm_eps) &&
+              c.rope_theta > 0.0 && c.rope_scale > 0.0 && c.norm_eps > 0.0f && c.rope_theta < 1e30 &&
+              c.rope_scale < 1e30,
+          errc::invalid_argument, "model: rope_theta, rope_scale and norm_eps must be finite and positive");
 }
 
 }  // namespace efim::model

@@ -71,7 +71,7 @@ inline double number(const gguf::file& f, std::string_view arch, std::string_vie
 inline std::size_t count(const gguf::file& f, std::string_view arch, std::string_view key,
                          std::optional<double> fallback = std::nullopt) {
   const double v = number(f, arch, key, fallback);
-  require(v >= 0 && v <= 1e12 && v == std::floor(v), errc::invalid_argument,
+  require(v >= 0 && v <= 4294967295.0 && v == std::floor(v), errc::invalid_argument,
           "model: metadata '" + std::string(arch) + "." + std::string(key) + "' is not a count");
   return static_cast<std::size_t>(v);
 }
@@ -115,9 +115,8 @@ inline config read_config(const gguf::file& f) {
   if (scaling == "linear")
     c.rope_scale = detail::number(f, n, "rope.scaling.factor", detail::number(f, n, "rope.scale_linear", 1.0));
   if (c.rope_scale == 0.0) c.rope_scale = 1.0;  // llama.cpp reads a factor of 0 as none
-  c.norm_eps = static_cast<float>(
-      detail::number(f, n, c.norm == norm_kind::rms ? "attention.layer_norm_rms_epsilon" : "attention.layer_norm_epsilon",
-                     1e-5));
+  c.norm_eps = static_cast<float>(detail::number(
+      f, n, c.norm == norm_kind::rms ? "attention.layer_norm_rms_epsilon" : "attention.layer_norm_epsilon", 1e-5));
   for (const auto& t : f.tensors)
     if (t.name == "token_embd.weight" && t.shape.size() == 2) c.vocab = static_cast<std::size_t>(t.shape[1]);
   require(c.vocab > 0, errc::invalid_argument, "model: no 2-D tensor 'token_embd.weight'");
@@ -174,7 +173,11 @@ inline metadata config_metadata(const config& c) {
           "model: the " + std::string(to_string(c.arch)) +
               " architecture fixes its norm, MLP and RoPE pairing; this config changes them, so no file can say it");
   const std::string a(to_string(c.arch));
-  const auto u32 = [](std::size_t v) { return gguf::make_u32(static_cast<std::uint32_t>(v)); };
+  const auto u32 = [](std::size_t v) {
+    require(v <= 0xffffffffu, errc::invalid_argument,
+            "model: " + std::to_string(v) + " does not fit the file's 32 bits");
+    return gguf::make_u32(static_cast<std::uint32_t>(v));
+  };
   metadata m;
   m["general.architecture"] = gguf::make_string(a);
   m[a + ".context_length"] = u32(c.max_context);

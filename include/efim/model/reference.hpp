@@ -103,8 +103,7 @@ class reference_model {
         for (std::size_t i = 0; i < mid.size(); ++i) mid[i] = mid[i] / (1.0f + std::exp(-mid[i])) * up[i];
       } else {
         mid = linear(xf, l.w_up, l.b_up, n, c_.ffn, h);
-        for (auto& e : mid)
-          e = 0.5f * e * (1.0f + std::tanh(0.7978845608028654f * (e + 0.044715f * e * e * e)));
+        for (auto& e : mid) e = 0.5f * e * (1.0f + std::tanh(0.7978845608028654f * (e + 0.044715f * e * e * e)));
       }
       const auto down = linear(mid, l.w_down, l.b_down, n, h, c_.ffn);
       for (std::size_t i = 0; i < x.size(); ++i) x[i] += down[i];
@@ -122,7 +121,8 @@ class reference_model {
     std::vector<float> out(m.rows * m.cols);
     if (!m.data) return {};
     const std::size_t bytes = row_bytes(m.type, m.cols);
-    for (std::size_t r = 0; r < m.rows; ++r) dequantize_row(m.type, m.data + r * bytes, out.data() + r * m.cols, m.cols);
+    for (std::size_t r = 0; r < m.rows; ++r)
+      dequantize_row(m.type, m.data + r * bytes, out.data() + r * m.cols, m.cols);
     return out;
   }
   static std::vector<float> copy(vector v) { return {v.begin(), v.end()}; }
@@ -183,8 +183,7 @@ class reference_model {
 };
 
 // Logits (tokens.size(), vocab) for every position of `tokens`, from position 0.
-inline std::vector<float> reference_forward(const weights& w, std::span<const token_id> tokens,
-                                            dtype kv = dtype::f32) {
+inline std::vector<float> reference_forward(const weights& w, std::span<const token_id> tokens, dtype kv = dtype::f32) {
   return reference_model(w, kv).forward(tokens);
 }
 

@@ -18,7 +18,8 @@
 namespace efim::model {
 
 // Tokenizer metadata from `path` (a .gguf file: its tokenizer.* keys; otherwise a tokenizer.json),
-// padded with unused "[PAD<id>]" tokens to `vocab` tokens when that is more.
+// padded with unused "[PAD<id>]" tokens to `vocab` tokens when that is more. `vocab` = 0 keeps the
+// tokenizer's size, but for the Qwen2.5-Coder vocabulary, padded to the 151,936 rows its models have.
 inline metadata vocabulary_metadata(const std::string& path, std::size_t vocab = 0) {
   metadata out;
   if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".gguf") == 0) {
@@ -33,25 +34,27 @@ inline metadata vocabulary_metadata(const std::string& path, std::size_t vocab =
     text << in.rdbuf();
     out = text::gguf_vocabulary(text.str());
   }
-  auto& tokens = std::get<std::vector<std::string>>(
-      std::get<gguf::array_value>(out.at("tokenizer.ggml.tokens").v).items);
-  if (vocab > tokens.size()) {
-    const auto types_it = out.find("tokenizer.ggml.token_type");
-    auto* types = types_it == out.end() ? nullptr
-                                        : std::get_if<std::vector<std::int64_t>>(
-                                              &std::get<gguf::array_value>(types_it->second.v).items);
-    while (tokens.size() < vocab) {
-      tokens.push_back("[PAD" + std::to_string(tokens.size()) + "]");
-      if (types) types->push_back(5);  // unused
-    }
+  // Loading it checks every key's type and the token and type counts.
+  const auto tok = text::load_bpe_gguf(gguf::parse(gguf::serialize(out, {})));
+  const auto* fim = prompt::detect_token_set(tok);
+  if (vocab == 0 && fim && fim->family == prompt::qwen25_coder.family) vocab = 151936;
+
+  auto& tokens =
+      std::get<std::vector<std::string>>(std::get<gguf::array_value>(out.at("tokenizer.ggml.tokens").v).items);
+  std::vector<std::int64_t>* types = nullptr;
+  if (const auto it = out.find("tokenizer.ggml.token_type"); it != out.end())
+    types = &std::get<std::vector<std::int64_t>>(std::get<gguf::array_value>(it->second.v).items);
+  while (tokens.size() < vocab) {
+    tokens.push_back("[PAD" + std::to_string(tokens.size()) + "]");
+    if (types) types->push_back(5);  // unused
   }
   // Special ids, where the file does not name them already.
-  const auto tok = text::load_bpe_gguf(gguf::parse(gguf::serialize(out, {})));
-  if (const auto* fim = prompt::detect_token_set(tok)) {
+  if (fim) {
     const auto id = [&](std::string_view role_text, std::string_view key) {
       if (role_text.empty()) return;
       if (const auto t = tok.special_id(role_text))
-        out.try_emplace(std::string("tokenizer.ggml.") + std::string(key), gguf::make_u32(static_cast<std::uint32_t>(*t)));
+        out.try_emplace(std::string("tokenizer.ggml.") + std::string(key),
+                        gguf::make_u32(static_cast<std::uint32_t>(*t)));
     };
     id(fim->eos, "eos_token_id");
     id(fim->bos, "bos_token_id");

@@ -21,7 +21,7 @@
 
 namespace efim::model {
 
-using matrix = kernels::weight_view;  // (rows = output features, cols = inputs), rows contiguous
+using matrix = kernels::weight_view;    // (rows = output features, cols = inputs), rows contiguous
 using vector = std::span<const float>;  // empty where the model has no such tensor
 
 struct layer_weights {
@@ -42,10 +42,10 @@ struct weights {
   config cfg;
   matrix token_embd;  // (vocab, hidden)
   std::vector<layer_weights> layers;
-  vector output_norm, output_norm_b;  // (hidden)
-  matrix output;                      // (vocab, hidden): the same bytes as token_embd when tied
-  vector output_b;                    // (vocab)
-  std::uint64_t fingerprint = 0;      // identifies these weights in cache keys
+  vector output_norm, output_norm_b;    // (hidden)
+  matrix output;                        // (vocab, hidden): the same bytes as token_embd when tied
+  vector output_b;                      // (vocab)
+  std::uint64_t fingerprint = 0;        // identifies these weights in cache keys
   std::shared_ptr<const void> storage;  // keeps what the views point into alive
 
   [[nodiscard]] bool tied() const noexcept { return output.data == token_embd.data; }
@@ -96,9 +96,9 @@ class tensor_table {
       return {};
     }
     use(name);
-    require(t->shape.size() == 1 && t->shape[0] == n, errc::invalid_argument,
-            "model: tensor '" + name + "' has shape " + shape_text(t->shape) + ", expected [" + std::to_string(n) +
-                "]");
+    require(
+        t->shape.size() == 1 && t->shape[0] == n, errc::invalid_argument,
+        "model: tensor '" + name + "' has shape " + shape_text(t->shape) + ", expected [" + std::to_string(n) + "]");
     const dtype type = type_of(*t);
     require(type == dtype::f32 || type == dtype::f16 || type == dtype::bf16, errc::invalid_argument,
             "model: vector tensor '" + name + "' is " + std::string(to_string(type)) + "; f32, f16 or bf16 expected");
@@ -112,8 +112,9 @@ class tensor_table {
   // Every tensor of the file must have been bound: one this decoder does not know would be ignored.
   void require_all_used(std::string_view arch) const {
     for (const auto& t : file_.tensors)
-      require(used_.contains(t.name), errc::invalid_argument,
-              "model: tensor '" + t.name + "' is not part of the " + std::string(arch) + " architecture as computed here");
+      require(
+          used_.contains(t.name), errc::invalid_argument,
+          "model: tensor '" + t.name + "' is not part of the " + std::string(arch) + " architecture as computed here");
   }
 
   std::vector<std::vector<float>> take_converted() { return std::move(converted_); }
@@ -171,7 +172,7 @@ inline weights bind(const config& c, const gguf::file& f, std::span<const std::b
     const auto name = [l](std::string_view what) { return names::block(l, what); };
     layer_weights lw;
     lw.attn_norm = t.get_vector(name("attn_norm.weight"), h);
-    lw.attn_norm_b = t.get_vector(name("attn_norm.bias"), h, !layer_norm);
+    if (layer_norm) lw.attn_norm_b = t.get_vector(name("attn_norm.bias"), h);
     if (t.find(name("attn_qkv.weight"))) {
       const matrix qkv = t.get_matrix(name("attn_qkv.weight"), q + 2 * kv, h);
       lw.wq = detail::rows_of(qkv, 0, q);
@@ -195,7 +196,7 @@ inline weights bind(const config& c, const gguf::file& f, std::span<const std::b
     lw.wo = t.get_matrix(name("attn_output.weight"), h, q);
     lw.bo = t.get_vector(name("attn_output.bias"), h, true);
     lw.ffn_norm = t.get_vector(name("ffn_norm.weight"), h);
-    lw.ffn_norm_b = t.get_vector(name("ffn_norm.bias"), h, !layer_norm);
+    if (layer_norm) lw.ffn_norm_b = t.get_vector(name("ffn_norm.bias"), h);
     if (c.mlp == mlp_kind::swiglu) lw.w_gate = t.get_matrix(name("ffn_gate.weight"), c.ffn, h);
     lw.w_up = t.get_matrix(name("ffn_up.weight"), c.ffn, h);
     lw.b_up = t.get_vector(name("ffn_up.bias"), c.ffn, true);
@@ -204,7 +205,7 @@ inline weights bind(const config& c, const gguf::file& f, std::span<const std::b
     w.layers.push_back(lw);
   }
   w.output_norm = t.get_vector("output_norm.weight", h);
-  w.output_norm_b = t.get_vector("output_norm.bias", h, !layer_norm);
+  if (layer_norm) w.output_norm_b = t.get_vector("output_norm.bias", h);
   w.output = t.get_matrix("output.weight", c.vocab, h, true);
   if (!w.output.data) w.output = w.token_embd;
   w.output_b = t.get_vector("output.bias", c.vocab, true);

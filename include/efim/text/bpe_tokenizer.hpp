@@ -463,7 +463,7 @@ inline bpe_tokenizer load_bpe_json(std::string_view json_text) {
 
 // The tokenizer.ggml.* metadata of a GGUF vocabulary for a Hugging Face tokenizer.json, as GGUF
 // converters write it: byte-level token strings by id (ids the file leaves out become unused
-// "[PAD<id>]" tokens), token types (1 normal, 3 special added token, 4 other added token, 5 unused),
+// "[PAD<id>]" tokens), token types (1 normal, 3 control, 4 other added token, 5 unused),
 // merges as "left right", and the pre-tokenizer preset whose splits the file's pre-tokenizer makes.
 inline std::map<std::string, gguf::value, std::less<>> gguf_vocabulary(std::string_view json_text) {
   try {
@@ -484,12 +484,23 @@ inline std::map<std::string, gguf::value, std::less<>> gguf_vocabulary(std::stri
       types[id] = type;
     };
     for (const auto& [text, id] : model.at("vocab").items()) place(id.get<std::size_t>(), text, 1);
+    // An added token is a control token if the file says it is special or it is written like one
+    // (<|...|>, or DeepSeek's <｜...｜>): files mark FIM sentinels "not special", and llama.cpp's
+    // converters make them control tokens all the same.
+    const auto looks_special = [](std::string_view t) {
+      constexpr std::string_view open_wide = "<\xEF\xBD\x9C", close_wide = "\xEF\xBD\x9C>";
+      return (t.starts_with("<|") && t.ends_with("|>")) || (t.starts_with(open_wide) && t.ends_with(close_wide));
+    };
     if (j.contains("added_tokens"))
-      for (const auto& a : j.at("added_tokens"))
-        place(a.at("id").get<std::size_t>(), a.at("content").get<std::string>(), a.value("special", false) ? 3 : 4);
+      for (const auto& a : j.at("added_tokens")) {
+        std::string text = a.at("content").get<std::string>();
+        const bool control = a.value("special", false) || looks_special(text);
+        place(a.at("id").get<std::size_t>(), std::move(text), control ? 3 : 4);
+      }
     std::vector<std::string> merges;
     for (const auto& m : model.at("merges"))
-      merges.push_back(m.is_string() ? m.get<std::string>() : m.at(0).get<std::string>() + " " + m.at(1).get<std::string>());
+      merges.push_back(m.is_string() ? m.get<std::string>()
+                                     : m.at(0).get<std::string>() + " " + m.at(1).get<std::string>());
 
     std::vector<detail::split_spec> splits;
     bool prefix_space = false;
@@ -505,8 +516,7 @@ inline std::map<std::string, gguf::value, std::less<>> gguf_vocabulary(std::stri
     if (j.contains("normalizer")) detail::add_normalizer(j.at("normalizer"), normalizer);
     std::string pre;
     for (const auto& p : pre_tokenizer::presets())
-      if (std::equal(patterns.begin(), patterns.end(), p.patterns.begin(), p.patterns.end()))
-        pre = std::string(p.name);
+      if (std::equal(patterns.begin(), patterns.end(), p.patterns.begin(), p.patterns.end())) pre = std::string(p.name);
     require(!pre.empty(), errc::invalid_argument,
             "tokenizer.json: its pre-tokenizer is none of the GGUF presets (gpt-2, qwen2, llama-bpe, starcoder, "
             "deepseek-coder)");
