@@ -1,5 +1,4 @@
 // The example programs, run as a user runs them: real processes, real files, real arguments.
-#include <sys/wait.h>
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstdio>
@@ -15,24 +14,15 @@
 #include <vector>
 
 #include "efim/efim.hpp"
+#include "support.hpp"
 
 namespace fs = std::filesystem;
 
 namespace {
-struct run_result {
-  int exit_code;
-  std::string output;  // stdout and stderr
-};
+using efim_test::run_result;
 
 run_result run_program(const std::string& program, const std::string& args) {
-  const std::string cmd = program + " " + args + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  std::string out;
-  char buf[4096];
-  for (std::size_t n; (n = fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  return efim_test::run_command(program + " " + args);
 }
 
 run_result run(const std::string& args) { return run_program(EFIM_BENCH_PATH, args); }

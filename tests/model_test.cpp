@@ -24,6 +24,7 @@
 #include "efim/model/gguf_model.hpp"
 #include "efim/model/reference.hpp"
 #include "efim/model/transformer.hpp"
+#include "support.hpp"
 
 using namespace efim;
 
@@ -34,15 +35,7 @@ std::vector<float> random_vector(rng& r, std::size_t n) {
   return v;
 }
 
-float max_relative_error(const std::vector<float>& got, const std::vector<float>& want) {
-  REQUIRE(got.size() == want.size());
-  float scale = 0.0f, err = 0.0f;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    scale = std::max(scale, std::abs(want[i]));
-    err = std::max(err, std::abs(got[i] - want[i]));
-  }
-  return scale == 0.0f ? err : err / scale;
-}
+using efim_test::max_relative_error;
 
 model::config small_config(std::size_t hidden = 64) {
   model::config c;

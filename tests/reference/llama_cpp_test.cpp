@@ -1,7 +1,6 @@
 // efim against llama.cpp on the same GGUF files: files written by llama.cpp's tools (gguf-py's writer,
 // llama.cpp's quantizer) load here and give the logits llama.cpp gives, and files efim-model writes load
 // in llama.cpp and give the logits efim gives. llama.cpp runs as a process (efim-llama-reference).
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -12,26 +11,16 @@
 #include <string>
 #include <vector>
 
+#include "../support.hpp"
 #include "efim/efim.hpp"
 
 namespace fs = std::filesystem;
 using namespace efim;
 
 namespace {
-struct run_result {
-  int exit_code;
-  std::string out;
-};
+using efim_test::max_relative_error;
 
-run_result run(const std::string& cmd) {
-  FILE* pipe = popen((cmd + " 2>&1").c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  std::string out;
-  char buf[1 << 16];
-  for (std::size_t n; (n = fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+efim_test::run_result run(const std::string& cmd) { return efim_test::run_command(cmd); }
 
 const fs::path vocab_dir = fs::path(EFIM_SHARED_DATA) / "vocab";
 const fs::path work = fs::path(EFIM_WORK_DIR);
@@ -40,7 +29,7 @@ const fs::path work = fs::path(EFIM_WORK_DIR);
 fs::path gguf_py_model(const std::string& name, const std::string& args) {
   const fs::path out = work / (name + ".gguf");
   const auto r = run(std::string(EFIM_PYTHON) + " " + EFIM_MAKE_MODEL + " " + args + " " + out.string());
-  INFO(r.out);
+  INFO(r.output);
   REQUIRE(r.exit_code == 0);
   return out;
 }
@@ -58,10 +47,10 @@ std::string ids_text(const std::vector<token_id>& ids) {
 std::vector<std::vector<float>> llama_logits(const fs::path& model, const std::vector<token_id>& ids) {
   const auto r = run(std::string(EFIM_LLAMA_REFERENCE) + " logits " + model.string() + " --all --threads 1 --ids '" +
                      ids_text(ids) + "'");
-  INFO(r.out.substr(0, 2000));
+  INFO(r.output.substr(0, 2000));
   REQUIRE(r.exit_code == 0);
   std::vector<std::vector<float>> rows;
-  std::istringstream lines(r.out);
+  std::istringstream lines(r.output);
   for (std::string line; std::getline(lines, line);) {
     std::istringstream in(line);
     std::vector<float> row;
@@ -86,16 +75,6 @@ std::vector<std::vector<float>> efim_logits(const model::weights& w, const std::
     rows.push_back(logits);
   }
   return rows;
-}
-
-float max_relative_error(const std::vector<float>& got, const std::vector<float>& want) {
-  REQUIRE(got.size() == want.size());
-  float scale = 0.0f, err = 0.0f;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    scale = std::max(scale, std::abs(want[i]));
-    err = std::max(err, std::abs(got[i] - want[i]));
-  }
-  return err / scale;
 }
 
 float worst(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
@@ -165,7 +144,7 @@ TEST_CASE("quantized files from gguf-py and llama.cpp's quantizer load and run",
       const fs::path by_llama = work / ("q_" + c.arch + "_" + type + "_llama.gguf");
       const auto q = run(std::string(EFIM_LLAMA_REFERENCE) + " quantize " + f32_path.string() + " " +
                          by_llama.string() + " " + type + " --threads 1");
-      INFO(q.out.substr(0, 2000));
+      INFO(q.output.substr(0, 2000));
       REQUIRE(q.exit_code == 0);
       for (const auto& path : {by_gguf_py, by_llama}) {
         INFO(path.string());
@@ -200,7 +179,7 @@ TEST_CASE("models efim-model writes load in llama.cpp and give the logits efim g
     const auto r =
         run(std::string(EFIM_MODEL_TOOL) + " make --arch " + c.arch + shape + " --type f32 --seed 5" +
             (c.tied ? " --tied" : "") + " --tokenizer " + (vocab_dir / c.vocab).string() + " " + path.string());
-    INFO(r.out);
+    INFO(r.output);
     REQUIRE(r.exit_code == 0);
     const auto w = model::open_model(path.string()).bind();
     CHECK(worst(efim_logits(w, tokens), llama_logits(path, tokens)) < c.bound);
@@ -209,7 +188,7 @@ TEST_CASE("models efim-model writes load in llama.cpp and give the logits efim g
                             " --threads 1 --n 16 --ids '" + ids_text(tokens) + "'");
     REQUIRE(theirs.exit_code == 0);
     std::vector<token_id> want;
-    std::istringstream in(theirs.out);
+    std::istringstream in(theirs.output);
     for (long v; in >> v;) want.push_back(static_cast<token_id>(v));
     thread_pool pool(2);
     kernels::host::context ctx{pool};
