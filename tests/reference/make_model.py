@@ -18,7 +18,7 @@ entries (1/sqrt(hidden) when the output is tied to it, so that the logits keep u
 
 Example:
   python3 tests/reference/make_model.py --arch qwen2 --type f16 --hidden 768 --layers 12 --heads 12 \
-      --kv-heads 2 --ffn 2048 --vocab /work/shared/data/vocab/ggml-vocab-qwen2.5-coder.gguf \
+      --kv-heads 2 --ffn 2048 --vocab ../shared/data/vocab/ggml-vocab-qwen2.5-coder.gguf \
       --pad-vocab 151936 model.gguf
 """
 
@@ -84,7 +84,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--rope-scaling", choices=["linear"], default=None)
     p.add_argument("--rope-scaling-factor", type=float, default=None)
     p.add_argument("--vocab", default=None,
-                   help="a GGUF whose tokenizer.* metadata is copied (e.g. /work/shared/data/vocab/*.gguf)")
+                   help="a GGUF whose tokenizer.* metadata is copied (e.g. ../shared/data/vocab/*.gguf)")
     p.add_argument("--pad-vocab", type=int, default=None,
                    help="pad the token list to N with [PAD{i}] tokens of type UNUSED (as the Qwen2 converter does)")
     p.add_argument("--vocab-size", type=int, default=256,
