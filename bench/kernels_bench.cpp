@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "../tests/support.hpp"
 #include "efim/efim.hpp"
 
 using namespace efim;
@@ -34,14 +35,7 @@ std::vector<float> random_vector(rng& r, std::size_t n) {
   return v;
 }
 
-float max_relative_error(const std::vector<float>& got, const std::vector<float>& want) {
-  float scale = 0, err = 0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    scale = std::max(scale, std::abs(want[i]));
-    err = std::max(err, std::abs(got[i] - want[i]));
-  }
-  return scale > 0 ? err / scale : err;
-}
+using efim_test::max_relative_error;
 
 void report(const char* what, double reference_s, double kernel_s, double work, const char* unit, float error) {
   std::printf("%-34s reference %10.2f %s   host %10.2f %s   ratio %6.2fx   max rel err %.1e\n", what,

@@ -5,8 +5,6 @@
 //
 // Like llama-bench's pp512 / tg128: prefill is one batch of --prompt tokens from an empty cache; decode is
 // --decode single-token steps from an empty cache.
-#include <sys/wait.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -19,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "../tests/support.hpp"
 #include "efim/efim.hpp"
 #include "efim/model/vocabulary.hpp"
 
@@ -59,14 +58,7 @@ std::vector<token_id> bench_tokens(std::size_t n, std::size_t vocab) {
   return t;
 }
 
-float max_relative_error(std::span<const float> got, std::span<const float> want) {
-  float scale = 0, err = 0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    scale = std::max(scale, std::abs(want[i]));
-    err = std::max(err, std::abs(got[i] - want[i]));
-  }
-  return scale > 0 ? err / scale : err;
-}
+using efim_test::max_relative_error;
 
 struct timing {
   double prefill_tps = 0, decode_tps = 0;
@@ -123,15 +115,11 @@ std::optional<nlohmann::json> time_llama(const std::string& path, std::size_t th
   if (program.empty() || !fs::exists(program)) return std::nullopt;
   const std::string cmd = program + " bench " + path + " --pp " + std::to_string(prompt) + " --tg " +
                           std::to_string(decode) + " --threads " + std::to_string(threads) + " --reps " +
-                          std::to_string(reps) + " 2>/dev/null";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (!pipe) return std::nullopt;
-  std::string out;
-  char buf[4096];
-  for (std::size_t n; (n = fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, n);
-  if (pclose(pipe) != 0) return std::nullopt;
+                          std::to_string(reps);
+  const auto r = efim_test::run_command("(" + cmd + " 2>/dev/null)");  // its log on stderr is not wanted
+  if (r.exit_code != 0) return std::nullopt;
   try {
-    return nlohmann::json::parse(out.substr(out.find('{')));
+    return nlohmann::json::parse(r.output.substr(r.output.find('{')));
   } catch (const std::exception&) {
     return std::nullopt;
   }

@@ -537,18 +537,14 @@ int bench_model_file(const options& o) {
 // A random-weight model made in memory the way efim-model make writes files, with the tokenizer's
 // metadata when the tokenizer comes from a file (Qwen's padded to its 151,936 embedding rows).
 int bench_random_model(const options& o) {
-  std::string tokenizer = o.tokenizer;
-  if (tokenizer.empty() && std::filesystem::exists(EFIM_DEFAULT_TOKENIZER)) tokenizer = EFIM_DEFAULT_TOKENIZER;
+  const std::string tokenizer = efim_examples::tokenizer_path(o.tokenizer, EFIM_DEFAULT_TOKENIZER, "efim-bench");
   return efim_examples::with_tokenizer(
-      o.tokenizer, EFIM_DEFAULT_TOKENIZER, "efim-bench",
-      [&](const auto& tok, const auto& fim, const std::string& name) {
+      tokenizer, EFIM_DEFAULT_TOKENIZER, "efim-bench", [&](const auto& tok, const auto& fim, const std::string& name) {
         auto cfg = o.model;
         efim::model::metadata vocab;
-        if (!tokenizer.empty() && tokenizer != "byte") {
+        if (tokenizer != "byte") {
           vocab = efim::model::vocabulary_metadata(tokenizer);
-          cfg.vocab = std::get<std::vector<std::string>>(
-                          std::get<efim::gguf::array_value>(vocab.at("tokenizer.ggml.tokens").v).items)
-                          .size();
+          cfg.vocab = efim::model::vocabulary_size(vocab);
         } else {
           cfg.vocab = tok.vocab_size();
         }

@@ -111,9 +111,7 @@ int make(int argc, char** argv) {
   std::size_t vocab = count("--vocab", get("--vocab", "0"));
   if (tokenizer != "none") {
     vocab_meta = efim::model::vocabulary_metadata(tokenizer, vocab);
-    const auto n = std::get<std::vector<std::string>>(
-                       std::get<efim::gguf::array_value>(vocab_meta.at("tokenizer.ggml.tokens").v).items)
-                       .size();
+    const std::size_t n = efim::model::vocabulary_size(vocab_meta);
     if (vocab != 0 && n > vocab)
       fail("--vocab " + std::to_string(vocab) + " is smaller than the tokenizer's " + std::to_string(n) + " tokens");
     vocab = n;

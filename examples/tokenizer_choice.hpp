@@ -10,17 +10,20 @@
 
 namespace efim_examples {
 
-// Calls run(tokenizer, fim_token_set, description) with the tokenizer `path` names and returns
-// what it returns. A tokenizer without a known FIM token set is an efim::error.
+// The tokenizer a program uses: `path`, or when it is empty the default file, or "byte" (said on
+// stderr) when that is missing.
+inline std::string tokenizer_path(std::string path, const std::string& default_path, const char* program) {
+  if (!path.empty()) return path;
+  if (std::filesystem::exists(default_path)) return default_path;
+  std::cerr << program << ": no " << default_path << " (run .ci/setup to fetch it); using the byte-level tokenizer\n";
+  return "byte";
+}
+
+// Calls run(tokenizer, fim_token_set, description) with the tokenizer tokenizer_path picks and
+// returns what it returns. A tokenizer without a known FIM token set is an efim::error.
 template <class Run>
 int with_tokenizer(std::string path, const std::string& default_path, const char* program, Run&& run) {
-  if (path.empty()) {
-    path = default_path;
-    if (!std::filesystem::exists(path)) {
-      std::cerr << program << ": no " << path << " (run .ci/setup to fetch it); using the byte-level tokenizer\n";
-      path = "byte";
-    }
-  }
+  path = tokenizer_path(std::move(path), default_path, program);
   if (path == "byte") {
     const efim::text::byte_tokenizer tok(efim::prompt::qwen25_coder.special_tokens());
     return run(tok, efim::prompt::qwen25_coder, std::string("byte-level + qwen2.5-coder FIM tokens"));

@@ -28,7 +28,7 @@ using psm_pipeline = engine::pipeline<prompt::psm, cache::xxh3_64_chain, cache::
 
 text::byte_tokenizer qwen_tokenizer() { return text::byte_tokenizer(prompt::qwen25_coder.special_tokens()); }
 
-model::weights small_weights(std::uint64_t seed = 21) {
+model::config small_config() {
   model::config c;
   c.vocab = qwen_tokenizer().vocab_size();
   c.hidden = 64;
@@ -37,8 +37,10 @@ model::weights small_weights(std::uint64_t seed = 21) {
   c.kv_heads = 2;
   c.ffn = 128;
   c.max_context = 1024;
-  return model::random_weights(c, seed);
+  return c;
 }
+
+model::weights small_weights(std::uint64_t seed = 21) { return model::random_weights(small_config(), seed); }
 
 engine::pipeline_options options(std::size_t blocks = 256, bool reuse = true) {
   engine::pipeline_options o;
@@ -198,7 +200,7 @@ TEST_CASE("generation stops at end-of-sequence unless told to ignore it", "[engi
   // only the EOS output row reads.
   const auto tok = qwen_tokenizer();
   const auto eos = static_cast<std::size_t>(*tok.special_id(prompt::qwen25_coder.eos));
-  const auto cfg = small_weights().cfg;
+  const auto cfg = small_config();
   const std::size_t h = cfg.hidden;
   auto bytes = model::random_model(cfg, 21);
   const auto f = gguf::parse(bytes);
@@ -494,7 +496,7 @@ TEST_CASE("a token event's text survives the callback cancelling another request
 
 TEST_CASE("a model vocabulary larger than the tokenizer's: only the tokenizer's ids are sampled",
           "[engine][sampling]") {
-  model::config c = small_weights().cfg;
+  model::config c = small_config();
   c.vocab = qwen_tokenizer().vocab_size() + 500;  // padded vocabularies are common in real checkpoints
   const auto w = model::random_weights(c, 5);
   efim_pipeline p(qwen_tokenizer(), w, options());
@@ -530,7 +532,7 @@ TEST_CASE("a FIM token set whose BOS token the tokenizer lacks is refused at con
   REQUIRE(set.add_bos);
   const text::byte_tokenizer without_bos(
       {std::string(set.prefix), std::string(set.suffix), std::string(set.middle), std::string(set.eos)});
-  model::config c = small_weights().cfg;
+  model::config c = small_config();
   c.vocab = without_bos.vocab_size();
   const auto w = model::random_weights(c, 1);
   auto o = options();

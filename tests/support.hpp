@@ -1,25 +1,25 @@
 #pragma once
-// Helpers the test binaries share: running a program as a process, and comparing logits.
+// Helpers the test and benchmark programs share: running a program as a process, and comparing logits.
 #include <sys/wait.h>
 
 #include <algorithm>
-#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
+#include <span>
+#include <stdexcept>
 #include <string>
-#include <vector>
 
 namespace efim_test {
 
 struct run_result {
-  int exit_code;       // -1 when the program did not exit normally
+  int exit_code;       // -1 when the program could not be started or did not exit normally
   std::string output;  // stdout and stderr
 };
 
 // Runs `command` through the shell, stderr merged into the output.
 inline run_result run_command(const std::string& command) {
   FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  REQUIRE(pipe != nullptr);
+  if (pipe == nullptr) return {-1, "cannot run " + command};
   std::string out;
   char buf[1 << 16];
   for (std::size_t n; (n = fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, n);
@@ -28,8 +28,8 @@ inline run_result run_command(const std::string& command) {
 }
 
 // max |got - want| over max |want| (the plain difference when `want` is all zeros).
-inline float max_relative_error(const std::vector<float>& got, const std::vector<float>& want) {
-  REQUIRE(got.size() == want.size());
+inline float max_relative_error(std::span<const float> got, std::span<const float> want) {
+  if (got.size() != want.size()) throw std::invalid_argument("max_relative_error: sizes differ");
   float scale = 0.0f, err = 0.0f;
   for (std::size_t i = 0; i < got.size(); ++i) {
     scale = std::max(scale, std::abs(want[i]));

@@ -37,6 +37,7 @@
 #include <ggml-backend.h>
 #include <ggml.h>
 #include <gguf.h>
+#include <llama-cpp.h>
 #include <llama.h>
 
 #include <fcntl.h>
@@ -240,14 +241,8 @@ std::string llama_version() {
   return v;
 }
 
-struct model_deleter {
-  void operator()(llama_model* m) const { llama_model_free(m); }
-};
-struct context_deleter {
-  void operator()(llama_context* c) const { llama_free(c); }
-};
-using model_ptr = std::unique_ptr<llama_model, model_deleter>;
-using context_ptr = std::unique_ptr<llama_context, context_deleter>;
+using model_ptr = llama_model_ptr;  // llama-cpp.h's owners
+using context_ptr = llama_context_ptr;
 
 model_ptr load_model(const std::string& path, bool extra_buffer_types) {
   if (!std::filesystem::exists(path)) {
@@ -1090,24 +1085,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string command = argv[1];
+  static const std::pair<std::string_view, int (*)(int, char**)> commands[] = {
+      {"quantize", cmd_quantize}, {"logits", cmd_logits}, {"generate", cmd_generate},
+      {"bench", cmd_bench},       {"info", cmd_info},     {"smoke", cmd_smoke}};
   try {
-    if (command == "quantize") {
-      return cmd_quantize(argc, argv);
-    }
-    if (command == "logits") {
-      return cmd_logits(argc, argv);
-    }
-    if (command == "generate") {
-      return cmd_generate(argc, argv);
-    }
-    if (command == "bench") {
-      return cmd_bench(argc, argv);
-    }
-    if (command == "info") {
-      return cmd_info(argc, argv);
-    }
-    if (command == "smoke") {
-      return cmd_smoke(argc, argv);
+    for (const auto& [name, run] : commands) {
+      if (command == name) {
+        return run(argc, argv);
+      }
     }
     if (command == "--help" || command == "-h" || command == "help") {
       std::fputs(usage_text, stdout);

@@ -251,10 +251,9 @@ def main(argv: list[str]) -> int:
     def vector(name: str, data: np.ndarray) -> None:
         w.add_tensor(name, data.astype(np.float32), raw_dtype=gguf.GGMLQuantizationType.F32)
 
-    def permute(weights: np.ndarray, n_head: int, n_head_kv: int) -> np.ndarray:
-        # LlamaModel.permute: Hugging Face's q_proj/k_proj rows reordered for the "norm" rope.
-        if n_head_kv is not None and n_head != n_head_kv:
-            n_head = n_head_kv
+    def permute(weights: np.ndarray, n_head: int) -> np.ndarray:
+        # As LlamaModel.permute: Hugging Face's q_proj/k_proj rows reordered for the "norm" rope,
+        # n_head being the heads of that projection.
         return (weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
                 .swapaxes(1, 2)
                 .reshape(weights.shape))
@@ -270,8 +269,8 @@ def main(argv: list[str]) -> int:
         wk = normal((kv_dim, H), 1.0 / np.sqrt(H))
         wv = normal((kv_dim, H), 1.0 / np.sqrt(H))
         if a.arch == "llama":
-            wq = permute(wq, a.heads, a.heads)
-            wk = permute(wk, a.heads, a.kv_heads)
+            wq = permute(wq, a.heads)
+            wk = permute(wk, a.kv_heads)
         matrix(p + "attn_q.weight", wq)
         matrix(p + "attn_k.weight", wk)
         matrix(p + "attn_v.weight", wv)

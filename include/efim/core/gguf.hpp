@@ -17,6 +17,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -343,11 +344,11 @@ inline file parse(std::span<const std::byte> bytes) {
     f.alignment = *n;
   }
   f.tensors.reserve(static_cast<std::size_t>(n_tensors));
-  std::map<std::string, bool, std::less<>> names;
+  std::set<std::string, std::less<>> names;
   for (std::uint64_t i = 0; i < n_tensors; ++i) {
     tensor_info t;
     t.name = r.string("a tensor name");
-    require(names.emplace(t.name, true).second, errc::invalid_argument, "gguf: tensor '" + t.name + "' appears twice");
+    require(names.insert(t.name).second, errc::invalid_argument, "gguf: tensor '" + t.name + "' appears twice");
     const auto dims = r.scalar<std::uint32_t>("a tensor's dimension count");
     require(dims >= 1 && dims <= 4, errc::invalid_argument,
             "gguf: tensor '" + t.name + "' has " + std::to_string(dims) + " dimensions (1 to 4 allowed)");

@@ -56,7 +56,7 @@ inline void store_tile(const float* out, std::size_t nr, float* y, std::size_t l
 
 // Rows of a panel per thread at a time: as many as keep the f32 panel within about 192 KiB (half of
 // L2 on current cores, the rest for x), a multiple of nr, and dividing `rows` into equal panels.
-inline std::size_t panel_rows(std::size_t rows, std::size_t cols, std::size_t nr) noexcept {
+inline std::size_t panel_height(std::size_t rows, std::size_t cols, std::size_t nr) noexcept {
   const std::size_t most = std::max(nr, (std::size_t{192} << 10) / (std::max<std::size_t>(cols, 1) * 4) / nr * nr);
   const std::size_t panels = (rows + most - 1) / most;
   const std::size_t even = (rows + panels - 1) / panels;
@@ -87,7 +87,7 @@ inline void matmul_rows_portable(const float* x, std::size_t m, const weight_vie
   constexpr std::size_t MR = 2, NR = 2;  // fits 16 ymm/xmm registers
 #endif
   const std::size_t n = w.cols, ldy = w.rows, rb = row_bytes(w.type, n);
-  const std::size_t step = panel_rows(r1 - r0, n, NR);
+  const std::size_t step = panel_height(r1 - r0, n, NR);
   for (std::size_t p0 = r0; p0 < r1; p0 += step) {
     const std::size_t nc = std::min(step, r1 - p0);
     const float* panel = nullptr;
@@ -341,30 +341,24 @@ template <bool From_state, bool To_state>
   }
 }
 
-// Rows [0, rows) of w (row_bytes apart) dequantized into dst (n floats apart), with the same
-// conversions the tiles use.
+// A weight row of n elements dequantized into out, with the same conversions the tiles use.
 template <dtype T>
-inline void dequantize_rows(const std::byte* src, std::size_t rb, std::size_t rows, std::size_t n,
-                            float* dst) noexcept {
-  for (std::size_t r = 0; r < rows; ++r) {
-    const std::byte* row = src + r * rb;
-    float* out = dst + r * n;
-    if constexpr (info(T).block == 32) {
-      for (std::size_t blk = 0; blk < n / 32; ++blk) {
-        __m512 lo, hi;
-        load_block<T>(lo, hi, row, blk);
-        _mm512_storeu_ps(out + 32 * blk, lo);
-        _mm512_storeu_ps(out + 32 * blk + 16, hi);
-      }
-    } else {
-      const std::size_t full = n - n % lanes;
-      for (std::size_t k = 0; k < full; k += lanes) {
-        __m512 v;
-        load16<T>(v, row, k);
-        _mm512_storeu_ps(out + k, v);
-      }
-      for (std::size_t k = full; k < n; ++k) out[k] = weight_at<T>(row, k);
+inline void unpack_row(const std::byte* row, std::size_t n, float* out) noexcept {
+  if constexpr (info(T).block == 32) {
+    for (std::size_t blk = 0; blk < n / 32; ++blk) {
+      __m512 lo, hi;
+      load_block<T>(lo, hi, row, blk);
+      _mm512_storeu_ps(out + 32 * blk, lo);
+      _mm512_storeu_ps(out + 32 * blk + 16, hi);
     }
+  } else {
+    const std::size_t full = n - n % lanes;
+    for (std::size_t k = 0; k < full; k += lanes) {
+      __m512 v;
+      load16<T>(v, row, k);
+      _mm512_storeu_ps(out + k, v);
+    }
+    for (std::size_t k = full; k < n; ++k) out[k] = weight_at<T>(row, k);
   }
 }
 
@@ -440,12 +434,12 @@ inline void panel_rows(const float* x, std::size_t m, const weight_view& w, std:
   const std::size_t n = w.cols, ldy = w.rows, rb = row_bytes(w.type, n), ld = scratch_stride(n);
   const std::size_t full = n - n % lanes, range = n <= 1536 ? std::max<std::size_t>(full, 1) : 1024;
   const std::size_t ranges = std::max<std::size_t>(1, (full + range - 1) / range);
-  const std::size_t step = detail::panel_rows(r1 - r0, std::min(n, range), NR);
+  const std::size_t step = detail::panel_height(r1 - r0, std::min(n, range), NR);
   float* const state = panel_scratch(step / NR * tile_floats + step * ld);
   float* const panel = state + step / NR * tile_floats;
   for (std::size_t p0 = r0; p0 < r1; p0 += step) {
     const std::size_t nc = std::min(step, r1 - p0);
-    for (std::size_t r = 0; r < nc; ++r) dequantize_rows<T>(w.data + (p0 + r) * rb, rb, 1, n, panel + r * ld);
+    for (std::size_t r = 0; r < nc; ++r) unpack_row<T>(w.data + (p0 + r) * rb, n, panel + r * ld);
     for (std::size_t i0 = 0; i0 < m; i0 += MR) {
       const float* xs[MR];
       for (std::size_t i = 0; i < MR; ++i) xs[i] = x + std::min(i0 + i, m - 1) * n;  // past m: repeat, not stored

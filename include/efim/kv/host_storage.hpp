@@ -30,7 +30,7 @@ class host_storage {
 
   // Bytes a storage of this shape holds.
   static constexpr std::size_t bytes(std::size_t layers, const paged_layout& layout, dtype type = dtype::f32) noexcept {
-    return 2 * layers * layout.elements() * (type == dtype::f16 ? 2 : 4);
+    return 2 * layers * layout.elements() * info(type).bytes;
   }
 
   [[nodiscard]] const paged_layout& layout() const noexcept { return layout_; }

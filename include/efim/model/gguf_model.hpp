@@ -260,9 +260,6 @@ inline std::vector<random_tensor> random_layout(const config& c, const random_sp
   return out;
 }
 
-}  // namespace detail
-
-namespace detail {
 // GGUF bytes with `meta` and random tensors for `c` (see random_model).
 inline std::vector<std::byte> random_gguf(const config& c, std::uint64_t seed, const random_spec& s, metadata meta,
                                           std::size_t threads) {

@@ -118,8 +118,8 @@ class reference_model {
   };
 
   static std::vector<float> dense(const matrix& m) {
-    std::vector<float> out(m.rows * m.cols);
     if (!m.data) return {};
+    std::vector<float> out(m.rows * m.cols);
     const std::size_t bytes = row_bytes(m.type, m.cols);
     for (std::size_t r = 0; r < m.rows; ++r)
       dequantize_row(m.type, m.data + r * bytes, out.data() + r * m.cols, m.cols);

@@ -4,8 +4,6 @@
 // look for (end of text, padding, and the FIM sentinels llama.cpp's /infill uses).
 #include <cstddef>
 #include <cstdint>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -17,30 +15,36 @@
 
 namespace efim::model {
 
+namespace detail {
+// The token strings of tokenizer metadata that has them (vocabulary_metadata's).
+template <class Metadata>
+auto& tokens_of(Metadata& m) {
+  return std::get<std::vector<std::string>>(std::get<gguf::array_value>(m.at("tokenizer.ggml.tokens").v).items);
+}
+}  // namespace detail
+
+// The number of tokens tokenizer metadata from vocabulary_metadata holds.
+inline std::size_t vocabulary_size(const metadata& m) { return detail::tokens_of(m).size(); }
+
 // Tokenizer metadata from `path` (a .gguf file: its tokenizer.* keys; otherwise a tokenizer.json),
 // padded with unused "[PAD<id>]" tokens to `vocab` tokens when that is more. `vocab` = 0 keeps the
 // tokenizer's size, but for the Qwen2.5-Coder vocabulary, padded to the 151,936 rows its models have.
 inline metadata vocabulary_metadata(const std::string& path, std::size_t vocab = 0) {
   metadata out;
-  if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".gguf") == 0) {
+  if (text::is_gguf_path(path)) {
     const auto f = gguf::read(path);
     for (const auto& [key, value] : f.metadata)
       if (key.starts_with("tokenizer.")) out.emplace(key, value);
     require(out.contains("tokenizer.ggml.tokens"), errc::invalid_argument, "'" + path + "' has no tokenizer");
   } else {
-    std::ifstream in(path, std::ios::binary);
-    require(in.good(), errc::io, "cannot open '" + path + "'");
-    std::stringstream text;
-    text << in.rdbuf();
-    out = text::gguf_vocabulary(text.str());
+    out = text::gguf_vocabulary(text::read_tokenizer_json(path));
   }
   // Loading it checks every key's type and the token and type counts.
   const auto tok = text::load_bpe_gguf(gguf::parse(gguf::serialize(out, {})));
   const auto* fim = prompt::detect_token_set(tok);
   if (vocab == 0 && fim && fim->family == prompt::qwen25_coder.family) vocab = 151936;
 
-  auto& tokens =
-      std::get<std::vector<std::string>>(std::get<gguf::array_value>(out.at("tokenizer.ggml.tokens").v).items);
+  auto& tokens = detail::tokens_of(out);
   std::vector<std::int64_t>* types = nullptr;
   if (const auto it = out.find("tokenizer.ggml.token_type"); it != out.end())
     types = &std::get<std::vector<std::int64_t>>(std::get<gguf::array_value>(it->second.v).items);

@@ -11,6 +11,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "efim/core/dtype.hpp"
@@ -76,12 +77,8 @@ class tensor_table {
 
   // A matrix (rows, cols); required, or absent (empty) when `optional`.
   matrix get_matrix(const std::string& name, std::size_t rows, std::size_t cols, bool optional = false) {
-    const gguf::tensor_info* t = find(name);
-    if (!t) {
-      require(optional, errc::invalid_argument, "model: tensor '" + name + "' is missing");
-      return {};
-    }
-    use(name);
+    const gguf::tensor_info* t = take(name, optional);
+    if (!t) return {};
     require(t->shape.size() == 2 && t->shape[0] == cols && t->shape[1] == rows, errc::invalid_argument,
             "model: tensor '" + name + "' has shape " + shape_text(t->shape) + ", expected [" + std::to_string(cols) +
                 ", " + std::to_string(rows) + "]");
@@ -90,12 +87,8 @@ class tensor_table {
 
   // A vector of n floats (stored as f32, f16 or bf16; converted to f32 if need be).
   vector get_vector(const std::string& name, std::size_t n, bool optional = false) {
-    const gguf::tensor_info* t = find(name);
-    if (!t) {
-      require(optional, errc::invalid_argument, "model: tensor '" + name + "' is missing");
-      return {};
-    }
-    use(name);
+    const gguf::tensor_info* t = take(name, optional);
+    if (!t) return {};
     require(
         t->shape.size() == 1 && t->shape[0] == n, errc::invalid_argument,
         "model: tensor '" + name + "' has shape " + shape_text(t->shape) + ", expected [" + std::to_string(n) + "]");
@@ -138,12 +131,18 @@ class tensor_table {
     return bytes_.data() + static_cast<std::ptrdiff_t>(file_.data_offset + t.offset);
   }
 
-  void use(const std::string& name) { used_.emplace(name, true); }
+  // The tensor `name`, marked as bound; null if it is absent and `optional`.
+  const gguf::tensor_info* take(const std::string& name, bool optional) {
+    const gguf::tensor_info* t = find(name);
+    require(t || optional, errc::invalid_argument, "model: tensor '" + name + "' is missing");
+    if (t) used_.insert(name);
+    return t;
+  }
 
   const gguf::file& file_;
   std::span<const std::byte> bytes_;
   std::unordered_map<std::string, std::size_t> by_name_;
-  std::unordered_map<std::string, bool> used_;
+  std::unordered_set<std::string> used_;
   std::vector<std::vector<float>> converted_;
 };
 

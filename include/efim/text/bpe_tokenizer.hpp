@@ -535,15 +535,24 @@ inline std::map<std::string, gguf::value, std::less<>> gguf_vocabulary(std::stri
   }
 }
 
-// From a file: a .gguf file's metadata, or a tokenizer.json.
-inline bpe_tokenizer load_bpe(const std::string& path) {
-  if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".gguf") == 0) return load_bpe_gguf(gguf::read(path));
+// Whether a tokenizer path names a GGUF file (else it is a tokenizer.json).
+inline bool is_gguf_path(std::string_view path) noexcept { return path.ends_with(".gguf"); }
+
+// The text of a tokenizer.json file.
+inline std::string read_tokenizer_json(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   require(in.good(), errc::invalid_argument, "tokenizer: cannot open '" + path + "'");
   std::stringstream ss;
   ss << in.rdbuf();
+  return ss.str();
+}
+
+// From a file: a .gguf file's metadata, or a tokenizer.json.
+inline bpe_tokenizer load_bpe(const std::string& path) {
+  if (is_gguf_path(path)) return load_bpe_gguf(gguf::read(path));
+  const std::string json = read_tokenizer_json(path);
   try {
-    return load_bpe_json(ss.str());
+    return load_bpe_json(json);
   } catch (const error& e) {
     throw error(e.code(), std::string(e.what()) + " ('" + path + "')");
   }
