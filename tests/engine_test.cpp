@@ -4,6 +4,7 @@
 #include <future>
 #include <limits>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <thread>
@@ -574,4 +575,255 @@ TEST_CASE("async runner: after a failed step the pipeline holds no blocks and no
   // The owner drives the pipeline on: nothing is left to run, and nothing calls into the dead runner.
   CHECK_FALSE(p.step());
   CHECK(complete(p, make_request("z = ", "\n", 3)).tokens.size() == 3);
+}
+
+TEST_CASE("stop rules: a stop string is never shown, not even in part", "[engine][stop]") {
+  engine::text_gate g({{"STOP", "</s>"}, 0});
+  std::string out;
+  CHECK(g.push("abc S", out) == engine::text_gate::verdict::go_on);
+  CHECK(out == "abc ");  // "S" could start STOP
+  CHECK(g.push("T", out) == engine::text_gate::verdict::go_on);
+  CHECK(out == "abc ");
+  CHECK(g.push("ep", out) == engine::text_gate::verdict::go_on);  // "STep" is not STOP
+  CHECK(out == "abc STep");
+  CHECK(g.push("x<", out) == engine::text_gate::verdict::go_on);
+  CHECK(out == "abc STepx");
+  CHECK(g.push("/s> tail STOP", out) == engine::text_gate::verdict::stop_string);
+  CHECK(out == "abc STepx");
+  CHECK(g.stopped());
+  // The end of the text releases what was held back.
+  engine::text_gate h({{"STOP"}, 0});
+  out.clear();
+  h.push("ST", out);
+  CHECK(out.empty());
+  h.finish(out);
+  CHECK(out == "ST");
+  // The earliest of several stop strings wins; an empty stop string is ignored.
+  engine::text_gate k({{"", "b", "abc"}, 0});
+  out.clear();
+  CHECK(k.push("xabc", out) == engine::text_gate::verdict::stop_string);
+  CHECK(out == "x");
+}
+
+TEST_CASE("stop rules: a new line indented less than the minimum ends the text, as llama.cpp's n_indent",
+          "[engine][stop]") {
+  const auto run = [](std::vector<std::string> pieces, std::size_t indent) {
+    engine::text_gate g({{}, indent});
+    std::string out;
+    auto v = engine::text_gate::verdict::go_on;
+    for (const auto& p : pieces)
+      if ((v = g.push(p, out)) != engine::text_gate::verdict::go_on) break;
+    if (v == engine::text_gate::verdict::go_on) g.finish(out);
+    return std::pair{out, v};
+  };
+  using v = engine::text_gate::verdict;
+  // The first line is never checked; later lines keep their newline and indentation when cut.
+  CHECK(run({"x = 1\n", "    y = 2\n", "  z"}, 4) == std::pair{std::string("x = 1\n    y = 2\n  "), v::indent});
+  CHECK(run({"x", "\n\ty\n\t\tz"}, 1) == std::pair{std::string("x\n\ty\n\t\tz"), v::go_on});
+  // A blank line counts as a line with no indentation, as in llama.cpp.
+  CHECK(run({"a\n\nb"}, 2) == std::pair{std::string("a\n"), v::indent});
+  CHECK(run({"a\n", "  ", "  ", "b"}, 4) == std::pair{std::string("a\n    b"), v::go_on});
+}
+
+TEST_CASE("pipeline: a stop string ends the completion before it; streamed text + tail is the text",
+          "[engine][stop]") {
+  const auto w = small_weights();
+  efim_pipeline p(qwen_tokenizer(), w, options());
+  const auto free_run = complete(p, make_request(code_prefix, code_suffix, 24));
+  REQUIRE(free_run.text.size() > 8);
+  const std::string stop = free_run.text.substr(free_run.text.size() / 2, 3);
+  auto r = make_request(code_prefix, code_suffix, 24);
+  r.stop.strings = {stop};
+  std::string streamed;
+  engine::completion c;
+  p.submit(r, {[&](const engine::token_event& e) { streamed += e.text; },
+               [&](engine::completion&& done) { c = std::move(done); }});
+  p.run();
+  CHECK(c.reason == engine::finish_reason::stop);
+  CHECK(c.text == free_run.text.substr(0, free_run.text.find(stop)));
+  CHECK(streamed + c.tail == c.text);
+  CHECK(free_run.tokens.size() > c.tokens.size());
+}
+
+namespace {
+// A model that only ever writes ASCII (every other output row reads minus a feature that every
+// embedding carries), so that its text can be typed back byte for byte.
+model::weights ascii_weights() {
+  const auto cfg = small_config();
+  const std::size_t h = cfg.hidden;
+  auto bytes = model::random_model(cfg, 21);
+  const auto f = gguf::parse(bytes);
+  for (const auto& t : f.tensors) {
+    auto* v = reinterpret_cast<float*>(bytes.data() + f.data_offset + t.offset);
+    if (t.name == "token_embd.weight")
+      for (std::size_t i = 0; i < cfg.vocab; ++i) v[i * h] = 4.0f;
+    if (t.name == "output.weight")
+      for (std::size_t i = 128; i < cfg.vocab; ++i) {
+        std::fill_n(v + i * h, h, 0.0f);
+        v[i * h] = -100.0f;
+      }
+  }
+  return model::open_model(std::move(bytes)).bind(cfg);
+}
+}  // namespace
+
+TEST_CASE("EFIM session: typing what the model generated reuses the KV computed while generating it",
+          "[engine][efim]") {
+  const auto w = ascii_weights();
+  efim_pipeline warm(qwen_tokenizer(), w, options());
+  efim_pipeline cold(qwen_tokenizer(), w, options(256, false));
+  auto r = make_request(code_prefix, code_suffix, 20, "ed");
+  complete(cold, r);
+  const auto a = complete(warm, r);
+  REQUIRE(a.tokens.size() == 20);
+  REQUIRE(std::set<token_id>(a.tokens.begin(), a.tokens.end()).size() > 3);
+  // The suggestion accepted (its first 18 tokens' text), then one more character typed.
+  std::string accepted;
+  for (std::size_t i = 0; i < 18; ++i) accepted += static_cast<char>(a.tokens[i]);  // byte tokenizer: id = byte
+  r = make_request(code_prefix + accepted + "#", code_suffix, 4, "ed");
+  const auto b = complete(warm, r);
+  const auto recomputed = complete(cold, r);
+  CHECK(b.session_change == prompt::change::accepted);
+  CHECK(b.reused_tokens == 18);
+  CHECK(recomputed.session_change == prompt::change::accepted);
+  CHECK(b.prompt_tokens == a.prompt_tokens + 19);
+  // Everything but the typed character and the last partial block came from the cache.
+  CHECK(b.cached_tokens == (b.prompt_tokens - 1) / 16 * 16);
+  CHECK(b.tokens == recomputed.tokens);
+}
+
+TEST_CASE("a newer request of a session supersedes the one in flight; its work stays cached", "[engine][session]") {
+  const auto w = small_weights();
+  efim_pipeline p(qwen_tokenizer(), w, options());
+  engine::completion older, newer;
+  p.submit(make_request(code_prefix, code_suffix, 40, "ed"), {{}, [&](engine::completion&& c) { older = std::move(c); }});
+  CHECK(p.step());  // the older one's prompt is (partly) computed
+  CHECK(p.step());
+  p.submit(make_request(code_prefix + "    ", code_suffix, 3, "ed"), {{}, [&](engine::completion&& c) { newer = std::move(c); }});
+  CHECK(older.reason == engine::finish_reason::superseded);
+  p.run();
+  CHECK(newer.reason == engine::finish_reason::length);
+  CHECK(newer.session_change == prompt::change::append);
+  CHECK(newer.cached_tokens >= 64);  // the blocks the older request computed
+  // Other sessions are not touched.
+  engine::completion x, y;
+  p.submit(make_request(code_prefix, code_suffix, 6, "x"), {{}, [&](engine::completion&& c) { x = std::move(c); }});
+  p.submit(make_request(code_prefix, code_suffix, 6, "y"), {{}, [&](engine::completion&& c) { y = std::move(c); }});
+  p.run();
+  CHECK(x.reason == engine::finish_reason::length);
+  CHECK(y.reason == engine::finish_reason::length);
+  CHECK(p.cache().free_blocks() + p.cache().evictable_blocks() == p.cache().capacity());
+}
+
+TEST_CASE("requests without a session key find their session by content", "[engine][session]") {
+  const auto w = small_weights();
+  efim_pipeline p(qwen_tokenizer(), w, options());
+  auto r = make_request(code_prefix, code_suffix, 2);
+  r.match_session = true;
+  const auto a = complete(p, r);
+  CHECK(a.session_change == prompt::change::first);
+  CHECK_FALSE(a.session.empty());
+  r.prefix += "    return";
+  const auto b = complete(p, r);
+  CHECK(b.session == a.session);
+  CHECK(b.session_change == prompt::change::append);
+  CHECK(b.cached_tokens == (b.prompt_tokens - 10) / 16 * 16);
+  // Another tenant's identical request starts its own session.
+  r.tenant = "other";
+  const auto c = complete(p, r);
+  CHECK(c.session != a.session);
+  CHECK(c.cached_tokens == 0);
+  // Without match_session, requests stay stateless.
+  auto plain = make_request(code_prefix, code_suffix, 2);
+  CHECK(complete(p, plain).session.empty());
+}
+
+TEST_CASE("a prefill-only request renews its session's anchor", "[engine][session]") {
+  const auto w = small_weights();
+  efim_pipeline p(qwen_tokenizer(), w, options());
+  complete(p, make_request(code_prefix, code_suffix, 2, "s"));
+  complete(p, make_request(code_prefix + "    x", code_suffix, 2, "s"));
+  const auto warm = complete(p, make_request(code_prefix + "    x", code_suffix, 0, "s"));
+  CHECK(warm.session_change == prompt::change::reanchor);
+  const auto next = complete(p, make_request(code_prefix + "    xy", code_suffix, 2, "s"));
+  CHECK(next.session_change == prompt::change::append);
+  CHECK(next.prompt_tokens == warm.prompt_tokens + 1);
+}
+
+TEST_CASE("fit_context: generation stops where the context ends, and says so", "[engine]") {
+  const auto w = small_weights();  // max_context 1024
+  efim_pipeline p(qwen_tokenizer(), w, options());
+  const std::string prefix(1000, 'x');
+  auto r = make_request(prefix, "", 100);
+  CHECK_THROWS_AS(p.submit(r, {}), efim::error);
+  r.fit_context = true;
+  const auto c = complete(p, r);
+  CHECK(c.prompt_tokens + c.tokens.size() == 1024);
+  CHECK(c.truncated);
+  CHECK(c.reason == engine::finish_reason::length);
+  r.prefix = std::string(1030, 'x');
+  CHECK_THROWS_AS(p.submit(r, {}), efim::error);  // the prompt alone does not fit
+}
+
+TEST_CASE("reuse_cache false computes the whole prompt; a time limit ends generation", "[engine]") {
+  const auto w = small_weights();
+  efim_pipeline p(qwen_tokenizer(), w, options());
+  auto r = make_request(code_prefix, code_suffix, 2);
+  complete(p, r);
+  CHECK(complete(p, r).cached_tokens > 0);
+  r.reuse_cache = false;
+  const auto full = complete(p, r);
+  CHECK(full.cached_tokens == 0);
+  CHECK(full.prompt_ms() > 0);
+  r.reuse_cache = true;
+  r.max_tokens = 500;
+  r.max_generate_time = std::chrono::milliseconds(1);
+  const auto timed = complete(p, r);
+  CHECK(timed.reason == engine::finish_reason::time_limit);
+  CHECK(timed.tokens.size() < 500);
+  CHECK(timed.generation_ms() >= 1.0);
+}
+
+TEST_CASE("a plain completion continues its prompt without FIM tokens", "[engine]") {
+  const auto w = small_weights();
+  efim_pipeline p(qwen_tokenizer(), w, options());
+  auto r = make_request("def f(x):", "", 4);
+  r.infill = false;
+  const auto c = complete(p, r);
+  CHECK(c.prompt_tokens == 9);
+  CHECK(c.tokens.size() == 4);
+  r.prefix.clear();
+  CHECK_THROWS_AS(p.submit(r, {}), efim::error);  // nothing to continue
+}
+
+TEST_CASE("async runner: a ticket cancels a request before or during its steps; calls read state between steps",
+          "[engine][async]") {
+  const auto w = small_weights();
+  efim_pipeline p(qwen_tokenizer(), w, options());
+  engine::async_runner<efim_pipeline> runner(p);
+  std::promise<engine::completion> done;
+  std::atomic<int> tokens{0};
+  engine::async_runner<efim_pipeline>::ticket t = 0;
+  t = runner.submit(make_request(code_prefix, code_suffix, 500),
+                    {[&](const engine::token_event&) {
+                       if (++tokens == 3) runner.cancel(t);
+                     },
+                     [&](engine::completion&& c) { done.set_value(std::move(c)); }});
+  const auto c = done.get_future().get();
+  CHECK(c.reason == engine::finish_reason::cancelled);
+  CHECK(c.tokens.size() <= 4);  // cancelled before the next step
+  // Cancelled before the pipeline saw it.
+  std::promise<engine::completion> early;
+  const auto t2 = runner.submit(make_request(code_prefix, code_suffix, 500),
+                                {{}, [&](engine::completion&& x) { early.set_value(std::move(x)); }});
+  runner.cancel(t2);
+  CHECK(early.get_future().get().reason == engine::finish_reason::cancelled);
+  // A refused request completes with the error.
+  std::promise<engine::completion> refused;
+  runner.submit(make_request("\xFF", ""), {{}, [&](engine::completion&& x) { refused.set_value(std::move(x)); }});
+  const auto r = refused.get_future().get();
+  CHECK(r.reason == engine::finish_reason::error);
+  CHECK_THROWS_AS(std::rethrow_exception(r.error), efim::error);
+  auto free = runner.call([](efim_pipeline& pl) { return pl.cache().free_blocks() + pl.cache().evictable_blocks(); });
+  CHECK(free.get() == p.cache().capacity());
 }

@@ -6,6 +6,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "efim/text/detokenizer.hpp"
 #include "efim/text/fragment.hpp"
 #include "efim/text/pre_tokenizer.hpp"
+#include "efim/text/token_memo.hpp"
 
 using namespace efim;
 
@@ -769,4 +771,44 @@ TEST_CASE("split behaviors follow Hugging Face's definitions", "[text][pretokeni
   CHECK(words(b::merged_with_next) == v{"the", "-final", "-", "-countdown"});
   CHECK(words(b::contiguous) == v{"the", "-", "final", "--", "countdown"});
   CHECK(words(b::removed, true) == v{"-", "-", "-"});
+}
+
+TEST_CASE("token memo: the ids of a piece are the tokenizer's, whether remembered or not", "[text][memo]") {
+  const longest_match tok;
+  text::token_memo_options o;
+  o.min_bytes = 8;
+  o.max_bytes = 4096;
+  text::token_memo memo(o);
+  rng r(5);
+  std::vector<std::string> pieces;
+  for (int i = 0; i < 40; ++i) {
+    std::string p;
+    for (std::size_t n = 1 + r.below(200); n > 0; --n) p += static_cast<char>('a' + r.below(4));
+    pieces.push_back(p);
+  }
+  for (int round = 0; round < 400; ++round) {
+    const auto& p = pieces[r.below(pieces.size())];
+    std::vector<token_id> got{7}, want{7};  // appended after what is there
+    memo.encode(tok, p, got);
+    tok.encode(p, want);
+    REQUIRE(got == want);
+    REQUIRE(memo.bytes() <= o.max_bytes);
+  }
+  CHECK(memo.hits() > 50);
+  CHECK(memo.entries() < pieces.size());  // the byte budget evicted some
+  // With room for all of them, every piece after its first sight is a hit.
+  text::token_memo roomy({8, 1 << 20});
+  std::set<std::string> seen;
+  for (int round = 0; round < 400; ++round) {
+    const auto& p = pieces[r.below(pieces.size())];
+    std::vector<token_id> ids;
+    roomy.encode(tok, p, ids);
+    seen.insert(p);
+  }
+  CHECK(roomy.hits() == 400 - seen.size());
+  // Pieces that share a hash bucket are still told apart, and short ones are never kept.
+  text::token_memo tiny(o);
+  std::vector<token_id> ids;
+  tiny.encode(tok, "abc", ids);
+  CHECK(tiny.entries() == 0);
 }

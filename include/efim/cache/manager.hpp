@@ -76,10 +76,10 @@ class manager {
         clock_(std::move(clock)) {}
 
   // Looks up the longest cached prefix of `prompt` (at most prompt.size() - 1 tokens, so at least
-  // one token is computed) and counts the blocks a sequence of `reserve_tokens` needs besides.
-  // Throws errc::out_of_blocks if even an empty cache could not hold it.
+  // one token is computed; none when `lookup` is false) and counts the blocks a sequence of
+  // `reserve_tokens` needs besides. Throws errc::out_of_blocks if even an empty cache could not hold it.
   [[nodiscard]] plan_type plan(std::span<const token_id> prompt, std::size_t reserve_tokens,
-                               const extra_keys& keys = {}) const {
+                               const extra_keys& keys = {}, bool lookup = true) const {
     require(!prompt.empty(), errc::invalid_argument, "cache: the prompt is empty");
     reserve_tokens = std::max(reserve_tokens, prompt.size());
     const std::size_t bs = options_.block_size;
@@ -93,7 +93,7 @@ class manager {
     p.query_tokens = prompt.size();
     p.version = version_;
     std::size_t idle_hits = 0;
-    if (options_.reuse) {
+    if (options_.reuse && lookup) {
       hash_type parent = p.root;
       for (std::size_t i = 0; (i + 1) * bs < prompt.size(); ++i) {
         const auto tokens = prompt.subspan(i * bs, bs);

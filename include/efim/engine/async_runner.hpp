@@ -1,16 +1,21 @@
 #pragma once
-// Drives a pipeline from a thread of its own, so that many client threads can submit requests
-// and wait for their completions while the pipeline batches them.
+// Drives a pipeline from a thread of its own, so that many client threads can submit requests,
+// stream their tokens, cancel them and wait for their completions while the pipeline batches them.
 #include <condition_variable>
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <future>
+#include <memory>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
+#include <variant>
 #include <vector>
 
+#include "efim/core/error.hpp"
 #include "efim/engine/request.hpp"
 
 namespace efim::engine {
@@ -18,6 +23,9 @@ namespace efim::engine {
 template <class Pipeline>
 class async_runner {
  public:
+  // Names a submission before the pipeline has seen it, so that it can be cancelled at any time.
+  using ticket = std::uint64_t;
+
   // `p` must outlive the runner, and only the runner may drive it while it runs.
   explicit async_runner(Pipeline& p) : p_(&p), loop_([this] { run(); }) {}
 
@@ -27,18 +35,64 @@ class async_runner {
   // Cancels what is still running and joins the loop.
   ~async_runner() { stop(); }
 
+  // Queues a request whose tokens and completion go to `out`, called on the runner's thread. A
+  // request the pipeline refuses, or that the runner can no longer run, completes through
+  // `out.on_done` with finish_reason::error and the reason in completion::error (on the calling
+  // thread when the runner has stopped).
+  ticket submit(request r, stream out) {
+    std::unique_lock lock(mutex_);
+    const ticket t = ++last_ticket_;
+    if (stopping_) {
+      lock.unlock();
+      fail(out, std::make_exception_ptr(error(errc::invalid_argument, "async_runner: stopped")));
+      return t;
+    }
+    inbox_.emplace_back(submission{t, std::move(r), std::move(out)});
+    lock.unlock();
+    wake_.notify_one();
+    return t;
+  }
+
   // Queues a request; the future holds its completion, the efim::error that rejected it, or what
   // `on_token` threw. `on_token` runs on the runner's thread.
   std::future<completion> submit(request r, std::function<void(const token_event&)> on_token = {}) {
-    std::promise<completion> promise;
-    auto future = promise.get_future();
+    auto promise = std::make_shared<std::promise<completion>>();
+    auto future = promise->get_future();
+    submit(std::move(r), stream{std::move(on_token), [promise](completion&& c) {
+                                  if (c.error)
+                                    promise->set_exception(c.error);
+                                  else
+                                    promise->set_value(std::move(c));
+                                }});
+    return future;
+  }
+
+  // Cancels a submission before its next step: it completes with finish_reason::cancelled (nothing,
+  // if it has completed already).
+  void cancel(ticket t) {
+    {
+      std::lock_guard lock(mutex_);
+      if (stopping_) return;
+      inbox_.emplace_back(cancellation{t});
+    }
+    wake_.notify_one();
+  }
+
+  // Runs `f(pipeline)` on the runner's thread between two steps (to read its state); the future
+  // holds what it returns or throws.
+  template <class F>
+  auto call(F f) -> std::future<std::invoke_result_t<F&, Pipeline&>> {
+    using result = std::invoke_result_t<F&, Pipeline&>;
+    auto task = std::make_shared<std::packaged_task<result(Pipeline&)>>(std::move(f));
+    auto future = task->get_future();
     {
       std::lock_guard lock(mutex_);
       if (stopping_) {
-        promise.set_exception(std::make_exception_ptr(error(errc::invalid_argument, "async_runner: stopped")));
-        return future;
+        std::promise<result> failed;
+        failed.set_exception(std::make_exception_ptr(error(errc::invalid_argument, "async_runner: stopped")));
+        return failed.get_future();
       }
-      inbox_.push_back({std::move(r), std::move(on_token), std::move(promise)});
+      inbox_.emplace_back(call_request{[task](Pipeline& p) { (*task)(p); }});
     }
     wake_.notify_one();
     return future;
@@ -55,16 +109,30 @@ class async_runner {
   }
 
  private:
-  struct pending {
+  struct submission {
+    ticket t = 0;
     request r;
-    std::function<void(const token_event&)> on_token;
-    std::promise<completion> promise;
+    stream out;
   };
+  struct cancellation {
+    ticket t = 0;
+  };
+  struct call_request {
+    std::function<void(Pipeline&)> f;
+  };
+  using command = std::variant<submission, cancellation, call_request>;
+
+  static void fail(stream& out, std::exception_ptr why) {
+    completion c;
+    c.reason = finish_reason::error;
+    c.error = std::move(why);
+    if (out.on_done) out.on_done(std::move(c));
+  }
 
   void run() {
     bool busy = false;
     std::exception_ptr failure;
-    std::vector<pending> arrived;
+    std::vector<command> arrived;
     for (;;) {
       arrived.clear();
       bool stop = false;
@@ -74,13 +142,9 @@ class async_runner {
         arrived.swap(inbox_);
         stop = stopping_;
       }
-      if (stop) {
-        for (auto& a : arrived)
-          a.promise.set_exception(std::make_exception_ptr(error(errc::invalid_argument, "async_runner: stopped")));
-        arrived.clear();
-        break;
-      }
-      for (auto& a : arrived) admit(std::move(a));
+      if (stop) break;
+      for (auto& a : arrived) std::visit([this](auto& c) { handle(c); }, a);
+      arrived.clear();
       try {
         busy = p_->step();
       } catch (...) {
@@ -90,48 +154,68 @@ class async_runner {
         failure = std::current_exception();
         std::lock_guard lock(mutex_);
         stopping_ = true;
-        arrived.clear();  // admitted already
         arrived.swap(inbox_);
         break;
       }
     }
-    for (auto& a : arrived) a.promise.set_exception(failure);
-    std::vector<request_id> unfinished;
-    for (auto& [id, promise] : promises_) {
-      unfinished.push_back(id);
-      if (failure) promise.set_exception(failure);
+    const auto why = failure ? failure : std::make_exception_ptr(error(errc::invalid_argument, "async_runner: stopped"));
+    for (auto& a : arrived) {
+      if (auto* s = std::get_if<submission>(&a)) fail(s->out, why);
+      if (auto* c = std::get_if<call_request>(&a)) c->f(*p_);  // reads state; the pipeline is still there
     }
-    if (failure) promises_.clear();
-    // Completes what is left as cancelled (the clients see that unless they got the error) and
-    // gives its KV blocks back, so the pipeline holds nothing that points into this runner.
+    // Completes what is left: with the error when the loop failed, else as cancelled. Either way its
+    // KV blocks go back, so the pipeline holds nothing that points into this runner.
+    std::vector<request_id> unfinished;
+    for (const auto& [t, id] : live_) unfinished.push_back(id);
+    if (failure) {
+      for (auto& [id, done] : done_) {
+        stream out{{}, std::move(done)};
+        fail(out, failure);
+      }
+      done_.clear();
+    }
     for (const request_id id : unfinished) p_->cancel(id);
   }
 
-  void admit(pending&& a) {
+  void handle(submission& s) {
+    const ticket t = s.t;
+    auto on_done = std::move(s.out.on_done);
+    stream out{std::move(s.out.on_token), [this, t](completion&& c) {
+                 live_.erase(t);
+                 const auto it = done_.find(c.id);
+                 if (it == done_.end()) return;
+                 auto done = std::move(it->second);
+                 done_.erase(it);
+                 if (done) done(std::move(c));
+               }};
+    request_id id = 0;
     try {
-      stream out{std::move(a.on_token), [this](completion&& c) {
-                   const auto it = promises_.find(c.id);
-                   if (it == promises_.end()) return;
-                   if (c.error)
-                     it->second.set_exception(c.error);
-                   else
-                     it->second.set_value(std::move(c));
-                   promises_.erase(it);
-                 }};
-      const request_id id = p_->submit(a.r, std::move(out));
-      promises_.emplace(id, std::move(a.promise));
+      id = p_->submit(s.r, std::move(out));  // completes older requests (superseded), never this one
     } catch (...) {
-      a.promise.set_exception(std::current_exception());
+      stream refused{{}, std::move(on_done)};
+      fail(refused, std::current_exception());
+      return;
     }
+    done_.emplace(id, std::move(on_done));
+    live_.emplace(t, id);
   }
+
+  void handle(cancellation& c) {
+    if (const auto it = live_.find(c.t); it != live_.end()) p_->cancel(it->second);
+  }
+
+  void handle(call_request& c) { c.f(*p_); }
 
   Pipeline* p_;
   std::mutex mutex_;
   std::condition_variable wake_;
-  std::vector<pending> inbox_;
+  std::vector<command> inbox_;
   bool stopping_ = false;
-  std::unordered_map<request_id, std::promise<completion>> promises_;  // touched by the loop thread only
-  std::thread loop_;                                                   // last: starts after everything it uses
+  ticket last_ticket_ = 0;
+  // Touched by the loop thread only.
+  std::unordered_map<ticket, request_id> live_;
+  std::unordered_map<request_id, std::function<void(completion&&)>> done_;  // each live request's on_done
+  std::thread loop_;  // last: starts after everything it uses
 };
 
 }  // namespace efim::engine

@@ -27,14 +27,17 @@
 #include "efim/core/utf8.hpp"
 #include "efim/engine/request.hpp"
 #include "efim/engine/scheduler.hpp"
+#include "efim/engine/stop_rules.hpp"
 #include "efim/kernels/sampling.hpp"
 #include "efim/model/transformer.hpp"
 #include "efim/prompt/concepts.hpp"
 #include "efim/prompt/encode.hpp"
 #include "efim/prompt/session.hpp"
+#include "efim/prompt/session_table.hpp"
 #include "efim/text/byte_tokenizer.hpp"
 #include "efim/text/concepts.hpp"
 #include "efim/text/detokenizer.hpp"
+#include "efim/text/token_memo.hpp"
 
 namespace efim::engine {
 
@@ -43,9 +46,10 @@ struct pipeline_options {
   cache::manager_options cache{};
   scheduler_options schedule{};
   prompt::session_options session{};
-  dtype kv_type = dtype::f32;       // KV cache elements: f32, or f16 for half the memory
-  std::size_t threads = 0;          // compute threads, the driving thread included (0: all cores)
-  std::size_t max_sessions = 4096;  // the least recently used session is dropped past this
+  prompt::session_table_options sessions{};  // how many sessions are kept; how keyless requests find theirs
+  text::token_memo_options memo{};           // long pieces of text tokenized once across requests
+  dtype kv_type = dtype::f32;                // KV cache elements: f32, or f16 for half the memory
+  std::size_t threads = 0;                   // compute threads, the driving thread included (0: all cores)
 };
 
 template <prompt::fim_format F, cache::block_hasher H, cache::eviction_policy E, text::fragmenter G, kernels::backend B,
@@ -57,80 +61,125 @@ class pipeline {
   using tokenizer_type = T;
 
   // `weights` must outlive the pipeline; the tokenizer's ids must fit the model's vocabulary.
-  pipeline(T tokenizer, const model::weights& weights, pipeline_options options = {})
+  pipeline(T tokenizer, const model::weights& weights, pipeline_options options = {}, E eviction = {})
       : options_(options),
         tok_(std::move(tokenizer)),
         pool_(options_.threads),
         ctx_{pool_},
         model_(weights),
-        cache_(options_.cache),
+        cache_(options_.cache, std::move(eviction)),
         kv_(weights.cfg.layers, model_.kv_layout(options_.cache.blocks, options_.cache.block_size), options_.kv_type),
-        scheduler_(options_.schedule) {
+        scheduler_(options_.schedule),
+        sessions_(options_.sessions),
+        memo_(options_.memo) {
     require(tok_.vocab_size() <= weights.cfg.vocab, errc::invalid_argument,
             "pipeline: the tokenizer has " + std::to_string(tok_.vocab_size()) + " tokens but the model only " +
                 std::to_string(weights.cfg.vocab));
     for (const auto role : {prompt::fim_role::prefix, prompt::fim_role::suffix, prompt::fim_role::middle})
       (void)prompt::special_id(tok_, options_.fim, role);  // fails now, not on the first request
     if (options_.fim.add_bos && !options_.fim.bos.empty())
-      (void)prompt::special_id(tok_, options_.fim, prompt::fim_role::bos);
+      bos_ = prompt::special_id(tok_, options_.fim, prompt::fim_role::bos);
     eos_ = options_.fim.eos.empty() ? std::nullopt : tok_.special_id(options_.fim.eos);
     model_key_ = weights.fingerprint;
   }
 
   // Queues a request. Bad input (invalid UTF-8, a prompt or generation too long for the model or
-  // the cache, bad sampling parameters) throws efim::error and changes nothing.
+  // the cache, bad sampling parameters) throws efim::error and changes nothing. A request of a
+  // session that has an older request in flight ends that one (finish_reason::superseded).
   request_id submit(const request& r, stream out) {
     require(r.sampling.temperature >= 0.0f && r.sampling.top_p > 0.0f && r.sampling.top_p <= 1.0f,
             errc::invalid_argument, "request: temperature must be >= 0 and top_p in (0, 1]");
+    require(r.max_generate_time.count() >= 0, errc::invalid_argument, "request: max_generate_time must be >= 0");
 
     // Lay out against a copy of the session, so a rejected request leaves it as it was.
-    std::optional<prompt::infill_session> session;
-    prompt::change change = prompt::change::first;
-    prompt::infill_request layout_input;
-    if (!r.session.empty()) {
-      const auto it = sessions_.find(r.session);
-      session = it != sessions_.end() ? it->second.session : prompt::infill_session(options_.session);
-      change = session->update(r.prefix, r.suffix).kind;
-      layout_input = session->request();
-    } else {
-      utf8::require_valid(r.prefix, "the prefix");
-      utf8::require_valid(r.suffix, "the suffix");
-      layout_input = {r.prefix, r.suffix, {}};
-    }
+    std::string key;
+    std::optional<session_entry> session;
+    prompt::session_update update;
     std::vector<token_id> tokens;
-    prompt::encode(F::layout(layout_input, options_.fim), tok_, options_.fim, fragmenter_, tokens);
+    const auto encode_piece = [&](std::string_view piece, std::vector<token_id>& o) { memo_.encode(tok_, piece, o); };
+    if (!r.infill) {
+      utf8::require_valid(r.prefix, "the prompt");
+      if (bos_) tokens.push_back(*bos_);
+      encode_piece(r.prefix, tokens);
+      require(!tokens.empty(), errc::invalid_argument, "request: the prompt is empty");
+    } else {
+      std::vector<prompt::context_file> extra;
+      for (const auto& f : r.extra) extra.push_back({f.name, f.text});
+      prompt::infill_request layout_input{r.prefix, r.suffix, {}, {}, extra};
+      key = session_key(r);
+      if (!key.empty()) {
+        const auto* existing = sessions_.find(key);
+        session = existing != nullptr
+                      ? *existing
+                      : session_entry{prompt::infill_session(options_.session), {}, r.tenant, r.session.empty(), 0};
+        update = session->session.update(r.prefix, r.suffix, extra, r.max_tokens == 0);
+        layout_input = session->session.request();
+      } else {
+        utf8::require_valid(r.prefix, "the prefix");
+        utf8::require_valid(r.suffix, "the suffix");
+        for (const auto& f : r.extra) {
+          utf8::require_valid(f.name, "a context file's name");
+          utf8::require_valid(f.text, "a context file's text");
+        }
+      }
+      prompt::encode(F::layout(layout_input, options_.fim), tok_, options_.fim, fragmenter_, tokens, encode_piece);
+    }
 
-    const auto& cfg = model_.cfg();
-    require(tokens.size() <= cfg.max_context && r.max_tokens <= cfg.max_context - tokens.size(), errc::too_long,
-            "request: " + std::to_string(tokens.size()) + " prompt tokens + " + std::to_string(r.max_tokens) +
-                " new tokens exceed the model context of " + std::to_string(cfg.max_context));
-    const std::size_t reserve = tokens.size() + r.max_tokens;
+    const std::size_t context = model_.cfg().max_context;
+    std::size_t max_tokens = r.max_tokens;
+    const bool limited = r.fit_context && tokens.size() < context && max_tokens > context - tokens.size();
+    if (limited) max_tokens = context - tokens.size();
+    require(tokens.size() <= context && max_tokens <= context - tokens.size(), errc::too_long,
+            "request: " + std::to_string(tokens.size()) + " prompt tokens + " + std::to_string(max_tokens) +
+                " new tokens exceed the model context of " + std::to_string(context));
+    const std::size_t reserve = tokens.size() + max_tokens;
     const std::size_t bs = cache_.block_size();
     require((reserve + bs - 1) / bs <= cache_.capacity(), errc::out_of_blocks,
             "request: " + std::to_string(reserve) + " tokens need more KV blocks than the cache has (" +
                 std::to_string(cache_.capacity()) + " blocks of " + std::to_string(bs) + " tokens)");
 
-    if (session) {
-      sessions_.insert_or_assign(r.session, session_slot{std::move(*session), ++session_tick_});
-      drop_old_sessions();
-    }
     const request_id id = ++last_id_;
+    request_id superseded = 0;
+    std::uint64_t version = 0;
+    if (session) {
+      superseded = std::exchange(session->data, id);
+      version = session->session.version();
+      sessions_.store(key, std::move(*session));
+    }
     completion result;
     result.id = id;
-    result.session_change = change;
+    result.session = key;
+    result.session_change = update.kind;
+    result.reused_tokens = update.reused_tokens;
     result.prompt_tokens = tokens.size();
     result.submitted = clock::now();
+    cache::extra_keys keys;
+    keys.model = model_key_;
+    keys.salt = r.tenant;
     sequence_type s{id,
                     std::move(tokens),
                     result.prompt_tokens,
                     reserve,
                     0,
-                    {model_key_, 0, r.tenant},
+                    std::move(keys),
+                    r.reuse_cache,
                     {},
                     false,
-                    payload{r.max_tokens, r.ignore_eos, r.sampling, rng(r.sampling.seed), text::detokenizer<T>(tok_),
-                            std::move(out), std::move(result)}};
+                    payload{max_tokens,
+                            limited,
+                            r.ignore_eos,
+                            r.sampling,
+                            r.max_generate_time,
+                            rng(r.sampling.seed),
+                            text::detokenizer<T>(tok_),
+                            text_gate(r.stop),
+                            std::move(out),
+                            std::move(result),
+                            key,
+                            version}};
     scheduler_.enqueue(std::move(s));
+    // Last, as its callback may submit again.
+    if (superseded != 0) end(superseded, finish_reason::superseded);
     return id;
   }
 
@@ -141,9 +190,14 @@ class pipeline {
     if (slices.empty()) return !scheduler_.idle();
     auto& running = scheduler_.running();
     items_.clear();
+    const auto start = clock::now();
     for (const auto& sl : slices) {
       auto& s = running[sl.seq];
-      s.payload.result.cached_tokens = s.blocks.hit_tokens;
+      auto& c = s.payload.result;
+      if (c.started == clock::time_point{}) {
+        c.started = start;
+        c.cached_tokens = s.blocks.hit_tokens;
+      }
       const bool last = sl.start + sl.count == s.tokens.size();
       items_.push_back({std::span(s.tokens).subspan(sl.start, sl.count), static_cast<position>(sl.start),
                         s.blocks.table, last && s.payload.max_tokens > 0});
@@ -151,6 +205,7 @@ class pipeline {
     model_.forward(ctx_, kv_, items_, logits_);
 
     const std::size_t vocab = model_.cfg().vocab;
+    const auto now = clock::now();
     std::size_t row = 0;
     for (std::size_t i = 0; i < slices.size(); ++i) {
       auto& s = running[slices[i].seq];
@@ -158,6 +213,7 @@ class pipeline {
       if (s.done) continue;  // cancelled by a callback during this step
       s.computed += slices[i].count;
       cache_.commit(s.blocks, s.tokens, s.computed);
+      if (s.computed == s.prompt_tokens) s.payload.result.prompt_done = now;
       if (items_[i].want_logits) {
         try {
           emit(s, sample(s, std::span(logits_).subspan(logits_row * vocab, tok_.vocab_size())));
@@ -168,8 +224,9 @@ class pipeline {
             finish(s, finish_reason::error);
           }
         }
-      } else if (s.payload.max_tokens == 0 && s.computed == s.prompt_tokens)
+      } else if (s.payload.max_tokens == 0 && s.computed == s.prompt_tokens) {
         finish(s, finish_reason::length);
+      }
     }
     scheduler_.remove_done();
     return !scheduler_.idle();
@@ -181,50 +238,53 @@ class pipeline {
     }
   }
 
-  // Stops a request; its completion reports finish_reason::cancelled. False if it is not known.
-  bool cancel(request_id id) {
-    for (auto& s : scheduler_.running())
-      if (s.id == id && !s.done) {
-        finish(s, finish_reason::cancelled);  // removed at the next step
-        return true;
-      }
-    auto& waiting = scheduler_.waiting();
-    for (auto it = waiting.begin(); it != waiting.end(); ++it)
-      if (it->id == id) {
-        auto s = std::move(*it);
-        waiting.erase(it);
-        finish(s, finish_reason::cancelled);
-        return true;
-      }
-    return false;
-  }
+  // Stops a request; its completion reports finish_reason::cancelled (its computed full blocks stay
+  // cached). False if it is not known.
+  bool cancel(request_id id) { return end(id, finish_reason::cancelled); }
 
   // Forgets an editor session (its cached KV stays until evicted).
-  void end_session(const std::string& id) { sessions_.erase(id); }
+  void end_session(const std::string& session, const std::string& tenant = {}) {
+    sessions_.erase(scoped_key(tenant, session));
+  }
 
   [[nodiscard]] const cache_type& cache() const noexcept { return cache_; }
   [[nodiscard]] const T& tokenizer() const noexcept { return tok_; }
   [[nodiscard]] const model::config& model_config() const noexcept { return model_.cfg(); }
   [[nodiscard]] const pipeline_options& options() const noexcept { return options_; }
   [[nodiscard]] std::size_t sessions() const noexcept { return sessions_.size(); }
+  [[nodiscard]] std::size_t running() const noexcept { return scheduler_.running().size(); }
+  [[nodiscard]] std::size_t waiting() const noexcept { return scheduler_.waiting().size(); }
+  [[nodiscard]] const text::token_memo& memo() const noexcept { return memo_; }
 
  private:
   struct payload {
     std::size_t max_tokens = 0;
+    bool limited = false;  // max_tokens was cut to what the context has room for
     bool ignore_eos = false;
     sampling_params sampling;
+    std::chrono::milliseconds max_generate_time{};
     rng random{0};
     text::detokenizer<T> detok;
+    text_gate gate;
     stream out;
     completion result;
+    std::string session;             // its session's key (empty: none)
+    std::uint64_t session_version{};  // the session's version it was laid out from
   };
   using scheduler_type = scheduler<cache_type, payload>;
   using sequence_type = typename scheduler_type::sequence_type;
+  using session_entry = typename prompt::session_table<request_id>::entry;
 
-  struct session_slot {
-    prompt::infill_session session;
-    std::uint64_t used = 0;
-  };
+  // Keys a client gives live in their tenant's space; keys of sessions found by content start with '#'.
+  static std::string scoped_key(const std::string& tenant, const std::string& session) {
+    return "=" + std::to_string(tenant.size()) + ":" + tenant + session;
+  }
+
+  std::string session_key(const request& r) {
+    if (!r.session.empty()) return scoped_key(r.tenant, r.session);
+    if (!r.match_session) return {};
+    return sessions_.match(r.tenant, r.prefix, r.suffix);
+  }
 
   token_id sample(sequence_type& s, std::span<const float> logits) {
     const auto& p = s.payload.sampling;
@@ -235,37 +295,86 @@ class pipeline {
   void emit(sequence_type& s, token_id t) {
     auto& c = s.payload.result;
     if (eos_ && t == *eos_ && !s.payload.ignore_eos) return finish(s, finish_reason::eos);
-    if (c.tokens.empty()) c.first_token = clock::now();
+    const auto now = clock::now();
+    if (c.tokens.empty()) c.first_token = now;
     c.tokens.push_back(t);
     s.tokens.push_back(t);
     piece_.clear();
     s.payload.detok.push(t, piece_);
-    c.text += piece_;
+    shown_.clear();
+    const auto verdict = s.payload.gate.push(piece_, shown_);
+    c.text += shown_;
     // The callback may cancel this or another request.
-    if (s.payload.out.on_token) s.payload.out.on_token({s.id, t, piece_});
-    if (!s.done && c.tokens.size() >= s.payload.max_tokens) finish(s, finish_reason::length);
+    if (s.payload.out.on_token) s.payload.out.on_token({s.id, t, shown_});
+    if (s.done) return;
+    if (verdict == text_gate::verdict::stop_string) return finish(s, finish_reason::stop);
+    if (verdict == text_gate::verdict::indent) return finish(s, finish_reason::indent);
+    if (c.tokens.size() >= s.payload.max_tokens) {
+      c.truncated = s.payload.limited;
+      return finish(s, finish_reason::length);
+    }
+    if (s.payload.max_generate_time.count() > 0 && now - c.first_token >= s.payload.max_generate_time)
+      finish(s, finish_reason::time_limit);
   }
 
   void finish(sequence_type& s, finish_reason why) {
     if (s.done) return;
     auto& c = s.payload.result;
     c.tail.clear();
-    s.payload.detok.flush(c.tail);
+    if (!s.payload.gate.stopped()) {
+      piece_.clear();
+      s.payload.detok.flush(piece_);
+      (void)s.payload.gate.push(piece_, c.tail);
+      s.payload.gate.finish(c.tail);
+    }
     c.text += c.tail;
     c.reason = why;
     c.finished = clock::now();
+    if (!s.payload.session.empty()) close_session_request(s);
     if (!s.blocks.table.empty()) cache_.release(s.blocks);
     s.done = true;
     if (s.payload.out.on_done) s.payload.out.on_done(std::move(c));
   }
 
-  void drop_old_sessions() {
-    while (sessions_.size() > std::max<std::size_t>(options_.max_sessions, 1)) {
-      auto oldest = sessions_.begin();
-      for (auto it = sessions_.begin(); it != sessions_.end(); ++it)
-        if (it->second.used < oldest->second.used) oldest = it;
-      sessions_.erase(oldest);
+  // The session no longer waits for this request; what it generated is kept for the next request
+  // when the format puts typed text at the end (so generated ids extend the prompt whose KV holds them).
+  void close_session_request(const sequence_type& s) {
+    auto* entry = sessions_.find(s.payload.session);
+    if (entry == nullptr) return;
+    if (entry->data == s.id) entry->data = 0;
+    const auto& c = s.payload.result;
+    const bool seen = c.reason == finish_reason::eos || c.reason == finish_reason::length ||
+                      c.reason == finish_reason::stop || c.reason == finish_reason::indent ||
+                      c.reason == finish_reason::time_limit;
+    if constexpr (!F::typed_at_end) return;
+    if (!seen || c.tokens.empty()) return;
+    std::vector<token_id> ids;
+    std::string bytes;
+    std::vector<std::size_t> ends;
+    for (const token_id t : c.tokens) {
+      if (tok_.is_special(t)) break;  // its text would not tokenize to it
+      ids.push_back(t);
+      bytes += tok_.token_bytes(t);
+      ends.push_back(bytes.size());
     }
+    entry->session.record_generation(s.payload.session_version, std::move(ids), std::move(bytes), std::move(ends));
+  }
+
+  bool end(request_id id, finish_reason why) {
+    for (auto& s : scheduler_.running())
+      if (s.id == id && !s.done) {
+        finish(s, why);  // removed at the next step
+        return true;
+      }
+    auto& waiting = scheduler_.waiting();
+    for (auto it = waiting.begin(); it != waiting.end(); ++it)
+      if (it->id == id) {
+        auto s = std::move(*it);
+        waiting.erase(it);
+        finish(s, why);
+        return true;
+      }
+    return false;
   }
 
   pipeline_options options_;
@@ -277,15 +386,16 @@ class pipeline {
   cache_type cache_;
   typename B::storage kv_;
   scheduler_type scheduler_;
-  std::optional<token_id> eos_;
+  prompt::session_table<request_id> sessions_;  // with the request in flight of each session (0: none)
+  text::token_memo memo_;
+  std::optional<token_id> bos_, eos_;
   std::uint64_t model_key_ = 0;
   request_id last_id_ = 0;
-  std::unordered_map<std::string, session_slot> sessions_;
-  std::uint64_t session_tick_ = 0;
   std::vector<model::batch_item> items_;
   std::vector<float> logits_;
   std::vector<std::pair<float, token_id>> scratch_;
-  std::string piece_;  // the text of the token being emitted (token_event::text views it; finish() leaves it alone)
+  std::string piece_;  // the text of the token being emitted
+  std::string shown_;  // what of it the stop rules let through (token_event::text views it)
 };
 
 }  // namespace efim::engine

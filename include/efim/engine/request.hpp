@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "efim/core/types.hpp"
+#include "efim/engine/stop_rules.hpp"
 #include "efim/prompt/session.hpp"
 
 namespace efim::engine {
@@ -21,20 +22,42 @@ struct sampling_params {
   std::uint64_t seed = 0;    // the same seed gives the same tokens, whatever else is in the batch
 };
 
+// A file of extra context, laid out before the infill (see prompt::context_file).
+struct context_file {
+  std::string name;
+  std::string text;
+};
+
 struct request {
-  std::string prefix;           // text before the cursor
+  std::string prefix;           // text before the cursor (the whole prompt when `infill` is false)
   std::string suffix;           // text after the cursor
-  std::string session;          // editor session: requests of one session reuse its anchor (empty: stateless)
-  std::string tenant;           // cache salt: requests of different tenants never share cached KV
-  std::size_t max_tokens = 16;  // 0: compute the prompt only (warms the cache)
+  std::string session;          // editor session: requests of one session reuse its anchor
+  bool match_session = false;   // without a session key: find the session by the request's content
+  std::string tenant;           // cache salt: requests of different tenants never share cached KV or sessions
+  std::vector<context_file> extra;  // context files (taken when the session's anchor is set)
+  bool infill = true;           // false: a plain completion of `prefix` (no FIM layout, no session)
+  std::size_t max_tokens = 16;  // 0: compute the prompt only (warms the cache; renews a session's anchor)
+  bool fit_context = false;     // generate at most what the context has room for, instead of refusing
   bool ignore_eos = false;      // generate max_tokens tokens whatever the model says
+  bool reuse_cache = true;      // false: compute the whole prompt, whatever the cache holds
   sampling_params sampling;
+  stop_rules stop;                               // stop strings, minimum indentation of new lines
+  std::chrono::milliseconds max_generate_time{};  // > 0: generation ends this long after its first token
 };
 
 using request_id = std::uint64_t;
 using clock = std::chrono::steady_clock;
 
-enum class finish_reason { eos, length, cancelled, error };
+enum class finish_reason {
+  eos,         // the model ended the text
+  length,      // max_tokens (or the context, with fit_context) reached
+  stop,        // a stop string
+  indent,      // a new line indented less than the minimum
+  time_limit,  // max_generate_time passed
+  cancelled,   // cancel()
+  superseded,  // a newer request of the same session arrived
+  error,       // the request's own failure (completion::error)
+};
 
 inline constexpr std::string_view to_string(finish_reason r) noexcept {
   switch (r) {
@@ -42,8 +65,16 @@ inline constexpr std::string_view to_string(finish_reason r) noexcept {
       return "eos";
     case finish_reason::length:
       return "length";
+    case finish_reason::stop:
+      return "stop";
+    case finish_reason::indent:
+      return "indent";
+    case finish_reason::time_limit:
+      return "time_limit";
     case finish_reason::cancelled:
       return "cancelled";
+    case finish_reason::superseded:
+      return "superseded";
     case finish_reason::error:
       return "error";
   }
@@ -56,11 +87,26 @@ struct completion {
   std::string tail;  // the end of text no token event carried (held-back bytes of a cut UTF-8 character, as U+FFFD)
   std::vector<token_id> tokens;  // generated ids (an end-of-sequence token is not included)
   finish_reason reason = finish_reason::length;
+  std::string session;  // the session it was laid out in (empty: none)
   prompt::change session_change = prompt::change::first;
+  std::size_t reused_tokens = 0;  // generated ids of the previous request it reused (change::accepted)
   std::size_t prompt_tokens = 0;
   std::size_t cached_tokens = 0;  // prompt tokens whose KV came from the cache
-  clock::time_point submitted{}, first_token{}, finished{};
+  bool truncated = false;         // generation stopped because the context was full (fit_context)
+  // Submitted; first scheduled; prompt computed; first token; done.
+  clock::time_point submitted{}, started{}, prompt_done{}, first_token{}, finished{};
   std::exception_ptr error;  // why the request failed (finish_reason::error)
+
+  [[nodiscard]] std::size_t computed_prompt_tokens() const noexcept { return prompt_tokens - cached_tokens; }
+  // Time spent computing the prompt (from its first scheduled step).
+  [[nodiscard]] double prompt_ms() const noexcept {
+    return started == clock::time_point{} ? 0.0 : std::chrono::duration<double, std::milli>(prompt_done - started).count();
+  }
+  // Time spent generating (after the prompt).
+  [[nodiscard]] double generation_ms() const noexcept {
+    return prompt_done == clock::time_point{} ? 0.0
+                                             : std::chrono::duration<double, std::milli>(finished - prompt_done).count();
+  }
 
   [[nodiscard]] double latency_ms() const noexcept {
     return std::chrono::duration<double, std::milli>(finished - submitted).count();

@@ -28,6 +28,7 @@ struct sequence {
   std::size_t reserve = 0;   // prompt + max new tokens: the blocks it is admitted with
   std::size_t computed = 0;  // tokens whose KV is written
   cache::extra_keys keys;
+  bool lookup = true;  // false: its prompt is computed in full, whatever the cache holds
   CacheSequence blocks;
   bool done = false;
   Payload payload;
@@ -76,7 +77,7 @@ class scheduler {
     // Admissions.
     while (budget > 0 && !waiting_.empty() && running_.size() < options_.max_running) {
       auto& s = waiting_.front();
-      const auto plan = cache.plan(s.tokens, s.reserve, s.keys);
+      const auto plan = cache.plan(s.tokens, s.reserve, s.keys, s.lookup);
       if (!plan.fits) break;
       s.blocks = cache.admit(plan);
       s.computed = plan.hit_tokens;

@@ -1,6 +1,8 @@
 #pragma once
 // Turns a prompt layout into token ids with a tokenizer and a fragmentation policy.
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "efim/core/error.hpp"
@@ -23,15 +25,37 @@ token_id special_id(const T& tok, const fim_token_set& set, fim_role role) {
   return *id;
 }
 
+// Appends the layout's ids to `out`: special segments by role, text through the fragmenter, whose
+// pieces go to `encode_piece(piece, out)` (the tokenizer's encode, or a memo in front of it).
+// Fragments with known ids are not tokenized; the fragments between them are runs of their own.
+template <text::tokenizer T, text::fragmenter G, class EncodePiece>
+void encode(const prompt_layout& layout, const T& tok, const fim_token_set& set, G& fragmenter,
+            std::vector<token_id>& out, EncodePiece&& encode_piece) {
+  const auto sink = [&](std::string_view piece) { encode_piece(piece, out); };
+  for (const segment& s : layout.segments) {
+    if (s.type == segment::kind::special) {
+      out.push_back(special_id(tok, set, s.role));
+      continue;
+    }
+    if (s.ids.empty()) {
+      fragmenter.for_each_piece(s.fragments, sink);
+      continue;
+    }
+    const std::span<const std::string_view> fragments(s.fragments);
+    std::size_t run = 0;
+    for (std::size_t i = 0; i <= fragments.size(); ++i) {
+      if (i < fragments.size() && s.ids[i].empty()) continue;
+      if (i > run) fragmenter.for_each_piece(fragments.subspan(run, i - run), sink);
+      if (i < fragments.size()) out.insert(out.end(), s.ids[i].begin(), s.ids[i].end());
+      run = i + 1;
+    }
+  }
+}
+
 template <text::tokenizer T, text::fragmenter G>
 void encode(const prompt_layout& layout, const T& tok, const fim_token_set& set, G& fragmenter,
             std::vector<token_id>& out) {
-  for (const segment& s : layout.segments) {
-    if (s.type == segment::kind::special)
-      out.push_back(special_id(tok, set, s.role));
-    else
-      fragmenter.for_each_piece(s.fragments, [&](std::string_view piece) { tok.encode(piece, out); });
-  }
+  encode(layout, tok, set, fragmenter, out, [&](std::string_view piece, std::vector<token_id>& o) { tok.encode(piece, o); });
 }
 
 }  // namespace efim::prompt

@@ -1,11 +1,17 @@
 #pragma once
 // An infill session: what changed between an editor's requests, relative to the session's anchor.
+#include <algorithm>
+#include <array>
 #include <cstddef>
+#include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "efim/core/error.hpp"
+#include "efim/core/types.hpp"
 #include "efim/core/utf8.hpp"
 #include "efim/prompt/layout.hpp"
 
@@ -14,8 +20,9 @@ namespace efim::prompt {
 enum class change {
   first,           // the session had no anchor: this request becomes it
   append,          // text typed after the anchor prefix grew (or stayed): EFIM continues
+  accepted,        // an append that starts with text the model generated for the previous request
   edit,            // text was deleted or changed inside the typed part: a shorter cached match
-  reanchor,        // the typed part passed the re-anchoring threshold: this request becomes the anchor
+  reanchor,        // the typed part passed the threshold, or a prefill-only request renewed the anchor
   suffix_changed,  // the text after the cursor changed: new anchor
   cursor_moved,    // the prefix no longer starts with the anchor prefix (jump, or deletion into it): new anchor
 };
@@ -26,6 +33,8 @@ inline constexpr std::string_view to_string(change c) noexcept {
       return "first";
     case change::append:
       return "append";
+    case change::accepted:
+      return "accepted";
     case change::edit:
       return "edit";
     case change::reanchor:
@@ -38,62 +47,107 @@ inline constexpr std::string_view to_string(change c) noexcept {
   return "?";
 }
 
+inline constexpr std::array all_changes{change::first,    change::append,         change::accepted,    change::edit,
+                                        change::reanchor, change::suffix_changed, change::cursor_moved};
+
 // Whether the request became the session's new anchor (its typed part is empty).
-constexpr bool starts_anchor(change c) noexcept { return c != change::append && c != change::edit; }
+constexpr bool starts_anchor(change c) noexcept {
+  return c != change::append && c != change::accepted && c != change::edit;
+}
 
 struct session_update {
   change kind = change::first;
-  std::size_t typed_bytes = 0;  // length of the typed part after the update
-  std::size_t kept_bytes = 0;   // bytes of the typed part shared with the previous request
+  std::size_t typed_bytes = 0;    // length of the typed part after the update
+  std::size_t kept_bytes = 0;     // bytes of the typed part shared with the previous request
+  std::size_t reused_tokens = 0;  // generated tokens the new typed text starts with (change::accepted)
 };
 
 struct session_options {
   std::size_t reanchor_bytes = 4096;  // a typed part longer than this starts a new anchor
 };
 
+// What a session holds for a context file of its anchor.
+struct owned_context_file {
+  std::string name, text;
+};
+
 class infill_session {
  public:
   explicit infill_session(session_options options = {}) : options_(options) {}
 
-  // Classifies a request (the editor's full prefix and suffix) and moves the session to it.
-  // Invalid UTF-8 throws errc::invalid_utf8 and leaves the session as it was.
-  session_update update(std::string_view prefix, std::string_view suffix) {
+  // Classifies a request (the editor's full prefix and suffix, and its extra context files) and
+  // moves the session to it. The files are taken only when the anchor is (re)set: a request that
+  // only changes them keeps the anchor. `renew` makes the request the new anchor whatever it is (a
+  // prefill-only request warming the cache). Invalid UTF-8 throws errc::invalid_utf8 and leaves
+  // the session as it was.
+  session_update update(std::string_view prefix, std::string_view suffix, std::span<const context_file> extra = {},
+                        bool renew = false) {
     utf8::require_valid(prefix, "the prefix");
     utf8::require_valid(suffix, "the suffix");
-    if (!anchored_) return set_anchor(change::first, prefix, suffix);
-    if (suffix != suffix_) return set_anchor(change::suffix_changed, prefix, suffix);
-    if (!prefix.starts_with(prefix_)) return set_anchor(change::cursor_moved, prefix, suffix);
+    for (const auto& f : extra) {
+      utf8::require_valid(f.name, "a context file's name");
+      utf8::require_valid(f.text, "a context file's text");
+    }
+    ++version_;
+    if (!anchored_) return set_anchor(change::first, prefix, suffix, extra);
+    if (renew) return set_anchor(change::reanchor, prefix, suffix, extra);
+    if (suffix != suffix_) {
+      // The same document with the cursor elsewhere is a move; anything else an edit after the cursor.
+      const auto why = same_document(prefix, suffix) ? change::cursor_moved : change::suffix_changed;
+      return set_anchor(why, prefix, suffix, extra);
+    }
+    if (!prefix.starts_with(prefix_)) return set_anchor(change::cursor_moved, prefix, suffix, extra);
 
     const std::string_view typed = prefix.substr(prefix_.size());
-    if (typed.size() > options_.reanchor_bytes) return set_anchor(change::reanchor, prefix, suffix);
+    if (typed.size() > options_.reanchor_bytes) return set_anchor(change::reanchor, prefix, suffix, extra);
 
     if (typed.starts_with(typed_)) {
-      // Text typed before this request becomes a fragment of its own.
-      if (!typed_.empty() && typed.size() > typed_.size() && (cuts_.empty() || cuts_.back() != typed_.size()))
-        cuts_.push_back(typed_.size());
       const std::size_t kept = typed_.size();
+      if (typed.size() == kept) return {change::append, kept, kept, 0};  // the same request again
+      // Text typed before this request becomes a fragment of its own.
+      add_cut(kept);
+      const std::size_t reused = take_generation(typed.substr(kept), kept);
       typed_.assign(typed);
-      return {change::append, typed_.size(), kept};
+      return {reused > 0 ? change::accepted : change::append, typed_.size(), kept, reused};
     }
 
     const std::size_t kept = utf8::common_prefix(typed_, typed);
     std::erase_if(cuts_, [&](std::size_t c) { return c > kept || c >= typed.size(); });
-    if (kept > 0 && kept < typed.size() && (cuts_.empty() || cuts_.back() != kept)) cuts_.push_back(kept);
+    std::erase_if(known_, [&](const known_fragment& k) { return k.end > kept; });
+    add_cut(kept < typed.size() ? kept : 0);
     typed_.assign(typed);
-    return {change::edit, typed_.size(), kept};
+    generation_ = {};
+    return {change::edit, typed_.size(), kept, 0};
   }
 
-  // The request to lay out: the anchor's prefix and suffix, and the typed part as fragments.
-  // Views into the session: valid until its next update.
+  // Records what the model generated after the request laid out at `version` (this session's
+  // version() then): the ids and the bytes each stands for. A next request whose new typed text
+  // starts with whole tokens of it gets those ids for that text, so the KV computed while
+  // generating them is reused. Ignored if the session changed since.
+  void record_generation(std::uint64_t version, std::vector<token_id> ids, std::string bytes,
+                         std::vector<std::size_t> ends) {
+    if (version != version_ || ids.empty() || ids.size() != ends.size() || ends.back() != bytes.size()) return;
+    generation_ = {typed_.size(), std::move(ids), std::move(bytes), std::move(ends)};
+  }
+
+  // The request to lay out: the anchor's prefix, suffix and context files, and the typed part as
+  // fragments. Views into the session: valid until its next update.
   [[nodiscard]] infill_request request() const {
     infill_request r{prefix_, suffix_, {}};
-    std::size_t begin = 0;
+    for (const auto& f : extra_) r.extra.push_back({f.name, f.text});
     const std::string_view typed = typed_;
-    for (const std::size_t cut : cuts_) {
-      r.typed.push_back(typed.substr(begin, cut - begin));
-      begin = cut;
-    }
-    if (begin < typed.size()) r.typed.push_back(typed.substr(begin));
+    std::size_t begin = 0;
+    const auto add = [&](std::size_t end) {
+      r.typed.push_back(typed.substr(begin, end - begin));
+      std::span<const token_id> ids;
+      for (const auto& k : known_)
+        if (k.begin == begin && k.end == end) ids = k.ids;
+      if (!ids.empty() && r.typed_ids.empty()) r.typed_ids.resize(r.typed.size() - 1);
+      if (!r.typed_ids.empty()) r.typed_ids.push_back(ids);
+      begin = end;
+    };
+    for (const std::size_t cut : cuts_) add(cut);
+    if (begin < typed.size()) add(typed.size());
     return r;
   }
 
@@ -101,21 +155,83 @@ class infill_session {
   [[nodiscard]] std::string_view anchor_prefix() const noexcept { return prefix_; }
   [[nodiscard]] std::string_view anchor_suffix() const noexcept { return suffix_; }
   [[nodiscard]] std::string_view typed() const noexcept { return typed_; }
+  [[nodiscard]] std::span<const owned_context_file> extra() const noexcept { return extra_; }
+  // Changes with every update.
+  [[nodiscard]] std::uint64_t version() const noexcept { return version_; }
 
  private:
-  session_update set_anchor(change why, std::string_view prefix, std::string_view suffix) {
+  struct known_fragment {
+    std::size_t begin = 0, end = 0;  // a fragment of typed_
+    std::vector<token_id> ids;
+  };
+  struct generation {
+    std::size_t at = 0;  // the typed length it continued
+    std::vector<token_id> ids;
+    std::string bytes;
+    std::vector<std::size_t> ends;  // ends[i]: end of token i in bytes
+  };
+
+  session_update set_anchor(change why, std::string_view prefix, std::string_view suffix,
+                            std::span<const context_file> extra) {
     prefix_.assign(prefix);
     suffix_.assign(suffix);
+    extra_.clear();
+    for (const auto& f : extra) extra_.push_back({std::string(f.name), std::string(f.text)});
     typed_.clear();
     cuts_.clear();
+    known_.clear();
+    generation_ = {};
     anchored_ = true;
-    return {why, 0, 0};
+    return {why, 0, 0, 0};
+  }
+
+  // Whether prefix + suffix is the text of the session's last request (anchor prefix, typed, suffix).
+  [[nodiscard]] bool same_document(std::string_view prefix, std::string_view suffix) const {
+    if (prefix.size() + suffix.size() != prefix_.size() + typed_.size() + suffix_.size()) return false;
+    const auto piece = [&](std::size_t at, std::size_t n) {  // bytes [at, at + n) of prefix + suffix
+      return at >= prefix.size() ? suffix.substr(at - prefix.size(), n) : prefix.substr(at, n);
+    };
+    std::size_t at = 0;
+    for (const std::string_view part : {std::string_view(prefix_), std::string_view(typed_), std::string_view(suffix_)})
+      for (std::size_t done = 0; done < part.size();) {
+        const auto p = piece(at, part.size() - done);
+        if (part.substr(done, p.size()) != p) return false;
+        done += p.size();
+        at += p.size();
+      }
+    return true;
+  }
+
+  void add_cut(std::size_t at) {
+    if (at > 0 && (cuts_.empty() || cuts_.back() < at)) cuts_.push_back(at);
+  }
+
+  // How many generated tokens `added` (typed after `at` bytes) starts with, as whole tokens ending
+  // on a character boundary of it; those become a known fragment, cut off from what follows.
+  std::size_t take_generation(std::string_view added, std::size_t at) {
+    const generation g = std::exchange(generation_, {});
+    if (g.ids.empty() || g.at != at) return 0;
+    std::size_t tokens = 0;
+    for (std::size_t i = 0; i < g.ids.size() && g.ends[i] <= added.size(); ++i) {
+      if (added.compare(0, g.ends[i], g.bytes, 0, g.ends[i]) != 0) break;
+      if (g.ends[i] == added.size() || !utf8::is_continuation(static_cast<unsigned char>(added[g.ends[i]])))
+        tokens = i + 1;
+    }
+    if (tokens == 0) return 0;
+    const std::size_t end = at + g.ends[tokens - 1];
+    known_.push_back({at, end, std::vector<token_id>(g.ids.begin(), g.ids.begin() + static_cast<std::ptrdiff_t>(tokens))});
+    if (end < at + added.size()) add_cut(end);
+    return tokens;
   }
 
   session_options options_;
   bool anchored_ = false;
+  std::uint64_t version_ = 0;
   std::string prefix_, suffix_, typed_;
-  std::vector<std::size_t> cuts_;  // fragment ends inside typed_, ascending, never 0 or typed_.size()
+  std::vector<owned_context_file> extra_;
+  std::vector<std::size_t> cuts_;      // fragment ends inside typed_, ascending, never 0 or typed_.size()
+  std::vector<known_fragment> known_;  // fragments of typed_ whose ids are known (generated text)
+  generation generation_;              // what the last request generated, if recorded
 };
 
 }  // namespace efim::prompt
