@@ -640,6 +640,7 @@ TEST_CASE("pipeline: a stop string ends the completion before it; streamed text 
                [&](engine::completion&& done) { c = std::move(done); }});
   p.run();
   CHECK(c.reason == engine::finish_reason::stop);
+  CHECK(c.stop_word == stop);
   CHECK(c.text == free_run.text.substr(0, free_run.text.find(stop)));
   CHECK(streamed + c.tail == c.text);
   CHECK(free_run.tokens.size() > c.tokens.size());

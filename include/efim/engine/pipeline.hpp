@@ -305,9 +305,12 @@ class pipeline {
     const auto verdict = s.payload.gate.push(piece_, shown_);
     c.text += shown_;
     // The callback may cancel this or another request.
-    if (s.payload.out.on_token) s.payload.out.on_token({s.id, t, shown_});
+    if (s.payload.out.on_token) s.payload.out.on_token({s.id, t, shown_, s.prompt_tokens});
     if (s.done) return;
-    if (verdict == text_gate::verdict::stop_string) return finish(s, finish_reason::stop);
+    if (verdict == text_gate::verdict::stop_string) {
+      c.stop_word = s.payload.gate.matched();
+      return finish(s, finish_reason::stop);
+    }
     if (verdict == text_gate::verdict::indent) return finish(s, finish_reason::indent);
     if (c.tokens.size() >= s.payload.max_tokens) {
       c.truncated = s.payload.limited;

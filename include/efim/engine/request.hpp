@@ -93,6 +93,7 @@ struct completion {
   std::size_t prompt_tokens = 0;
   std::size_t cached_tokens = 0;  // prompt tokens whose KV came from the cache
   bool truncated = false;         // generation stopped because the context was full (fit_context)
+  std::string stop_word;          // the stop string that ended it (finish_reason::stop)
   // Submitted; first scheduled; prompt computed; first token; done.
   clock::time_point submitted{}, started{}, prompt_done{}, first_token{}, finished{};
   std::exception_ptr error;  // why the request failed (finish_reason::error)
@@ -121,7 +122,8 @@ struct completion {
 struct token_event {
   request_id id = 0;
   token_id token = 0;
-  std::string_view text;  // whole UTF-8 characters completed by this token (may be empty)
+  std::string_view text;  // whole UTF-8 characters completed by this token and let through by the stop rules (may be empty)
+  std::size_t prompt_tokens = 0;  // of its request
 };
 
 // Where a request's output goes; both are called on the thread that runs the pipeline. They may

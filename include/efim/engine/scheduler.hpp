@@ -98,6 +98,8 @@ class scheduler {
 
   [[nodiscard]] std::vector<sequence_type>& running() noexcept { return running_; }
   [[nodiscard]] std::deque<sequence_type>& waiting() noexcept { return waiting_; }
+  [[nodiscard]] const std::vector<sequence_type>& running() const noexcept { return running_; }
+  [[nodiscard]] const std::deque<sequence_type>& waiting() const noexcept { return waiting_; }
   [[nodiscard]] bool idle() const noexcept { return running_.empty() && waiting_.empty(); }
   [[nodiscard]] const scheduler_options& options() const noexcept { return options_; }
 

@@ -33,6 +33,7 @@ class text_gate {
     held_ += text;
     std::size_t cut = std::string::npos;
     verdict why = verdict::go_on;
+    const std::string* word = nullptr;
     for (const auto& s : rules_.strings) {
       // A match may start in the held text, so search from where it could begin.
       const std::size_t from = scanned >= s.size() ? scanned - s.size() + 1 : 0;
@@ -40,6 +41,7 @@ class text_gate {
       if (at < cut) {
         cut = at;
         why = verdict::stop_string;
+        word = &s;
       }
     }
     if (rules_.min_indent > 0) {
@@ -47,9 +49,11 @@ class text_gate {
       if (at < cut) {
         cut = at;
         why = verdict::indent;
+        word = nullptr;
       }
     }
     if (cut != std::string::npos) {
+      if (word != nullptr) matched_ = *word;
       out.append(held_, 0, cut);
       held_.clear();
       stopped_ = true;
@@ -69,6 +73,8 @@ class text_gate {
   }
 
   [[nodiscard]] bool stopped() const noexcept { return stopped_; }
+  // The stop string that ended the text (empty if none did).
+  [[nodiscard]] const std::string& matched() const noexcept { return matched_; }
 
  private:
   // The first position in held_[from:] where a line after the first starts with something other
@@ -102,6 +108,7 @@ class text_gate {
 
   stop_rules rules_;
   std::string held_;
+  std::string matched_;
   bool stopped_ = false;
   bool after_newline_ = false;  // at the start of a line after the first, within its indentation
   std::size_t indent_ = 0;
