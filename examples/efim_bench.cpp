@@ -23,6 +23,7 @@
 
 #include "efim/efim.hpp"
 #include "efim/model/vocabulary.hpp"
+#include "default_model.hpp"
 #include "tokenizer_choice.hpp"
 
 namespace fs = std::filesystem;
@@ -46,7 +47,7 @@ struct options {
   std::size_t block_size = 16;
   std::size_t cache_blocks = 8192;
   std::size_t batch_tokens = 512;
-  efim::model::config model = efim::model::for_architecture(efim::model::architecture::qwen2);
+  efim::model::config model = efim_examples::default_model_config();
   std::string model_path;
   efim::dtype weight_type = efim::dtype::f16;
   efim::dtype kv_type = efim::dtype::f32;
@@ -107,14 +108,6 @@ std::size_t parse_count(const std::string& flag, const std::string& value, std::
 
 options parse(int argc, char** argv) {
   options o;
-  o.model.hidden = 128;
-  o.model.layers = 4;
-  o.model.heads = 4;
-  o.model.kv_heads = 2;
-  o.model.ffn = 384;
-  o.model.max_context = 32768;
-  o.model.rope_theta = 1e6;
-  o.model.norm_eps = 1e-6f;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--help" || flag == "-h") {
@@ -540,16 +533,8 @@ int bench_random_model(const options& o) {
   const std::string tokenizer = efim_examples::tokenizer_path(o.tokenizer, EFIM_DEFAULT_TOKENIZER, "efim-bench");
   return efim_examples::with_tokenizer(
       tokenizer, EFIM_DEFAULT_TOKENIZER, "efim-bench", [&](const auto& tok, const auto& fim, const std::string& name) {
-        auto cfg = o.model;
-        efim::model::metadata vocab;
-        if (tokenizer != "byte") {
-          vocab = efim::model::vocabulary_metadata(tokenizer);
-          cfg.vocab = efim::model::vocabulary_size(vocab);
-        } else {
-          cfg.vocab = tok.vocab_size();
-        }
-        const auto file =
-            efim::model::open_model(efim::model::random_model(cfg, o.seed, {o.weight_type}, vocab, o.threads));
+        const auto file = efim::model::open_model(efim_examples::random_model_file(
+            o.model, tokenizer == "byte" ? std::string() : tokenizer, tok.vocab_size(), o.seed, o.weight_type, o.threads));
         return run_bench(o, tok, fim, name, file.bind());
       });
 }

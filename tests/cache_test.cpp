@@ -114,6 +114,14 @@ TEST_CASE("eviction policies order victims as named", "[cache][eviction]") {
   CHECK(order(cache::lru{}) == std::vector<block_id>{2, 3, 1});
   CHECK(order(cache::fifo{}) == std::vector<block_id>{1, 2, 3});
   CHECK(order(cache::lfu{}) == std::vector<block_id>{1, 3, 2});
+  // Chosen by name at run time: the same orders.
+  for (const std::string name : {"lru", "fifo", "lfu"}) {
+    const cache::named_eviction e(name);
+    CHECK(e.name() == name);
+    CHECK(order(e) == (name == "lru" ? order(cache::lru{}) : name == "fifo" ? order(cache::fifo{}) : order(cache::lfu{})));
+  }
+  CHECK(cache::named_eviction().name() == "lru");
+  CHECK_THROWS_AS(cache::named_eviction("random"), efim::error);
   // Among equal times the deeper block goes first.
   cache::lru l;
   l.insert(7, {0, 5, 1, 0});

@@ -4,11 +4,15 @@
 #include <limits>
 #include <optional>
 #include <set>
+#include <string>
+#include <string_view>
 #include <tuple>
 #include <unordered_map>
 #include <utility>
+#include <variant>
 
 #include "efim/cache/concepts.hpp"
+#include "efim/core/error.hpp"
 
 namespace efim::cache {
 
@@ -75,8 +79,45 @@ struct fifo : detail::ordered_eviction<detail::fifo_key> {};
 // Fewest uses first; least recently used among equals.
 struct lfu : detail::ordered_eviction<detail::lfu_key> {};
 
+// One of the policies above, chosen at run time by name (a server flag), so that a program needs
+// one pipeline type for all of them.
+class named_eviction {
+ public:
+  named_eviction() = default;  // lru
+  explicit named_eviction(std::string_view name) {
+    if (name == "fifo")
+      policy_.emplace<fifo>();
+    else if (name == "lfu")
+      policy_.emplace<lfu>();
+    else
+      require(name == "lru", errc::invalid_argument,
+              "unknown eviction policy '" + std::string(name) + "' (lru, fifo, lfu)");
+  }
+
+  void insert(block_id b, const block_stats& s) {
+    std::visit([&](auto& e) { e.insert(b, s); }, policy_);
+  }
+  void erase(block_id b) {
+    std::visit([&](auto& e) { e.erase(b); }, policy_);
+  }
+  std::optional<block_id> pop() {
+    return std::visit([](auto& e) { return e.pop(); }, policy_);
+  }
+  [[nodiscard]] std::size_t size() const {
+    return std::visit([](const auto& e) { return e.size(); }, policy_);
+  }
+  [[nodiscard]] std::string_view name() const noexcept {
+    static constexpr std::string_view names[] = {"lru", "fifo", "lfu"};
+    return names[policy_.index()];
+  }
+
+ private:
+  std::variant<lru, fifo, lfu> policy_;
+};
+
 static_assert(eviction_policy<lru>);
 static_assert(eviction_policy<fifo>);
 static_assert(eviction_policy<lfu>);
+static_assert(eviction_policy<named_eviction>);
 
 }  // namespace efim::cache

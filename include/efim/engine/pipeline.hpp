@@ -142,7 +142,11 @@ class pipeline {
     request_id superseded = 0;
     std::uint64_t version = 0;
     if (session) {
-      superseded = std::exchange(session->data, id);
+      // A request that continues the text of the session's request in flight replaces it; one found
+      // only by likeness (a jump, a suffix edit) may come from another client, and leaves it be.
+      const bool continues = !r.session.empty() || !prompt::starts_anchor(update.kind);
+      const request_id older = std::exchange(session->data, id);
+      if (continues) superseded = older;
       version = session->session.version();
       sessions_.store(key, std::move(*session));
     }

@@ -47,7 +47,7 @@ inline std::string render_labels(const labels& l, std::string_view extra_name = 
 inline std::string number(double v) {
   if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
+  std::snprintf(buf, sizeof buf, "%.15g", v);  // exact for counts; bucket bounds as written (0.005)
   return buf;
 }
 }  // namespace detail

@@ -137,6 +137,9 @@ class service {
 
   void describe_metrics() {
     metrics_.describe("efim_requests_total", "counter", "Requests answered, by endpoint, status and session change.");
+    metrics_.describe("efim_requests_finished_total", "counter",
+                      "Generation requests by how they ended (eos, length, stop, indent, time_limit, cancelled, "
+                      "superseded, error).");
     metrics_.describe("efim_prompt_tokens_total", "counter", "Prompt tokens of generation requests.");
     metrics_.describe("efim_prompt_tokens_cached_total", "counter", "Prompt tokens whose KV came from the cache.");
     metrics_.describe("efim_generated_tokens_total", "counter", "Tokens generated.");
@@ -367,12 +370,14 @@ class service {
       c.channel->respond({e.status(), "application/json", error_body(c.kind, e)});
     }
     count(c.path, e.status(), "none");
+    metrics_.add("efim_requests_finished_total", {{"finish", "error"}});
     log(c.method, c.path, e.status(), {}, done, c.start, e.what());
   }
 
   void count_generation(const call& c, const engine::completion& done) {
     const std::string change = done.session.empty() ? "none" : std::string(prompt::to_string(done.session_change));
     count(c.path, 200, change);
+    metrics_.add("efim_requests_finished_total", {{"finish", std::string(engine::to_string(done.reason))}});
     metrics_.add("efim_prompt_tokens_total", {}, static_cast<double>(done.prompt_tokens));
     metrics_.add("efim_prompt_tokens_cached_total", {}, static_cast<double>(done.cached_tokens));
     metrics_.add("efim_generated_tokens_total", {}, static_cast<double>(done.tokens.size()));

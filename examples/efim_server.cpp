@@ -1,0 +1,321 @@
+// efim-server: an infill server that editors (llama.cpp's /infill: llama.vim, llama.vscode) and
+// OpenAI clients (/v1/completions with `suffix`) use unchanged, with server-side EFIM sessions:
+// requests are matched to editor sessions by their content, and laid out so that what was typed
+// since a session's anchor is appended to a cached prompt.
+#include <algorithm>
+#include <boost/asio/signal_set.hpp>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "arguments.hpp"
+#include "default_model.hpp"
+#include "efim/efim.hpp"
+#include "efim/server/service.hpp"
+#include "http/server.hpp"
+
+namespace {
+
+const char* const usage = R"(usage: efim-server [options]
+
+Serves infill completions over HTTP: llama.cpp's POST /infill (llama.vim, llama.vscode), OpenAI's
+POST /v1/completions with `suffix` and GET /v1/models, POST /tokenize, POST /detokenize, GET /health
+and GET /metrics (Prometheus). Requests are matched to editor sessions by content (or by an
+X-Session-Id header / "session_id" field) and laid out EFIM's way, so each keystroke computes only
+the text typed since the session's anchor. Prints the address it listens on; ready when /health
+answers 200. SIGINT or SIGTERM: requests in flight finish (or are cancelled after --grace), then it exits.
+
+model
+  --model FILE             a GGUF model file (weights and tokenizer; its FIM tokens are detected)
+  --alias NAME             the model's name in responses (default: the file name, or efim-default)
+without --model, the embedded default model: a random-weight Qwen2-architecture model made in memory
+  --tokenizer PATH         its vocabulary: a tokenizer.json or .gguf with FIM tokens (default: the
+                           Qwen2.5-Coder tokenizer.json that .ci/setup fetches)
+  --seed S                 its weights (42)
+http
+  --host ADDR              address to listen on (127.0.0.1)
+  --port N                 port (8012, llama.vim's default; 0 picks a free one)
+  --api-key KEY            require "Authorization: Bearer KEY" (repeatable, or comma-separated); each
+                           key is a tenant of its own: tenants never share cached KV or sessions
+  --api-key-file FILE      keys, one per line
+  --max-body-mib N         largest request body (16)
+  --max-connections N      open connections at most (1024)
+  --timeout S              seconds to read a request, or idle between two (60)
+  --http-threads N         threads that parse requests and answer the light endpoints (2)
+  --grace S                seconds requests in flight may take to finish at shutdown (10)
+  --quiet                  no line per request on stderr
+engine
+  --ctx N                  tokens of context per request (the model's, at most 32768)
+  --parallel N             requests computed at once (16)
+  --queue N                requests waiting beyond those; more are answered 503 (256)
+  --threads N              compute threads (0: all cores)
+  --batch-tokens N         tokens computed per engine step (512)
+  --cache-tokens N         KV cache size in tokens (65536) ...
+  --cache-mib N            ... or in MiB
+  --block-size N           tokens per KV block (16)
+  --kv TYPE                KV cache elements: f16 or f32 (f16)
+  --eviction NAME          cache eviction: lru, fifo, lfu (lru)
+  --format NAME            prompt layout: efim, psm, spm (efim)
+  --n-predict N            tokens per /infill request that names none (128)
+  --max-predict N          the most tokens one request may ask for (4096)
+  --reanchor-bytes N       typed text after which a session starts a new anchor (4096)
+  --max-sessions N         editor sessions kept (4096)
+)";
+
+constexpr std::string_view program = "efim-server";
+
+struct options {
+  std::string model_path, alias, tokenizer;
+  std::uint64_t seed = 42;
+  efim_examples::http::server_options http;
+  std::vector<std::string> api_keys;
+  std::chrono::seconds grace{10};
+  bool quiet = false;
+  std::size_t ctx = 0;  // 0: the model's
+  std::size_t parallel = 16, queue = 256, threads = 0, batch_tokens = 512;
+  std::size_t cache_tokens = 65536, cache_mib = 0;
+  std::size_t block_size = 16;
+  efim::dtype kv = efim::dtype::f16;
+  std::string eviction = "lru", format = "efim";
+  std::size_t n_predict = 128, max_predict = 4096, reanchor_bytes = 4096, max_sessions = 4096;
+};
+
+[[noreturn]] void fail(const std::string& message, int code = 2) { efim_examples::fail(program, message, code); }
+
+std::size_t count(std::string_view flag, const std::string& v, std::size_t min = 0, std::size_t max = SIZE_MAX) {
+  const std::size_t n = efim_examples::count(program, flag, v);
+  if (n < min || n > max)
+    fail(std::string(flag) + " must be in [" + std::to_string(min) + ", " + std::to_string(max) + "], not " + v);
+  return n;
+}
+
+void add_keys(std::vector<std::string>& keys, std::string_view text, char separator) {
+  std::string key;
+  std::istringstream in{std::string(text)};
+  while (std::getline(in, key, separator)) {
+    while (!key.empty() && (key.back() == '\r' || key.back() == ' ')) key.pop_back();
+    if (!key.empty()) keys.push_back(key);
+  }
+}
+
+options parse(int argc, char** argv) {
+  options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--help" || flag == "-h") {
+      std::cout << usage;
+      std::exit(0);
+    }
+    if (flag == "--quiet") {
+      o.quiet = true;
+      continue;
+    }
+    if (i + 1 >= argc) fail("unknown option or missing value: " + flag + " (see --help)");
+    const std::string v = argv[++i];
+    if (flag == "--model") {
+      o.model_path = v;
+    } else if (flag == "--alias") {
+      o.alias = v;
+    } else if (flag == "--tokenizer") {
+      o.tokenizer = v;
+    } else if (flag == "--seed") {
+      o.seed = count(flag, v);
+    } else if (flag == "--host") {
+      o.http.host = v;
+    } else if (flag == "--port") {
+      o.http.port = static_cast<std::uint16_t>(count(flag, v, 0, 65535));
+    } else if (flag == "--api-key") {
+      add_keys(o.api_keys, v, ',');
+    } else if (flag == "--api-key-file") {
+      std::ifstream in(v);
+      if (!in) fail("cannot read --api-key-file " + v, 1);
+      std::stringstream text;
+      text << in.rdbuf();
+      add_keys(o.api_keys, text.str(), '\n');
+    } else if (flag == "--max-body-mib") {
+      o.http.max_body_bytes = count(flag, v, 1, 4096) << 20;
+    } else if (flag == "--max-connections") {
+      o.http.max_connections = count(flag, v, 1, 1 << 20);
+    } else if (flag == "--timeout") {
+      o.http.idle_timeout = std::chrono::seconds(count(flag, v, 1, 86400));
+    } else if (flag == "--http-threads") {
+      o.http.handler_threads = count(flag, v, 1, 256);
+    } else if (flag == "--grace") {
+      o.grace = std::chrono::seconds(count(flag, v, 0, 3600));
+    } else if (flag == "--ctx") {
+      o.ctx = count(flag, v, 16, 1u << 30);
+    } else if (flag == "--parallel") {
+      o.parallel = count(flag, v, 1, 4096);
+    } else if (flag == "--queue") {
+      o.queue = count(flag, v, 0, 1 << 20);
+    } else if (flag == "--threads") {
+      o.threads = count(flag, v, 0, 4096);
+    } else if (flag == "--batch-tokens") {
+      o.batch_tokens = count(flag, v, 1, 1 << 20);
+    } else if (flag == "--cache-tokens") {
+      o.cache_tokens = count(flag, v, 1, std::size_t{1} << 32);
+      o.cache_mib = 0;
+    } else if (flag == "--cache-mib") {
+      o.cache_mib = count(flag, v, 1, std::size_t{1} << 24);
+    } else if (flag == "--block-size") {
+      o.block_size = count(flag, v, 1, 4096);
+    } else if (flag == "--kv") {
+      try {
+        o.kv = efim::parse_dtype(v);
+      } catch (const efim::error& e) {
+        fail(flag + ": " + e.what());
+      }
+      if (o.kv != efim::dtype::f16 && o.kv != efim::dtype::f32) fail("--kv must be f16 or f32, not " + v);
+    } else if (flag == "--eviction") {
+      if (v != "lru" && v != "fifo" && v != "lfu") fail("--eviction must be lru, fifo or lfu, not " + v);
+      o.eviction = v;
+    } else if (flag == "--format") {
+      if (v != "efim" && v != "psm" && v != "spm") fail("--format must be efim, psm or spm, not " + v);
+      o.format = v;
+    } else if (flag == "--n-predict") {
+      o.n_predict = count(flag, v, 0, 1 << 20);
+    } else if (flag == "--max-predict") {
+      o.max_predict = count(flag, v, 1, 1 << 20);
+    } else if (flag == "--reanchor-bytes") {
+      o.reanchor_bytes = count(flag, v, 1);
+    } else if (flag == "--max-sessions") {
+      o.max_sessions = count(flag, v, 1, 1 << 24);
+    } else {
+      fail("unknown option " + flag + " (see --help)");
+    }
+  }
+  return o;
+}
+
+template <class Format>
+using server_pipeline = efim::engine::pipeline<Format, efim::cache::xxh3_128_chain, efim::cache::named_eviction,
+                                               efim::text::at_boundaries, efim::kernels::host, efim::text::bpe_tokenizer>;
+
+// One line per request on stderr: time, endpoint, status, session, change, tokens, milliseconds.
+void print_log(const efim::server::request_log& l) {
+  static std::mutex mutex;
+  const std::time_t now = std::time(nullptr);
+  char when[32];
+  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", std::gmtime(&now));
+  std::ostringstream line;
+  line << when << " " << l.method << " " << l.path << " " << l.status;
+  if (!l.finish.empty())
+    line << " session=" << (l.session.empty() ? "-" : l.session) << " change=" << l.change << " prompt=" << l.prompt_tokens
+         << " cached=" << l.cached_tokens << " computed=" << l.prompt_tokens - l.cached_tokens
+         << " generated=" << l.generated_tokens << " finish=" << l.finish;
+  char ms[32];
+  std::snprintf(ms, sizeof ms, "%.1f", l.ms);
+  line << " ms=" << ms;
+  if (!l.error.empty()) line << " error=\"" << l.error << "\"";
+  std::lock_guard lock(mutex);
+  std::cerr << line.str() << "\n" << std::flush;
+}
+
+template <class Format>
+int serve(const options& o, efim::text::bpe_tokenizer tok, const efim::prompt::fim_token_set& fim,
+          const efim::model::weights& w, const std::string& model_name) {
+  const auto& cfg = w.cfg;
+  efim::engine::pipeline_options po;
+  po.fim = fim;
+  const std::size_t kv_token_bytes = cfg.layers * cfg.kv_dim() * 2 * (o.kv == efim::dtype::f16 ? 2 : 4);
+  const std::size_t cache_tokens = o.cache_mib > 0 ? (o.cache_mib << 20) / kv_token_bytes : o.cache_tokens;
+  po.cache = {o.block_size, std::max<std::size_t>(1, cache_tokens / o.block_size), true};
+  po.schedule = {o.batch_tokens, o.parallel};
+  po.session.reanchor_bytes = o.reanchor_bytes;
+  po.sessions.max_sessions = o.max_sessions;
+  po.kv_type = o.kv;
+  po.threads = o.threads;
+
+  efim::server::service_options so;
+  so.model_name = model_name;
+  so.limits.default_infill_tokens = o.n_predict;
+  so.limits.max_new_tokens = o.max_predict;
+  so.max_in_flight = o.parallel + o.queue;
+  so.api_keys = o.api_keys;
+
+  // Declared before the pipeline, so that it goes after it: requests that ended hold their
+  // connection until the pipeline lets them go.
+  std::optional<efim_examples::http::server> http;
+  server_pipeline<Format> p(std::move(tok), w, po, efim::cache::named_eviction(o.eviction));
+  efim::server::service<server_pipeline<Format>> svc(p, so);
+  if (!o.quiet) svc.set_logger(print_log);
+  http.emplace(o.http, [&svc](efim::server::http_request r, std::shared_ptr<efim::server::response_channel> ch) {
+    svc.handle(std::move(r), std::move(ch));
+  });
+
+  std::cerr << program << ": model " << model_name << " (" << efim::model::to_string(cfg.arch) << ", " << cfg.layers
+            << " layers, hidden " << cfg.hidden << ", " << efim::to_string(w.type()) << "), tokenizer "
+            << p.tokenizer().description() << ", " << fim.family << " FIM tokens; format " << Format::name
+            << "; context " << cfg.max_context << "; KV cache " << po.cache.blocks * po.cache.block_size << " tokens ("
+            << efim::to_string(o.kv) << ", " << (po.cache.blocks * po.cache.block_size * kv_token_bytes >> 20)
+            << " MiB), " << o.eviction << " eviction; " << o.parallel << " parallel"
+            << (o.api_keys.empty() ? "" : "; API keys required") << "\n";
+  const auto at = http->endpoint();
+  std::cout << program << ": listening on http://" << at.address().to_string() << ":" << at.port() << std::endl;
+
+  boost::asio::signal_set signals(http->io(), SIGINT, SIGTERM);
+  std::thread stopper;
+  std::function<void(const boost::system::error_code&, int)> on_signal = [&](const boost::system::error_code& ec,
+                                                                               int sig) {
+    if (ec) return;
+    if (stopper.joinable()) std::_Exit(128 + sig);  // a second signal: at once
+    std::cerr << program << ": signal " << sig << ": finishing " << svc.in_flight() << " requests, then exiting\n";
+    stopper = std::thread([&] {
+      svc.drain(o.grace);
+      http->stop();
+      boost::asio::post(http->io(), [&] { signals.cancel(); });
+    });
+    signals.async_wait(on_signal);
+  };
+  signals.async_wait(on_signal);
+  http->run();
+  if (stopper.joinable()) stopper.join();
+  std::cerr << program << ": stopped\n";
+  return 0;
+}
+
+int run(const options& o) {
+  std::string model_name = o.alias;
+  std::optional<efim::model::model_file> file;
+  if (!o.model_path.empty()) {
+    file.emplace(efim::model::open_model(o.model_path));
+    if (model_name.empty()) model_name = std::filesystem::path(o.model_path).filename().string();
+  } else {
+    const std::string tokenizer = o.tokenizer.empty() ? EFIM_DEFAULT_TOKENIZER : o.tokenizer;
+    efim::require(std::filesystem::exists(tokenizer), efim::errc::io,
+                  "no tokenizer " + tokenizer + " for the embedded model (run .ci/setup to fetch it, or give --model)");
+    file.emplace(efim::model::open_model(efim_examples::random_model_file(
+        efim_examples::default_model_config(), tokenizer, 0, o.seed, efim::dtype::f16, o.threads)));
+    if (model_name.empty()) model_name = "efim-default";
+  }
+  auto w = file->bind();
+  auto tok = efim::text::load_bpe_gguf(file->meta);
+  const auto* fim = efim::prompt::detect_token_set(tok);
+  efim::require(fim != nullptr, efim::errc::invalid_argument, "the model's tokenizer has no FIM tokens of a known family");
+  w.cfg.max_context = std::min(w.cfg.max_context, o.ctx == 0 ? std::size_t{32768} : o.ctx);
+  if (o.format == "psm") return serve<efim::prompt::psm>(o, std::move(tok), *fim, w, model_name);
+  if (o.format == "spm") return serve<efim::prompt::spm>(o, std::move(tok), *fim, w, model_name);
+  return serve<efim::prompt::efim>(o, std::move(tok), *fim, w, model_name);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const options o = parse(argc, argv);
+  try {
+    return run(o);
+  } catch (const std::exception& e) {  // efim::error (bad model, tokenizer), an address in use, ...
+    fail(e.what(), 1);
+  }
+}

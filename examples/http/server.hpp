@@ -1,0 +1,354 @@
+#pragma once
+// HTTP/1.1 for efim::server's handlers, on Boost.Asio and Boost.Beast: one thread runs every socket
+// (thousands of idle or streaming connections cost no thread each), a small pool runs the handlers,
+// and a connection whose request is still being computed is watched, so that a client that hangs
+// up cancels its work at once. Beast parses requests (with limits on header and body size);
+// responses are written as whole bodies or as chunked streams (server-sent events).
+#include <atomic>
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "efim/server/api.hpp"
+#include "efim/server/http.hpp"
+
+namespace efim_examples::http {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+using tcp = asio::ip::tcp;
+
+struct server_options {
+  std::string host = "127.0.0.1";
+  std::uint16_t port = 8012;  // llama.vim's default endpoint
+  std::size_t max_body_bytes = 16u << 20;
+  std::size_t max_header_bytes = 64u << 10;
+  std::size_t max_connections = 1024;
+  std::chrono::seconds idle_timeout{60};  // to read a request, or between two on a kept-alive connection
+  std::size_t handler_threads = 2;
+};
+
+using handler = std::function<void(efim::server::http_request, std::shared_ptr<efim::server::response_channel>)>;
+
+namespace detail {
+
+inline std::string status_line(int status) {
+  const auto reason = beast::http::obsolete_reason(static_cast<beast::http::status>(status));
+  return "HTTP/1.1 " + std::to_string(status) + " " + std::string(reason.data(), reason.size()) + "\r\n";
+}
+
+class connection : public efim::server::response_channel, public std::enable_shared_from_this<connection> {
+ public:
+  struct shared {
+    asio::io_context& io;
+    asio::thread_pool& pool;
+    const server_options& options;
+    const handler& handle;
+    std::atomic<std::size_t>& open;
+    std::atomic<bool>& stopping;
+  };
+
+  connection(tcp::socket socket, shared s) : stream_(std::move(socket)), s_(s) { ++s_.open; }
+  ~connection() override { --s_.open; }
+
+  void start() { read_request(); }
+
+  // An answer to a connection over the limit, then closed.
+  void refuse(int status, std::string body) {
+    keep_alive_ = false;
+    state_ = state::processing;
+    send_whole({status, "application/json", std::move(body)});
+  }
+
+  // Closes a connection that waits for a request (the server is stopping).
+  void close_if_idle() {
+    asio::post(s_.io, [self = shared_from_this()] {
+      if (self->state_ == state::reading) self->close();
+    });
+  }
+
+  // ---- response_channel (any thread) ----
+
+  void respond(efim::server::http_response r) override {
+    asio::post(s_.io, [self = shared_from_this(), r = std::move(r)]() mutable { self->send_whole(std::move(r)); });
+  }
+  void begin_stream(int status, std::string content_type) override {
+    asio::post(s_.io, [self = shared_from_this(), status, ct = std::move(content_type)] {
+      self->queue(status_line(status) + "Server: efim\r\nContent-Type: " + ct +
+                  "\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n" + self->connection_header() + "\r\n");
+    });
+  }
+  void stream(std::string data) override {
+    if (data.empty()) return;  // an empty chunk would end the body
+    asio::post(s_.io, [self = shared_from_this(), data = std::move(data)] {
+      char size[32];
+      std::snprintf(size, sizeof size, "%zx\r\n", data.size());
+      self->queue(size + data + "\r\n");
+    });
+  }
+  void end_stream() override {
+    asio::post(s_.io, [self = shared_from_this()] {
+      self->queue("0\r\n\r\n");
+      self->response_complete_ = true;
+      self->write_next();
+    });
+  }
+  void on_disconnect(std::function<void()> f) override {
+    asio::post(s_.io, [self = shared_from_this(), f = std::move(f)]() mutable {
+      if (self->gone_)
+        f();
+      else if (self->state_ == state::processing)
+        self->on_gone_ = std::move(f);
+    });
+  }
+
+ private:
+  enum class state { reading, processing, closed };
+  static constexpr std::chrono::seconds write_timeout{60};
+
+  void read_request() {
+    state_ = state::reading;
+    on_gone_ = nullptr;
+    response_complete_ = false;
+    parser_.emplace();
+    parser_->header_limit(static_cast<std::uint32_t>(s_.options.max_header_bytes));
+    parser_->body_limit(s_.options.max_body_bytes);
+    stream_.expires_after(s_.options.idle_timeout);
+    beast::http::async_read_header(stream_, buffer_, *parser_,
+                                   [self = shared_from_this()](beast::error_code ec, std::size_t) {
+                                     self->on_header(ec);
+                                   });
+  }
+
+  void on_header(beast::error_code ec) {
+    if (ec) return read_failed(ec);
+    auto& req = parser_->get();
+    if (const auto length = parser_->content_length(); length && *length > s_.options.max_body_bytes)
+      return reject(413, "the request body is larger than " + std::to_string(s_.options.max_body_bytes) + " bytes");
+    if (beast::iequals(req[beast::http::field::expect], "100-continue")) {
+      auto interim = std::make_shared<std::string>("HTTP/1.1 100 Continue\r\n\r\n");
+      asio::async_write(stream_, asio::buffer(*interim), [self = shared_from_this(), interim](beast::error_code e, std::size_t) {
+        if (e) return self->close();
+        self->read_body();
+      });
+      return;
+    }
+    read_body();
+  }
+
+  void read_body() {
+    beast::http::async_read(stream_, buffer_, *parser_,
+                            [self = shared_from_this()](beast::error_code ec, std::size_t) { self->on_request(ec); });
+  }
+
+  void read_failed(beast::error_code ec) {
+    if (ec == beast::http::error::end_of_stream || ec == asio::error::eof || ec == beast::error::timeout ||
+        ec == asio::error::operation_aborted || ec == asio::error::connection_reset)
+      return close();
+    if (ec == beast::http::error::body_limit)
+      return reject(413, "the request body is larger than " + std::to_string(s_.options.max_body_bytes) + " bytes");
+    if (ec == beast::http::error::header_limit)
+      return reject(431, "the request headers are larger than " + std::to_string(s_.options.max_header_bytes) + " bytes");
+    reject(400, "malformed HTTP request: " + ec.message());
+  }
+
+  // Answers a request that cannot be read, then closes the connection.
+  void reject(int status, const std::string& message) {
+    keep_alive_ = false;
+    state_ = state::processing;
+    send_whole({status, "application/json",
+                efim::server::dump({{"error", {{"code", status}, {"message", message}, {"type", "invalid_request_error"}}}})});
+  }
+
+  void on_request(beast::error_code ec) {
+    if (ec) return read_failed(ec);
+    auto req = parser_->release();
+    keep_alive_ = req.keep_alive() && !s_.stopping;
+    efim::server::http_request r;
+    r.method = std::string(req.method_string());
+    r.target = std::string(req.target());
+    for (const auto& f : req) r.headers.push_back({std::string(f.name_string()), std::string(f.value())});
+    r.body = std::move(req.body());
+    state_ = state::processing;
+    stream_.expires_never();
+    watch_for_hangup();
+    asio::post(s_.pool, [self = shared_from_this(), r = std::move(r)]() mutable {
+      self->s_.handle(std::move(r), self);
+    });
+  }
+
+  // While the answer is being computed nothing should arrive; a readable socket that gives no
+  // bytes (end of stream) or an error means the client has gone.
+  void watch_for_hangup() {
+    stream_.socket().async_wait(tcp::socket::wait_read, [self = shared_from_this()](beast::error_code ec) {
+      if (ec || self->state_ != state::processing || self->response_complete_) return;
+      char byte;
+      beast::error_code peek;
+      self->stream_.socket().non_blocking(true, peek);
+      const std::size_t n = self->stream_.socket().receive(asio::buffer(&byte, 1), tcp::socket::message_peek, peek);
+      self->stream_.socket().non_blocking(false, peek);
+      if (peek == asio::error::would_block) return self->watch_for_hangup();
+      if (n == 0 || peek) self->hang_up();
+      // Bytes of a pipelined request: read after this answer.
+    });
+  }
+
+  void hang_up() {
+    if (gone_) return;
+    gone_ = true;
+    if (auto f = std::exchange(on_gone_, nullptr)) f();
+    close();
+  }
+
+  void send_whole(efim::server::http_response r) {
+    std::string head = status_line(r.status) + "Server: efim\r\nContent-Type: " + r.content_type +
+                       "\r\nContent-Length: " + std::to_string(r.body.size()) + "\r\n";
+    for (const auto& h : r.headers) head += h.name + ": " + h.value + "\r\n";
+    queue(head + connection_header() + "\r\n" + r.body);
+    response_complete_ = true;
+    write_next();
+  }
+
+  std::string connection_header() const { return keep_alive_ ? "Connection: keep-alive\r\n" : "Connection: close\r\n"; }
+
+  void queue(std::string bytes) {
+    if (state_ == state::closed) return;
+    out_.push_back(std::move(bytes));
+    write_next();
+  }
+
+  void write_next() {
+    if (writing_ || state_ == state::closed) return;
+    if (out_.empty()) {
+      if (response_complete_ && state_ == state::processing) finish_response();
+      return;
+    }
+    writing_ = true;
+    writing_now_ = std::move(out_.front());  // stays put until the write completes, whatever close() does
+    out_.pop_front();
+    stream_.expires_after(write_timeout);  // a client that stops reading is a client that has gone
+    asio::async_write(stream_, asio::buffer(writing_now_), [self = shared_from_this()](beast::error_code ec, std::size_t) {
+      self->writing_ = false;
+      if (ec) return self->hang_up();
+      self->stream_.expires_never();
+      self->write_next();
+    });
+  }
+
+  void finish_response() {
+    beast::error_code ignored;
+    stream_.socket().cancel(ignored);  // the hang-up watch
+    if (keep_alive_ && !s_.stopping) return read_request();
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    close();
+  }
+
+  void close() {
+    if (state_ == state::closed) return;
+    state_ = state::closed;
+    out_.clear();
+    beast::error_code ignored;
+    stream_.socket().close(ignored);
+  }
+
+  beast::tcp_stream stream_;
+  shared s_;
+  beast::flat_buffer buffer_;
+  std::optional<beast::http::request_parser<beast::http::string_body>> parser_;
+  state state_ = state::reading;
+  bool keep_alive_ = true;
+  bool response_complete_ = false;
+  bool writing_ = false;
+  bool gone_ = false;
+  std::function<void()> on_gone_;
+  std::deque<std::string> out_;
+  std::string writing_now_;
+};
+
+}  // namespace detail
+
+class server {
+ public:
+  // Binds and listens (an efim::error-free std::exception such as boost::system::system_error if the
+  // address is taken); port 0 picks a free one.
+  server(server_options options, handler h)
+      : options_(std::move(options)),
+        handle_(std::move(h)),
+        pool_(options_.handler_threads == 0 ? 1 : options_.handler_threads),
+        acceptor_(io_) {
+    const tcp::endpoint at(asio::ip::make_address(options_.host), options_.port);
+    acceptor_.open(at.protocol());
+    acceptor_.set_option(asio::socket_base::reuse_address(true));
+    acceptor_.bind(at);
+    acceptor_.listen(asio::socket_base::max_listen_connections);
+  }
+
+  [[nodiscard]] tcp::endpoint endpoint() const { return acceptor_.local_endpoint(); }
+  [[nodiscard]] asio::io_context& io() noexcept { return io_; }
+  [[nodiscard]] std::size_t open_connections() const noexcept { return open_.load(); }
+
+  // Serves until stop() and every connection has closed.
+  void run() {
+    accept();
+    io_.run();
+    pool_.join();
+  }
+
+  // From any thread: stops accepting and closes idle connections; those with a request in flight
+  // close once they have answered. The port is released at once.
+  void stop() {
+    asio::post(io_, [this] {
+      stopping_ = true;
+      beast::error_code ignored;
+      acceptor_.close(ignored);
+      for (auto& weak : connections_)
+        if (auto c = weak.lock()) c->close_if_idle();
+      connections_.clear();
+    });
+  }
+
+ private:
+  void accept() {
+    acceptor_.async_accept([this](beast::error_code ec, tcp::socket socket) {
+      if (ec) {
+        if (ec == asio::error::operation_aborted || stopping_) return;
+        return accept();  // out of file descriptors, say: keep serving those that are open
+      }
+      auto c = std::make_shared<detail::connection>(
+          std::move(socket), detail::connection::shared{io_, pool_, options_, handle_, open_, stopping_});
+      if (open_ > options_.max_connections) {
+        c->refuse(503, efim::server::dump({{"error",
+                                            {{"code", 503},
+                                             {"message", "too many connections (at most " +
+                                                             std::to_string(options_.max_connections) + ")"},
+                                             {"type", "unavailable_error"}}}}));
+      } else {
+        std::erase_if(connections_, [](const auto& w) { return w.expired(); });
+        connections_.push_back(c);
+        c->start();
+      }
+      if (!stopping_) accept();
+    });
+  }
+
+  server_options options_;
+  handler handle_;
+  asio::io_context io_{1};
+  asio::thread_pool pool_;
+  tcp::acceptor acceptor_;
+  std::atomic<std::size_t> open_{0};
+  std::atomic<bool> stopping_{false};
+  std::vector<std::weak_ptr<detail::connection>> connections_;  // touched on the I/O thread only
+};
+
+}  // namespace efim_examples::http
