@@ -23,6 +23,7 @@
 
 #include "efim/efim.hpp"
 #include "efim/model/vocabulary.hpp"
+#include "bench_http.hpp"
 #include "default_model.hpp"
 #include "tokenizer_choice.hpp"
 
@@ -53,12 +54,19 @@ struct options {
   efim::dtype kv_type = efim::dtype::f32;
   std::uint64_t seed = 42;
   bool progress = true;
+  // Over HTTP: (scheme name, server URL) pairs, the API they speak, the keystroke workload.
+  std::vector<std::pair<std::string, std::string>> urls;
+  efim_examples::http_api api = efim_examples::http_api::infill;
+  std::string api_key;
+  bool keystroke = false;
+  std::size_t keystroke_prefix = 1500, keystroke_suffix = 1500, keystroke_chars = 240;
 };
 
 const char* const usage = R"(usage: efim-bench [options]
 
 Runs the EFIM multi-round infilling workload in-process and compares prompt layouts on the same
-engine and model.
+engine and model; or replays it over HTTP against servers that speak llama.cpp's /infill or
+OpenAI's /v1/completions (efim-server, llama.cpp's llama-server).
 
 workload
   --corpus DIR            directory of source files (default: this repository's sources)
@@ -83,6 +91,16 @@ without --model, a random-weight Qwen2-architecture model made in memory, as efi
                           byte-level tokenizer with Qwen2.5-Coder FIM tokens when it is not there)
   --hidden N --layers N --heads N --kv-heads N --ffn N --seed S   (128, 4, 4, 2, 384, 42)
   --type T                matrix type: f32, f16, bf16, q8_0, q4_0 (f16)
+over HTTP (the same workload and documents; the server's model and layout)
+  --url [NAME=]URL        a server (repeatable); NAME is the scheme it stands for in the table
+                          (default: server); psm-nocache asks it not to use its cache
+  --api infill|openai     the API to speak: POST /infill or POST /v1/completions with suffix (infill)
+  --api-key KEY           sent as "Authorization: Bearer KEY"
+  --keystroke             instead: typing at a fixed cursor, one to three characters per request, in
+                          documents cut into a prefix and a suffix of the sizes below
+  --keystroke-prefix N    tokens before the cursor (1500)
+  --keystroke-suffix N    tokens after it (1500)
+  --keystroke-chars N     characters typed per document (240)
 output
   --json FILE             write the results as JSON
   --quiet                 no progress on stderr
@@ -118,6 +136,10 @@ options parse(int argc, char** argv) {
       o.progress = false;
       continue;
     }
+    if (flag == "--keystroke") {
+      o.keystroke = true;
+      continue;
+    }
     if (i + 1 >= argc) fail("unknown option or missing value: " + flag + " (see --help)");
     const std::string v = argv[++i];
     if (flag == "--corpus") {
@@ -146,6 +168,26 @@ options parse(int argc, char** argv) {
         o.schemes.push_back(s);
       }
       if (o.schemes.empty()) fail("--schemes names no scheme");
+    } else if (flag == "--url") {
+      const std::size_t eq = v.find('=');
+      const bool named = eq != std::string::npos && v.find("://") > eq;
+      o.urls.emplace_back(named ? v.substr(0, eq) : "server", named ? v.substr(eq + 1) : v);
+      try {
+        (void)efim_examples::http::parse_url(o.urls.back().second);
+      } catch (const std::exception& e) {
+        fail(std::string("--url: ") + e.what());
+      }
+    } else if (flag == "--api") {
+      if (v != "infill" && v != "openai") fail("--api must be infill or openai, not '" + v + "'");
+      o.api = v == "infill" ? efim_examples::http_api::infill : efim_examples::http_api::openai;
+    } else if (flag == "--api-key") {
+      o.api_key = v;
+    } else if (flag == "--keystroke-prefix") {
+      o.keystroke_prefix = parse_count(flag, v);
+    } else if (flag == "--keystroke-suffix") {
+      o.keystroke_suffix = parse_count(flag, v);
+    } else if (flag == "--keystroke-chars") {
+      o.keystroke_chars = parse_count(flag, v);
     } else if (flag == "--json") {
       o.json_path = v;
     } else if (flag == "--threads") {
@@ -179,6 +221,13 @@ options parse(int argc, char** argv) {
     } else {
       fail("unknown option " + flag + " (see --help)");
     }
+  }
+  if (o.keystroke) {
+    if (o.urls.empty()) fail("--keystroke replays typing over HTTP: give --url");
+    // Documents long enough for the prefix, the typed text and the suffix.
+    const std::size_t need = o.keystroke_prefix + o.keystroke_suffix + o.keystroke_chars;
+    o.min_doc_tokens = std::max(o.min_doc_tokens, need);
+    o.max_doc_tokens = std::max(o.max_doc_tokens, need + 1000);
   }
   if (o.min_doc_tokens > o.max_doc_tokens) fail("--min-doc-tokens is larger than --max-doc-tokens");
   if (o.documents == 0) o.documents = o.users;
@@ -310,6 +359,8 @@ std::vector<round_request> rounds_of(const document& d, std::size_t rounds) {
 struct sample {
   double latency_ms, ttft_ms;
   std::size_t prompt_tokens, cached_tokens;
+  std::size_t typed_tokens = 0;  // keystroke workload: prompt tokens added since the session's previous request
+  bool first = true;             // keystroke workload: a session's first request (the whole prompt is new)
 };
 
 struct scheme_result {
@@ -354,6 +405,25 @@ json summarize(const scheme_result& r) {
   j["cache_hit_rate"] = prompt ? static_cast<double>(cached) / static_cast<double>(prompt) : 0.0;
   j["wall_s"] = r.wall_s;
   j["evicted_blocks"] = r.cache.evicted_blocks;
+  // Keystrokes after a session's first request: what each computed against what it added.
+  std::vector<double> computed, typed, over, keystroke_latency;
+  for (const auto& x : r.samples)
+    if (!x.first) {
+      computed.push_back(static_cast<double>(x.prompt_tokens - x.cached_tokens));
+      typed.push_back(static_cast<double>(x.typed_tokens));
+      over.push_back(computed.back() - typed.back());
+      keystroke_latency.push_back(x.latency_ms);
+    }
+  if (!computed.empty())
+    j["keystrokes"] = {{"requests", computed.size()},
+                       {"p50_latency_ms", percentile(keystroke_latency, 50)},
+                       {"p99_latency_ms", percentile(keystroke_latency, 99)},
+                       {"mean_computed_prompt_tokens", mean(computed)},
+                       {"p50_computed_prompt_tokens", percentile(computed, 50)},
+                       {"p99_computed_prompt_tokens", percentile(computed, 99)},
+                       {"max_computed_prompt_tokens", percentile(computed, 100)},
+                       {"mean_typed_tokens", mean(typed)},
+                       {"max_computed_beyond_typed", percentile(over, 100)}};
   return j;
 }
 
@@ -431,33 +501,24 @@ std::string fixed(double v, int digits) {
 }
 
 // Prints the table and the ratios, and writes the JSON.
-void report(const options& o, const efim::model::weights& weights, const std::string& tokenizer_name,
-            const std::vector<document>& docs, const std::vector<scheme_result>& results) {
-  const auto& cfg = weights.cfg;
+void report(const options& o, json model, json engine, const std::vector<document>& docs,
+            const std::vector<scheme_result>& results) {
   json out;
-  out["model"] = {{"architecture", std::string(efim::model::to_string(cfg.arch))},
-                  {"vocab", cfg.vocab},
-                  {"hidden", cfg.hidden},
-                  {"layers", cfg.layers},
-                  {"heads", cfg.heads},
-                  {"kv_heads", cfg.kv_heads},
-                  {"ffn", cfg.ffn},
-                  {"weights", std::string(efim::to_string(weights.type()))},
-                  {"file", o.model_path.empty() ? std::string("(random, made in memory)") : o.model_path},
-                  {"seed", o.seed},
-                  {"tokenizer", tokenizer_name}};
+  out["model"] = std::move(model);
   json doc_list = json::array();
   for (const auto& d : docs) doc_list.push_back({{"path", d.path}, {"tokens", d.tokens}});
-  out["workload"] = {{"users", o.users},
-                     {"rounds", o.rounds},
+  out["workload"] = {{"kind", o.keystroke ? "keystroke" : "multi-round"},
+                     {"users", o.users},
                      {"output_tokens", o.output_tokens},
                      {"corpus", o.corpus_is_default ? std::string("(repository sources)") : o.corpus},
                      {"documents", doc_list}};
-  out["engine"] = {{"threads", o.threads == 0 ? std::thread::hardware_concurrency() : o.threads},
-                   {"block_size", o.block_size},
-                   {"cache_blocks", o.cache_blocks},
-                   {"batch_tokens", o.batch_tokens},
-                   {"kv", std::string(efim::to_string(o.kv_type))}};
+  if (o.keystroke)
+    out["workload"].update({{"prefix_tokens", o.keystroke_prefix},
+                            {"suffix_tokens", o.keystroke_suffix},
+                            {"typed_chars", o.keystroke_chars}});
+  else
+    out["workload"]["rounds"] = o.rounds;
+  out["engine"] = std::move(engine);
   json schemes = json::object();
   for (const auto& r : results) schemes[r.name] = summarize(r);
   out["schemes"] = schemes;
@@ -470,6 +531,20 @@ void report(const options& o, const efim::model::weights& weights, const std::st
                 s["p99_latency_ms"].get<double>(), s["mean_ttft_ms"].get<double>(), s["requests_per_s"].get<double>(),
                 s["prompt_tokens"].get<std::size_t>(), s["computed_prompt_tokens"].get<std::size_t>(),
                 s["cache_hit_rate"].get<double>());
+  if (o.keystroke) {
+    std::printf("\nkeystrokes after each session's first request:\n%-12s %8s %10s %10s %14s %14s %14s %12s %10s\n",
+                "scheme", "requests", "p50_ms", "p99_ms", "computed_mean", "computed_p99", "computed_max", "typed_mean",
+                "max_over");
+    for (const auto& [name, sc] : schemes.items()) {
+      if (!sc.contains("keystrokes")) continue;
+      const auto& k = sc["keystrokes"];
+      std::printf("%-12s %8zu %10.1f %10.1f %14.1f %14.1f %14.0f %12.2f %10.0f\n", name.c_str(),
+                  k["requests"].get<std::size_t>(), k["p50_latency_ms"].get<double>(), k["p99_latency_ms"].get<double>(),
+                  k["mean_computed_prompt_tokens"].get<double>(), k["p99_computed_prompt_tokens"].get<double>(),
+                  k["max_computed_prompt_tokens"].get<double>(), k["mean_typed_tokens"].get<double>(),
+                  k["max_computed_beyond_typed"].get<double>());
+    }
+  }
   if (schemes.contains("efim") && schemes.contains("psm")) {
     const auto& e = schemes["efim"];
     const auto& p = schemes["psm"];
@@ -512,8 +587,162 @@ int run_bench(const options& o, const Tokenizer& tok, const efim::prompt::fim_to
     if (s == "spm") results.push_back(run_scheme<efim::prompt::spm>(s, true, o, tok, fim, weights, docs));
   }
 
-  report(o, weights, tokenizer_name, docs, results);
+  json model = {{"architecture", std::string(efim::model::to_string(cfg.arch))},
+                {"vocab", cfg.vocab},
+                {"hidden", cfg.hidden},
+                {"layers", cfg.layers},
+                {"heads", cfg.heads},
+                {"kv_heads", cfg.kv_heads},
+                {"ffn", cfg.ffn},
+                {"weights", std::string(efim::to_string(weights.type()))},
+                {"file", o.model_path.empty() ? std::string("(random, made in memory)") : o.model_path},
+                {"seed", o.seed},
+                {"tokenizer", tokenizer_name}};
+  json engine = {{"in_process", true},
+                 {"threads", o.threads == 0 ? std::thread::hardware_concurrency() : o.threads},
+                 {"block_size", o.block_size},
+                 {"cache_blocks", o.cache_blocks},
+                 {"batch_tokens", o.batch_tokens},
+                 {"kv", std::string(efim::to_string(o.kv_type))}};
+  report(o, std::move(model), std::move(engine), docs, results);
   return 0;
+}
+
+// ---- over HTTP ----
+
+std::vector<efim::server::header> auth_headers(const options& o) {
+  if (o.api_key.empty()) return {};
+  return {{"Authorization", "Bearer " + o.api_key}};
+}
+
+// Runs `work(user, client)` on o.users threads, each with its own connection to `url`, and times it.
+template <class Work>
+scheme_result run_users(const std::string& name, const std::string& url, const options& o, std::size_t total,
+                        Work&& work) {
+  scheme_result result{name, {}, 0, {}};
+  std::mutex mutex;
+  std::atomic<std::size_t> done{0};
+  std::optional<std::string> failure;
+  const bool tty = isatty(STDERR_FILENO);
+  const auto record = [&](const sample& s) {
+    std::lock_guard lock(mutex);
+    result.samples.push_back(s);
+    const std::size_t n = ++done;
+    if (o.progress && (tty || n % 10 == 0 || n == total))
+      std::cerr << (tty ? "\r" : "") << name << ": " << n << "/" << total << " requests" << (tty ? "" : "\n")
+                << std::flush;
+  };
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::thread> users;
+  for (std::size_t u = 0; u < o.users; ++u)
+    users.emplace_back([&, u] {
+      try {
+        efim_examples::http::client c(efim_examples::http::parse_url(url));
+        work(u, c, record);
+      } catch (const std::exception& e) {
+        std::lock_guard lock(mutex);
+        if (!failure) failure = e.what();
+      }
+    });
+  for (auto& t : users) t.join();
+  result.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (o.progress && tty) std::cerr << "\n";
+  if (failure) fail(name + ": a request to " + url + " failed: " + *failure);
+  return result;
+}
+
+sample to_sample(const efim_examples::http_sample& h) {
+  return {h.latency_ms, h.ttft_ms, h.prompt_tokens, h.cached_tokens};
+}
+
+// The multi-round workload, each user's documents in turn, as in-process.
+scheme_result run_rounds_http(const std::string& name, const std::string& url, const options& o,
+                              const std::vector<document>& docs) {
+  std::vector<std::vector<round_request>> work;
+  for (const auto& d : docs) work.push_back(rounds_of(d, o.rounds));
+  const bool reuse = name != "psm-nocache";
+  return run_users(name, url, o, work.size() * o.rounds, [&](std::size_t u, auto& c, const auto& record) {
+    for (std::size_t d = u; d < work.size(); d += o.users)
+      for (const auto& round : work[d])
+        record(to_sample(efim_examples::infill_over_http(c, o.api, round.prefix, round.suffix, o.output_tokens, reuse,
+                                                         auth_headers(o))));
+  });
+}
+
+// Typing at a fixed cursor: the document's first keystroke_prefix tokens before it and the next
+// keystroke_suffix tokens after it; the text after the cursor is typed anew, one to three characters
+// per request.
+template <class Tokenizer>
+scheme_result run_keystrokes_http(const std::string& name, const std::string& url, const options& o,
+                                  const std::vector<document>& docs, const Tokenizer& tok) {
+  struct typing {
+    std::string prefix, typed, suffix;
+  };
+  std::vector<typing> work;
+  std::vector<efim::token_id> ids;
+  for (const auto& d : docs) {
+    ids.clear();
+    tok.encode(d.text, ids);
+    const auto offset = [&](std::size_t tokens) {
+      std::size_t bytes = 0;
+      for (std::size_t i = 0; i < std::min(tokens, ids.size()); ++i) bytes += tok.token_bytes(ids[i]).size();
+      return efim::utf8::floor_boundary(d.text, std::min(bytes, d.text.size()));
+    };
+    const std::size_t cursor = offset(o.keystroke_prefix);
+    const std::size_t typed_end = cursor + char_offset(std::string_view(d.text).substr(cursor), o.keystroke_chars);
+    const std::size_t suffix_tokens = o.keystroke_prefix + o.keystroke_suffix;
+    const std::size_t end = std::max(typed_end, offset(suffix_tokens));
+    work.push_back({d.text.substr(0, cursor), d.text.substr(cursor, typed_end - cursor),
+                    d.text.substr(typed_end, end - typed_end)});
+  }
+  std::size_t total = 0;
+  for (const auto& w : work) total += 1 + (w.typed.size() + 1) / 2;  // about: groups of 1-3 characters
+  const bool reuse = name != "psm-nocache";
+  return run_users(name, url, o, total, [&](std::size_t u, auto& c, const auto& record) {
+    for (std::size_t d = u; d < work.size(); d += o.users) {
+      const auto& w = work[d];
+      std::size_t previous_prompt = 0, typed = 0;
+      for (std::size_t k = 0;; ++k) {
+        auto s = to_sample(efim_examples::infill_over_http(c, o.api, w.prefix + w.typed.substr(0, typed), w.suffix,
+                                                           o.output_tokens, reuse, auth_headers(o)));
+        s.first = k == 0;
+        s.typed_tokens = s.prompt_tokens > previous_prompt ? s.prompt_tokens - previous_prompt : 0;
+        previous_prompt = s.prompt_tokens;
+        record(s);
+        if (typed == w.typed.size()) break;
+        typed = std::min(w.typed.size(), typed + char_offset(std::string_view(w.typed).substr(typed), 1 + k % 3));
+      }
+    }
+  });
+}
+
+int bench_http(const options& o) {
+  return efim_examples::with_tokenizer(
+      o.tokenizer, EFIM_DEFAULT_TOKENIZER, "efim-bench", [&](const auto& tok, const auto&, const std::string& name) {
+        const auto docs = load_corpus(o, tok);
+        std::cerr << "efim-bench: over HTTP (" << (o.api == efim_examples::http_api::infill ? "/infill" : "/v1/completions")
+                  << "), documents measured with " << name << "; " << docs.size() << " documents, " << o.users
+                  << " users, " << (o.keystroke ? "keystrokes" : std::to_string(o.rounds) + " rounds") << "\n";
+        json servers = json::array();
+        std::vector<scheme_result> results;
+        for (const auto& [scheme, url] : o.urls) {
+          std::string model = "?";
+          try {
+            efim_examples::http::client c(efim_examples::http::parse_url(url));
+            const auto r = c.request("GET", "/v1/models", {}, auth_headers(o));
+            if (r.status == 200) model = json::parse(r.body)["data"][0].value("id", "?");
+          } catch (const std::exception&) {  // a server without /v1/models: its answers still count
+          }
+          servers.push_back({{"scheme", scheme}, {"url", url}, {"model", model}});
+          results.push_back(o.keystroke ? run_keystrokes_http(scheme, url, o, docs, tok)
+                                        : run_rounds_http(scheme, url, o, docs));
+        }
+        json engine = {{"in_process", false},
+                       {"api", o.api == efim_examples::http_api::infill ? "infill" : "openai"},
+                       {"servers", servers}};
+        report(o, {{"tokenizer", name}}, std::move(engine), docs, results);
+        return 0;
+      });
 }
 
 // The model file of --model, with its own tokenizer.
@@ -544,6 +773,7 @@ int bench_random_model(const options& o) {
 int main(int argc, char** argv) {
   const options o = parse(argc, argv);
   try {
+    if (!o.urls.empty()) return bench_http(o);
     return o.model_path.empty() ? bench_random_model(o) : bench_model_file(o);
   } catch (const std::exception& e) {  // efim::error, or out of memory for an absurd model shape
     fail(e.what());

@@ -21,6 +21,7 @@
 
 #include "http/client.hpp"
 #include "server_process.hpp"
+#include "support.hpp"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -404,4 +405,57 @@ TEST_CASE("efim-server: API keys, and a graceful stop that answers what is in fl
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   CHECK(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
   close(fd);
+}
+
+TEST_CASE("efim-bench --url replays the in-process workload over HTTP: the same prompts, the same cache hits",
+          "[http][bench]") {
+  // Sessions never re-anchor in efim-bench's in-process run; the servers are told the same.
+  const std::vector<std::string> flags{"--threads", "2", "--reanchor-bytes", "1000000", "--cache-tokens", "131072"};
+  auto efim_flags = flags, psm_flags = flags;
+  psm_flags.insert(psm_flags.end(), {"--format", "psm"});
+  efim_test::server_process efim(EFIM_SERVER_PATH, efim_flags, build_dir + "/efim-server-bench-efim.log");
+  efim_test::server_process psm(EFIM_SERVER_PATH, psm_flags, build_dir + "/efim-server-bench-psm.log");
+  const std::string workload = " --users 3 --documents 3 --rounds 3 --output-tokens 4 --quiet --schemes psm,efim";
+  const std::string http_json = build_dir + "/bench-http.json", openai_json = build_dir + "/bench-openai.json",
+                    local_json = build_dir + "/bench-local.json";
+  for (const bool openai : {false, true}) {
+    const auto over_http = efim_test::run_command(std::string(EFIM_BENCH_PATH) + workload + " --url efim=" +
+                                                  efim.url() + " --url psm=" + psm.url() + " --json " +
+                                                  (openai ? openai_json + " --api openai" : http_json));
+    INFO(over_http.output);
+    REQUIRE(over_http.exit_code == 0);
+    CHECK(over_http.output.find("efim/psm: mean latency") != std::string::npos);
+  }
+  const auto local = efim_test::run_command(std::string(EFIM_BENCH_PATH) + workload + " --threads 2 --json " + local_json);
+  INFO(local.output);
+  REQUIRE(local.exit_code == 0);
+  const auto h = json::parse(read_file(http_json)), o = json::parse(read_file(openai_json)),
+             l = json::parse(read_file(local_json));
+  CHECK(h["engine"]["api"] == "infill");
+  CHECK(o["engine"]["api"] == "openai");
+  CHECK(h["engine"]["servers"][0]["model"] == "efim-default");
+  CHECK(h["workload"]["documents"] == l["workload"]["documents"]);
+  for (const char* scheme : {"efim", "psm"}) {
+    INFO(scheme);
+    CHECK(h["schemes"][scheme]["requests"] == 9);
+    CHECK(h["schemes"][scheme]["prompt_tokens"] == l["schemes"][scheme]["prompt_tokens"]);
+    CHECK(h["schemes"][scheme]["computed_prompt_tokens"] == l["schemes"][scheme]["computed_prompt_tokens"]);
+    // The same requests again through the OpenAI API: the same prompts, now served from the cache.
+    CHECK(o["schemes"][scheme]["prompt_tokens"] == l["schemes"][scheme]["prompt_tokens"]);
+    CHECK(o["schemes"][scheme]["cache_hit_rate"].get<double>() > 0.95);
+  }
+  // Keystrokes: each computes what it added and at most a block more.
+  const auto keys = efim_test::run_command(std::string(EFIM_BENCH_PATH) + " --users 1 --documents 1 --keystroke " +
+                                           "--keystroke-chars 40 --quiet --url efim=" + efim.url() + " --json " +
+                                           http_json);
+  INFO(keys.output);
+  REQUIRE(keys.exit_code == 0);
+  const auto k = json::parse(read_file(http_json))["schemes"]["efim"]["keystrokes"];
+  CHECK(k["requests"].get<int>() >= 20);
+  CHECK(k["max_computed_beyond_typed"].get<double>() < 16);
+  // A server that is not there: a clear failure, not a hang.
+  const auto gone = efim_test::run_command(std::string(EFIM_BENCH_PATH) + " --users 1 --documents 1 --rounds 1 --quiet " +
+                                           "--url http://127.0.0.1:1");
+  CHECK(gone.exit_code == 2);
+  CHECK(gone.output.find("failed") != std::string::npos);
 }

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# ctest's llama_vim: the real llama.vim plugin in Vim, driven through tmux as a person would use it,
+# against a fresh efim-server: open a Python file, start a new line, type slowly until a suggestion
+# appears as ghost text (with llama.vim's info on the prompt it read from the response), accept it
+# with Tab, save. Passes when the saved file holds the accepted text and the server logged the
+# keystroke requests as appends to one session. Says "skipped" without vim, tmux, curl or the plugin
+# (.ci/setup installs the tools; the plugin is read from the shared clients folder).
+#   llama_vim.sh SERVER PLUGIN_DIR
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+if [ "${1:-}" != "--inside" ]; then
+  server=$1 plugin=$2
+  for tool in vim tmux curl; do
+    command -v $tool > /dev/null || { echo "llama_vim: skipped: no $tool (run .ci/setup)"; exit 0; }
+  done
+  [ -f "$plugin/autoload/llama.vim" ] || { echo "llama_vim: skipped: no llama.vim in $plugin"; exit 0; }
+  exec bash "$here/with_server.sh" "$server" --threads 2 -- bash "$0" --inside "$plugin"
+fi
+plugin=$2
+work=$(mktemp -d)
+sock="efim-llama-vim-$$"
+cleanup() { tmux -L "$sock" kill-server 2> /dev/null; rm -rf "$work"; }
+trap cleanup EXIT
+cat > "$work/vimrc" <<VIM
+set nocompatible
+let g:llama_config = {'endpoint_fim': '$EFIM_URL/infill', 'show_info': 1}
+set laststatus=2
+set runtimepath^=$plugin
+filetype plugin indent on
+set noswapfile
+VIM
+printf 'def fibonacci(n):\n    if n < 2:\n        return n\n\n\nprint(fibonacci(10))\n' > "$work/fib.py"
+screen() { tmux -L "$sock" capture-pane -p -t vim; }
+# Waits until the screen matches a pattern; fails with the screen after $2 seconds.
+wait_for() {
+  for _ in $(seq 1 $(( $2 * 10 ))); do
+    shown=$(screen)
+    grep -qE "$1" <<< "$shown" && return 0
+    sleep 0.1
+  done
+  echo "llama_vim: no /$1/ on the screen after $2 s:"; screen; exit 1
+}
+tmux -L "$sock" new-session -d -s vim -x 160 -y 40 "vim -u $work/vimrc $work/fib.py"
+# llama.vim warns that it wants Vim 9.1 (Debian 12 has 9.0, which it works with): dismiss that.
+wait_for 'fibonacci|Press ENTER' 20
+screen | grep -q 'Press ENTER' && tmux -L "$sock" send-keys -t vim Enter
+wait_for 'fibonacci' 20
+tmux -L "$sock" send-keys -t vim 3G o
+for key in r e t; do
+  sleep 0.4
+  tmux -L "$sock" send-keys -t vim "$key"
+done
+# The suggestion: ghost text after "    ret", and llama.vim's info in the status line (cached tokens,
+# prompt and generation timings), which it reads from the response's fields.
+wait_for 'llama.vim \| c: [0-9]+, r: [0-9]+/[0-9]+' 60
+echo "llama_vim: $(grep -o 'llama.vim | c: .*' <<< "$shown")"
+sleep 0.3
+shown=$(screen)  # the suggestion now on the screen is the one Tab accepts
+echo "llama_vim: suggestion shown:"
+sed -n '4,6p' <<< "$shown" | cut -c1-120
+tmux -L "$sock" send-keys -t vim Tab
+sleep 0.5
+tmux -L "$sock" send-keys -t vim Escape
+tmux -L "$sock" send-keys -t vim ':wq' Enter
+for _ in $(seq 1 100); do tmux -L "$sock" has-session -t vim 2> /dev/null || break; sleep 0.1; done
+echo "llama_vim: lines 4-6 after Tab:"
+sed -n '4,6p' "$work/fib.py" | cut -c1-120
+# The file grew by more than the typed "ret", and starts what was shown where the suggestion was.
+if [ "$(sed -n 4p "$work/fib.py")" = "    ret" ] && [ "$(wc -l < "$work/fib.py")" -le 7 ]; then
+  echo "llama_vim: nothing was accepted:"; cat "$work/fib.py"; exit 1
+fi
+want=$(sed -n 4p <<< "$shown") got=$(sed -n 4p "$work/fib.py")
+n=$(( ${#got} < 24 ? ${#got} : 24 ))
+if [ "${got:0:$n}" != "${want:0:$n}" ]; then
+  echo "llama_vim: line 4 differs from the suggestion shown"; exit 1
+fi
+# The keystrokes were requests of one session, laid out as appends to its anchor.
+if ! grep -q 'POST /infill 200 session=#1 change=append' "$EFIM_SERVER_LOG"; then
+  echo "llama_vim: no keystroke request was an append to the session"; exit 1
+fi
+echo "llama_vim: ok"
