@@ -60,6 +60,7 @@ struct options {
   std::string api_key;
   bool keystroke = false;
   std::size_t keystroke_prefix = 1500, keystroke_suffix = 1500, keystroke_chars = 240;
+  double duration_s = 0;  // over HTTP: each user repeats its work until this many seconds have passed
 };
 
 const char* const usage = R"(usage: efim-bench [options]
@@ -101,6 +102,7 @@ over HTTP (the same workload and documents; the server's model and layout)
   --keystroke-prefix N    tokens before the cursor (1500)
   --keystroke-suffix N    tokens after it (1500)
   --keystroke-chars N     characters typed per document (240)
+  --duration S            each user repeats its documents until S seconds have passed (a soak test)
 output
   --json FILE             write the results as JSON
   --quiet                 no progress on stderr
@@ -188,6 +190,8 @@ options parse(int argc, char** argv) {
       o.keystroke_suffix = parse_count(flag, v);
     } else if (flag == "--keystroke-chars") {
       o.keystroke_chars = parse_count(flag, v);
+    } else if (flag == "--duration") {
+      o.duration_s = static_cast<double>(parse_count(flag, v));
     } else if (flag == "--json") {
       o.json_path = v;
     } else if (flag == "--threads") {
@@ -623,6 +627,7 @@ scheme_result run_users(const std::string& name, const std::string& url, const o
   std::mutex mutex;
   std::atomic<std::size_t> done{0};
   std::optional<std::string> failure;
+  std::atomic<bool> failed{false};
   const bool tty = isatty(STDERR_FILENO);
   const auto record = [&](const sample& s) {
     std::lock_guard lock(mutex);
@@ -633,13 +638,16 @@ scheme_result run_users(const std::string& name, const std::string& url, const o
                 << std::flush;
   };
   const auto start = std::chrono::steady_clock::now();
+  const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
   std::vector<std::thread> users;
   for (std::size_t u = 0; u < o.users; ++u)
     users.emplace_back([&, u] {
       try {
         efim_examples::http::client c(efim_examples::http::parse_url(url));
-        work(u, c, record);
+        do work(u, c, record);
+        while (elapsed() < o.duration_s && !failed);
       } catch (const std::exception& e) {
+        failed = true;
         std::lock_guard lock(mutex);
         if (!failure) failure = e.what();
       }

@@ -363,6 +363,8 @@ class service {
     } catch (const std::exception& x) {
       e = api_error(500, "server_error", x.what());
     }
+    if (draining_ && done.tokens.empty() && done.prompt_tokens == 0)  // refused by the engine that just stopped
+      e = api_error(503, "unavailable_error", "the server is shutting down");
     if (c.streaming_started) {
       c.channel->stream(sse(json::parse(error_body(c.kind, e))));
       c.channel->end_stream();
