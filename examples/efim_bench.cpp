@@ -1,4 +1,5 @@
-// efim-bench: the EFIM paper's multi-round infilling workload, in-process, on one engine and model.
+// efim-bench: the EFIM paper's multi-round infilling workload, in-process on one engine and model, or over
+// HTTP against servers that speak /infill or /v1/completions (with a keystroke replay besides).
 //
 // For each document of T tokens: H = half its characters, c = H / (R + 2); the prefix is doc[:c],
 // the suffix doc[H:], and round r (0-based) has typed doc[c : c * (r + 2)]. U users run at once,
@@ -22,7 +23,6 @@
 #include <vector>
 
 #include "efim/efim.hpp"
-#include "efim/model/vocabulary.hpp"
 #include "bench_http.hpp"
 #include "default_model.hpp"
 #include "tokenizer_choice.hpp"

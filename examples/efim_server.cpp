@@ -2,6 +2,8 @@
 // OpenAI clients (/v1/completions with `suffix`) use unchanged, with server-side EFIM sessions:
 // requests are matched to editor sessions by their content, and laid out so that what was typed
 // since a session's anchor is appended to a cached prompt.
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <boost/asio/signal_set.hpp>
 #include <chrono>
@@ -207,7 +209,9 @@ void print_log(const efim::server::request_log& l) {
   static std::mutex mutex;
   const std::time_t now = std::time(nullptr);
   char when[32];
-  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", std::gmtime(&now));
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &utc);
   std::ostringstream line;
   line << when << " " << l.method << " " << l.path << " " << l.status;
   if (!l.finish.empty())
@@ -279,13 +283,36 @@ int serve(const options& o, efim::text::bpe_tokenizer tok, const efim::prompt::f
     signals.async_wait(on_signal);
   };
   signals.async_wait(on_signal);
-  http->run();
+  try {
+    http->run();
+  } catch (...) {
+    svc.drain(std::chrono::milliseconds(0));
+    if (stopper.joinable()) stopper.join();
+    throw;
+  }
   if (stopper.joinable()) stopper.join();
   std::cerr << program << ": stopped\n";
   return 0;
 }
 
-int run(const options& o) {
+// Open files: the soft limit raised to the hard one, and room kept for the model, the listening
+// socket and the rest; more connections than that are refused with 503 rather than failing to accept.
+std::size_t connections_allowed(std::size_t wanted) {
+  rlimit files{};
+  if (getrlimit(RLIMIT_NOFILE, &files) != 0) return wanted;
+  if (files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &files);
+    getrlimit(RLIMIT_NOFILE, &files);
+  }
+  const auto usable = files.rlim_cur > 128 ? static_cast<std::size_t>(files.rlim_cur) - 64 : 64;
+  if (wanted > usable)
+    std::cerr << program << ": at most " << usable << " connections (open files limited to " << files.rlim_cur << ")\n";
+  return std::min(wanted, usable);
+}
+
+int run(options o) {
+  o.http.max_connections = connections_allowed(o.http.max_connections);
   std::string model_name = o.alias;
   std::optional<efim::model::model_file> file;
   if (!o.model_path.empty()) {

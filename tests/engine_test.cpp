@@ -766,7 +766,7 @@ TEST_CASE("fit_context: generation stops where the context ends, and says so", "
   CHECK_THROWS_AS(p.submit(r, {}), efim::error);  // the prompt alone does not fit
 }
 
-TEST_CASE("reuse_cache false computes the whole prompt; a time limit ends generation", "[engine]") {
+TEST_CASE("reuse_cache false computes the whole prompt; a time limit ends generation at a line's end", "[engine]") {
   const auto w = small_weights();
   efim_pipeline p(qwen_tokenizer(), w, options());
   auto r = make_request(code_prefix, code_suffix, 2);
@@ -778,10 +778,21 @@ TEST_CASE("reuse_cache false computes the whole prompt; a time limit ends genera
   CHECK(full.prompt_ms() > 0);
   r.reuse_cache = true;
   r.max_tokens = 500;
+  r.sampling.temperature = 1.0f;
+  // A seed whose text has a line end (seeded sampling: the timed run generates the same tokens).
+  engine::completion free_run;
+  for (r.sampling.seed = 1; r.sampling.seed < 40; ++r.sampling.seed) {
+    free_run = complete(p, r);
+    if (std::find(free_run.tokens.begin(), free_run.tokens.end(), token_id{'\n'}) != free_run.tokens.end()) break;
+  }
+  REQUIRE(std::find(free_run.tokens.begin(), free_run.tokens.end(), token_id{'\n'}) != free_run.tokens.end());
   r.max_generate_time = std::chrono::milliseconds(1);
   const auto timed = complete(p, r);
+  // Past the limit, the line being written ends, and generation with it.
   CHECK(timed.reason == engine::finish_reason::time_limit);
-  CHECK(timed.tokens.size() < 500);
+  REQUIRE_FALSE(timed.tokens.empty());
+  CHECK(timed.tokens.back() == '\n');
+  CHECK(std::equal(timed.tokens.begin(), timed.tokens.end(), free_run.tokens.begin()));
   CHECK(timed.generation_ms() >= 1.0);
 }
 
@@ -804,10 +815,12 @@ TEST_CASE("async runner: a ticket cancels a request before or during its steps; 
   engine::async_runner<efim_pipeline> runner(p);
   std::promise<engine::completion> done;
   std::atomic<int> tokens{0};
-  engine::async_runner<efim_pipeline>::ticket t = 0;
+  std::atomic<engine::async_runner<efim_pipeline>::ticket> t{0};
   t = runner.submit(make_request(code_prefix, code_suffix, 500),
                     {[&](const engine::token_event&) {
-                       if (++tokens == 3) runner.cancel(t);
+                       if (++tokens != 3) return;
+                       while (t == 0) std::this_thread::yield();  // the ticket, once submit has returned it
+                       runner.cancel(t);
                      },
                      [&](engine::completion&& c) { done.set_value(std::move(c)); }});
   const auto c = done.get_future().get();

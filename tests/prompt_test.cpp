@@ -443,4 +443,18 @@ TEST_CASE("session table: the least recently used session goes first, and the in
   CHECK(t.match("", std::string(20, 'e') + "!", "\n") == keys[4]);
   t.erase(keys[4]);
   CHECK(t.match("", std::string(20, 'e') + "!", "\n") != keys[4]);
+  // A budget in bytes drops the oldest too, and the count follows every change.
+  prompt::session_table_options small;
+  small.max_bytes = 100;
+  prompt::session_table<int> b(small);
+  for (int i = 0; i < 4; ++i) {
+    prompt::session_table<int>::entry e{prompt::infill_session{}, i, "", true, 0};
+    e.session.update(std::string(40, static_cast<char>('a' + i)), "");
+    b.store("k" + std::to_string(i), std::move(e));
+  }
+  CHECK(b.size() == 2);
+  CHECK(b.bytes() == 84);
+  CHECK(b.find("k3") != nullptr);
+  b.erase("k3");
+  CHECK(b.bytes() == 42);
 }

@@ -248,6 +248,25 @@ TEST_CASE("efim-server: bad input gets the right status, and the server keeps se
     raw.send("POST /infill HTTP/1.1\r\nHost: x\r\nContent-Length: 5000000\r\n\r\n");
     CHECK(raw.read().starts_with("HTTP/1.1 413"));
   }
+  // A client still sending a body over the limit gets the 413, not a reset.
+  {
+    raw_socket raw(s.port());
+    raw.send("POST /infill HTTP/1.1\r\nHost: x\r\nContent-Length: 5000000\r\n\r\n" + std::string(1 << 20, 'x'));
+    CHECK(raw.read().starts_with("HTTP/1.1 413"));
+  }
+  // HTTP/1.0: a stream without chunked encoding, ended by closing the connection.
+  {
+    raw_socket raw(s.port());
+    const std::string body = json{{"input_prefix", code_prefix}, {"input_suffix", code_suffix}, {"n_predict", 3},
+                                  {"stream", true}, {"ignore_eos", true}}
+                                 .dump();
+    raw.send("POST /infill HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: " +
+             std::to_string(body.size()) + "\r\n\r\n" + body);
+    const auto answer = raw.read();
+    CHECK(answer.find("Transfer-Encoding") == std::string::npos);
+    CHECK(answer.find("Connection: close") != std::string::npos);
+    CHECK(answer.find("\"stop\":true") != std::string::npos);
+  }
   // Not HTTP at all.
   {
     raw_socket raw(s.port());

@@ -569,3 +569,35 @@ TEST_CASE("server: fuzzed bodies on every endpoint get exactly one answer, never
   CHECK(statuses[400] > 300);
   CHECK(f.post("/infill", {{"input_prefix", "a"}, {"input_suffix", "b"}, {"n_predict", 1}})->status() == 200);
 }
+
+TEST_CASE("server: when the engine fails, requests get the error, then 503, and /health says so", "[server]") {
+  // A real pipeline whose step fails once it has been told to.
+  struct faulty_pipeline : efim_pipeline {
+    using efim_pipeline::efim_pipeline;
+    std::atomic<bool> fail{false};
+    bool step() {
+      if (fail) throw std::runtime_error("injected engine failure");
+      return efim_pipeline::step();
+    }
+  };
+  const auto w = small_weights();
+  faulty_pipeline p(text::byte_tokenizer(prompt::qwen25_coder.special_tokens()), w, options());
+  server::service<faulty_pipeline> svc(p, {});
+  const auto send = [&](std::string method, std::string target, std::string body) {
+    auto ch = std::make_shared<recorded_channel>();
+    svc.handle({std::move(method), std::move(target), {}, std::move(body)}, ch);
+    return ch;
+  };
+  const json body = {{"input_prefix", prefix_text}, {"input_suffix", suffix_text}, {"n_predict", 2}};
+  CHECK(send("POST", "/infill", body.dump())->status() == 200);
+  p.fail = true;
+  auto failed = send("POST", "/infill", body.dump());
+  CHECK(failed->status() == 500);
+  CHECK(failed->body()["error"]["message"] == "injected engine failure");
+  auto later = send("POST", "/infill", body.dump());
+  CHECK(later->status() == 503);
+  CHECK(later->body()["error"]["message"].get<std::string>().find("injected engine failure") != std::string::npos);
+  auto health = send("GET", "/health", "");
+  CHECK(health->status() == 503);
+  CHECK(send("GET", "/metrics", "")->status() == 200);  // the counters, without the engine's gauges
+}

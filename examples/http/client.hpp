@@ -36,10 +36,12 @@ inline url parse_url(std::string_view text) {
   u.path = slash == std::string_view::npos ? "" : std::string(text.substr(slash));
   while (!u.path.empty() && u.path.back() == '/') u.path.pop_back();
   const std::size_t colon = authority.rfind(':');
-  if (colon != std::string_view::npos && authority.find(']') == std::string_view::npos) {
+  const std::size_t bracket = authority.rfind(']');  // [IPv6]:port
+  if (colon != std::string_view::npos && (bracket == std::string_view::npos || colon > bracket)) {
     u.port = std::string(authority.substr(colon + 1));
     authority = authority.substr(0, colon);
   }
+  if (authority.starts_with('[') && authority.ends_with(']')) authority = authority.substr(1, authority.size() - 2);
   u.host = std::string(authority);
   if (u.host.empty()) throw std::invalid_argument("no host in URL " + std::string(text));
   return u;
@@ -97,7 +99,8 @@ class client {
     started_reading_ = false;
     beast::http::request<beast::http::string_body> req(beast::http::string_to_verb(method),
                                                        url_.path + std::string(path), 11);
-    req.set(beast::http::field::host, url_.host);
+    const bool v6 = url_.host.find(':') != std::string::npos;
+    req.set(beast::http::field::host, (v6 ? "[" + url_.host + "]" : url_.host) + (url_.port == "80" ? "" : ":" + url_.port));
     req.set(beast::http::field::user_agent, "efim");
     if (!body.empty() || method == "POST") req.set(beast::http::field::content_type, "application/json");
     for (const auto& h : headers) req.set(h.name, h.value);

@@ -4,10 +4,16 @@
 // and a connection whose request is still being computed is watched, so that a client that hangs
 // up cancels its work at once. Beast parses requests (with limits on header and body size);
 // responses are written as whole bodies or as chunked streams (server-sent events).
+#include <sys/socket.h>
+
+#include <sys/types.h>
+
+#include <array>
 #include <atomic>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -47,19 +53,26 @@ inline std::string status_line(int status) {
   return "HTTP/1.1 " + std::to_string(status) + " " + std::string(reason.data(), reason.size()) + "\r\n";
 }
 
-class connection : public efim::server::response_channel, public std::enable_shared_from_this<connection> {
- public:
-  struct shared {
-    asio::io_context& io;
-    asio::thread_pool& pool;
-    const server_options& options;
-    const handler& handle;
-    std::atomic<std::size_t>& open;
-    std::atomic<bool>& stopping;
-  };
+inline std::string error_json(int status, const std::string& message, const char* type) {
+  return efim::server::dump({{"error", {{"code", status}, {"message", message}, {"type", type}}}});
+}
 
-  connection(tcp::socket socket, shared s) : stream_(std::move(socket)), s_(s) { ++s_.open; }
-  ~connection() override { --s_.open; }
+// What every connection shares with the server.
+struct shared_state {
+  asio::io_context& io;
+  asio::thread_pool& pool;
+  const server_options& options;
+  const handler& handle;
+  std::atomic<std::size_t>& open;
+  std::atomic<bool>& stopping;
+};
+
+// One connection: reads requests one after the other, hands each to the handler pool, and writes
+// its answer. Everything here runs on the I/O thread; request_channel brings the handler's calls to it.
+class connection : public std::enable_shared_from_this<connection> {
+ public:
+  connection(tcp::socket socket, shared_state s) : stream_(std::move(socket)), s_(s) { ++s_.open; }
+  ~connection() { --s_.open; }
 
   void start() { read_request(); }
 
@@ -67,54 +80,56 @@ class connection : public efim::server::response_channel, public std::enable_sha
   void refuse(int status, std::string body) {
     keep_alive_ = false;
     state_ = state::processing;
-    send_whole({status, "application/json", std::move(body)});
+    send_whole(++request_, {status, "application/json", std::move(body)});
   }
 
   // Closes a connection that waits for a request (the server is stopping).
   void close_if_idle() {
-    asio::post(s_.io, [self = shared_from_this()] {
-      if (self->state_ == state::reading) self->close();
-    });
+    if (state_ == state::reading) close();
   }
 
-  // ---- response_channel (any thread) ----
-
-  void respond(efim::server::http_response r) override {
-    asio::post(s_.io, [self = shared_from_this(), r = std::move(r)]() mutable { self->send_whole(std::move(r)); });
+  // The handler's calls for request number `n`; those for a request that is over are dropped.
+  void respond(std::uint64_t n, efim::server::http_response r) {
+    if (current(n)) send_whole(n, std::move(r));
   }
-  void begin_stream(int status, std::string content_type) override {
-    asio::post(s_.io, [self = shared_from_this(), status, ct = std::move(content_type)] {
-      self->queue(status_line(status) + "Server: efim\r\nContent-Type: " + ct +
-                  "\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n" + self->connection_header() + "\r\n");
-    });
+  void begin_stream(std::uint64_t n, int status, const std::string& content_type) {
+    if (!current(n)) return;
+    // HTTP/1.0 has no chunked encoding: the body ends when the connection does.
+    chunked_ = http11_;
+    if (!chunked_) keep_alive_ = false;
+    queue(status_line(status) + "Server: efim\r\nContent-Type: " + content_type + "\r\nCache-Control: no-cache\r\n" +
+          (chunked_ ? "Transfer-Encoding: chunked\r\n" : "") + connection_header() + "\r\n");
   }
-  void stream(std::string data) override {
-    if (data.empty()) return;  // an empty chunk would end the body
-    asio::post(s_.io, [self = shared_from_this(), data = std::move(data)] {
-      char size[32];
-      std::snprintf(size, sizeof size, "%zx\r\n", data.size());
-      self->queue(size + data + "\r\n");
-    });
+  void stream(std::uint64_t n, std::string data) {
+    if (!current(n) || data.empty()) return;  // an empty chunk would end the body
+    if (!chunked_) return queue(std::move(data));
+    char size[32];
+    std::snprintf(size, sizeof size, "%zx\r\n", data.size());
+    queue(size + data + "\r\n");
   }
-  void end_stream() override {
-    asio::post(s_.io, [self = shared_from_this()] {
-      self->queue("0\r\n\r\n");
-      self->response_complete_ = true;
-      self->write_next();
-    });
+  void end_stream(std::uint64_t n) {
+    if (!current(n)) return;
+    if (chunked_) queue("0\r\n\r\n");
+    response_complete_ = true;
+    write_next();
   }
-  void on_disconnect(std::function<void()> f) override {
-    asio::post(s_.io, [self = shared_from_this(), f = std::move(f)]() mutable {
-      if (self->gone_)
-        f();
-      else if (self->state_ == state::processing)
-        self->on_gone_ = std::move(f);
-    });
+  void on_disconnect(std::uint64_t n, std::function<void()> f) {
+    if (n != request_) return;
+    if (gone_)
+      f();
+    else if (state_ == state::processing && !response_complete_)
+      on_gone_ = std::move(f);
   }
 
  private:
-  enum class state { reading, processing, closed };
+  enum class state { reading, processing, closing, closed };
   static constexpr std::chrono::seconds write_timeout{60};
+  static constexpr std::chrono::seconds linger_time{2};
+  static constexpr std::size_t linger_bytes = 1u << 20;
+
+  [[nodiscard]] bool current(std::uint64_t n) const noexcept {
+    return n == request_ && state_ == state::processing && !response_complete_;
+  }
 
   void read_request() {
     state_ = state::reading;
@@ -137,10 +152,11 @@ class connection : public efim::server::response_channel, public std::enable_sha
       return reject(413, "the request body is larger than " + std::to_string(s_.options.max_body_bytes) + " bytes");
     if (beast::iequals(req[beast::http::field::expect], "100-continue")) {
       auto interim = std::make_shared<std::string>("HTTP/1.1 100 Continue\r\n\r\n");
-      asio::async_write(stream_, asio::buffer(*interim), [self = shared_from_this(), interim](beast::error_code e, std::size_t) {
-        if (e) return self->close();
-        self->read_body();
-      });
+      asio::async_write(stream_, asio::buffer(*interim),
+                        [self = shared_from_this(), interim](beast::error_code e, std::size_t) {
+                          if (e) return self->close();
+                          self->read_body();
+                        });
       return;
     }
     read_body();
@@ -166,40 +182,22 @@ class connection : public efim::server::response_channel, public std::enable_sha
   void reject(int status, const std::string& message) {
     keep_alive_ = false;
     state_ = state::processing;
-    send_whole({status, "application/json",
-                efim::server::dump({{"error", {{"code", status}, {"message", message}, {"type", "invalid_request_error"}}}})});
+    send_whole(++request_, {status, "application/json", error_json(status, message, "invalid_request_error")});
   }
 
-  void on_request(beast::error_code ec) {
-    if (ec) return read_failed(ec);
-    auto req = parser_->release();
-    keep_alive_ = req.keep_alive() && !s_.stopping;
-    efim::server::http_request r;
-    r.method = std::string(req.method_string());
-    r.target = std::string(req.target());
-    for (const auto& f : req) r.headers.push_back({std::string(f.name_string()), std::string(f.value())});
-    r.body = std::move(req.body());
-    state_ = state::processing;
-    stream_.expires_never();
-    watch_for_hangup();
-    asio::post(s_.pool, [self = shared_from_this(), r = std::move(r)]() mutable {
-      self->s_.handle(std::move(r), self);
-    });
-  }
+  void on_request(beast::error_code ec);  // below: it makes a request_channel
 
   // While the answer is being computed nothing should arrive; a readable socket that gives no
-  // bytes (end of stream) or an error means the client has gone.
+  // bytes (end of stream) or an error means the client has gone. (A client that shuts down its
+  // sending side after its request counts as gone, as with llama.cpp's server.)
   void watch_for_hangup() {
-    stream_.socket().async_wait(tcp::socket::wait_read, [self = shared_from_this()](beast::error_code ec) {
-      if (ec || self->state_ != state::processing || self->response_complete_) return;
+    stream_.socket().async_wait(tcp::socket::wait_read, [self = shared_from_this(), n = request_](beast::error_code ec) {
+      if (ec || n != self->request_ || self->state_ != state::processing || self->response_complete_) return;
       char byte;
-      beast::error_code peek;
-      self->stream_.socket().non_blocking(true, peek);
-      const std::size_t n = self->stream_.socket().receive(asio::buffer(&byte, 1), tcp::socket::message_peek, peek);
-      self->stream_.socket().non_blocking(false, peek);
-      if (peek == asio::error::would_block) return self->watch_for_hangup();
-      if (n == 0 || peek) self->hang_up();
-      // Bytes of a pipelined request: read after this answer.
+      const ssize_t got = ::recv(self->stream_.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+      if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return self->watch_for_hangup();
+      if (got <= 0) return self->hang_up();
+      // The bytes of a pipelined request: read after this answer (the watch ends here).
     });
   }
 
@@ -210,7 +208,8 @@ class connection : public efim::server::response_channel, public std::enable_sha
     close();
   }
 
-  void send_whole(efim::server::http_response r) {
+  void send_whole(std::uint64_t n, efim::server::http_response r) {
+    if (n != request_) return;
     std::string head = status_line(r.status) + "Server: efim\r\nContent-Type: " + r.content_type +
                        "\r\nContent-Length: " + std::to_string(r.body.size()) + "\r\n";
     for (const auto& h : r.headers) head += h.name + ": " + h.value + "\r\n";
@@ -222,15 +221,15 @@ class connection : public efim::server::response_channel, public std::enable_sha
   std::string connection_header() const { return keep_alive_ ? "Connection: keep-alive\r\n" : "Connection: close\r\n"; }
 
   void queue(std::string bytes) {
-    if (state_ == state::closed) return;
+    if (state_ != state::processing) return;
     out_.push_back(std::move(bytes));
     write_next();
   }
 
   void write_next() {
-    if (writing_ || state_ == state::closed) return;
+    if (writing_ || state_ != state::processing) return;
     if (out_.empty()) {
-      if (response_complete_ && state_ == state::processing) finish_response();
+      if (response_complete_) finish_response();
       return;
     }
     writing_ = true;
@@ -249,8 +248,26 @@ class connection : public efim::server::response_channel, public std::enable_sha
     beast::error_code ignored;
     stream_.socket().cancel(ignored);  // the hang-up watch
     if (keep_alive_ && !s_.stopping) return read_request();
+    linger();
+  }
+
+  // Closes after the answer without a reset: the client may still be sending (a body after a 413),
+  // and closing with unread bytes would make the kernel send RST, losing the answer on its side.
+  void linger() {
+    state_ = state::closing;
+    beast::error_code ignored;
     stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
-    close();
+    stream_.expires_after(linger_time);
+    drain_input(0);
+  }
+
+  void drain_input(std::size_t seen) {
+    auto scratch = std::make_shared<std::array<char, 4096>>();
+    stream_.async_read_some(asio::buffer(*scratch), [self = shared_from_this(), scratch, seen](beast::error_code ec,
+                                                                                             std::size_t n) {
+      if (ec || seen + n > linger_bytes) return self->close();
+      self->drain_input(seen + n);
+    });
   }
 
   void close() {
@@ -261,12 +278,17 @@ class connection : public efim::server::response_channel, public std::enable_sha
     stream_.socket().close(ignored);
   }
 
+  friend class request_channel;
+
   beast::tcp_stream stream_;
-  shared s_;
+  shared_state s_;
   beast::flat_buffer buffer_;
   std::optional<beast::http::request_parser<beast::http::string_body>> parser_;
   state state_ = state::reading;
+  std::uint64_t request_ = 0;  // the number of the request being answered
+  bool http11_ = true;
   bool keep_alive_ = true;
+  bool chunked_ = false;
   bool response_complete_ = false;
   bool writing_ = false;
   bool gone_ = false;
@@ -275,17 +297,83 @@ class connection : public efim::server::response_channel, public std::enable_sha
   std::string writing_now_;
 };
 
+// The channel of one request: the handler's calls, from any thread, go to the I/O thread and to
+// this request only. Until the answer has ended, it keeps the I/O loop running.
+class request_channel : public efim::server::response_channel {
+ public:
+  request_channel(std::shared_ptr<connection> c, std::uint64_t n)
+      : c_(std::move(c)), n_(n), work_(asio::make_work_guard(c_->s_.io)) {}
+
+  void respond(efim::server::http_response r) override {
+    post([n = n_, r = std::move(r)](connection& c) mutable { c.respond(n, std::move(r)); }, true);
+  }
+  void begin_stream(int status, std::string content_type) override {
+    post([n = n_, status, ct = std::move(content_type)](connection& c) { c.begin_stream(n, status, ct); }, false);
+  }
+  void stream(std::string data) override {
+    post([n = n_, data = std::move(data)](connection& c) mutable { c.stream(n, std::move(data)); }, false);
+  }
+  void end_stream() override {
+    post([n = n_](connection& c) { c.end_stream(n); }, true);
+  }
+  void on_disconnect(std::function<void()> f) override {
+    post([n = n_, f = std::move(f)](connection& c) mutable { c.on_disconnect(n, std::move(f)); }, false);
+  }
+
+ private:
+  using work_guard = asio::executor_work_guard<asio::io_context::executor_type>;
+
+  // `last`: the call that ends the answer takes the work guard along, and lets it go once done.
+  template <class F>
+  void post(F f, bool last) {
+    std::optional<work_guard> work;
+    if (last && work_) {
+      work.emplace(std::move(*work_));
+      work_.reset();
+    }
+    asio::post(c_->s_.io, [c = c_, f = std::move(f), work = std::move(work)]() mutable {
+      f(*c);
+      work.reset();
+    });
+  }
+
+  std::shared_ptr<connection> c_;
+  std::uint64_t n_;
+  std::optional<work_guard> work_;
+};
+
+inline void connection::on_request(beast::error_code ec) {
+  if (ec) return read_failed(ec);
+  auto req = parser_->release();
+  http11_ = req.version() >= 11;
+  keep_alive_ = req.keep_alive() && !s_.stopping;
+  efim::server::http_request r;
+  r.method = std::string(req.method_string());
+  r.target = std::string(req.target());
+  for (const auto& f : req) r.headers.push_back({std::string(f.name_string()), std::string(f.value())});
+  r.body = std::move(req.body());
+  state_ = state::processing;
+  stream_.expires_never();
+  ++request_;
+  watch_for_hangup();
+  auto channel = std::make_shared<request_channel>(shared_from_this(), request_);
+  asio::post(s_.pool, [h = &s_.handle, r = std::move(r), channel = std::move(channel)]() mutable {
+    (*h)(std::move(r), std::move(channel));
+  });
+}
+
 }  // namespace detail
 
 class server {
  public:
-  // Binds and listens (an efim::error-free std::exception such as boost::system::system_error if the
-  // address is taken); port 0 picks a free one.
+  // Binds and listens (a std::exception such as boost::system::system_error if the address is
+  // taken); port 0 picks a free one.
   server(server_options options, handler h)
       : options_(std::move(options)),
         handle_(std::move(h)),
         pool_(options_.handler_threads == 0 ? 1 : options_.handler_threads),
-        acceptor_(io_) {
+        acceptor_(io_),
+        retry_(io_) {
     const tcp::endpoint at(asio::ip::make_address(options_.host), options_.port);
     acceptor_.open(at.protocol());
     acceptor_.set_option(asio::socket_base::reuse_address(true));
@@ -297,7 +385,7 @@ class server {
   [[nodiscard]] asio::io_context& io() noexcept { return io_; }
   [[nodiscard]] std::size_t open_connections() const noexcept { return open_.load(); }
 
-  // Serves until stop() and every connection has closed.
+  // Serves until stop(), every request has been answered and every connection has closed.
   void run() {
     accept();
     io_.run();
@@ -311,6 +399,7 @@ class server {
       stopping_ = true;
       beast::error_code ignored;
       acceptor_.close(ignored);
+      retry_.cancel();
       for (auto& weak : connections_)
         if (auto c = weak.lock()) c->close_if_idle();
       connections_.clear();
@@ -320,34 +409,45 @@ class server {
  private:
   void accept() {
     acceptor_.async_accept([this](beast::error_code ec, tcp::socket socket) {
+      if (stopping_) {
+        beast::error_code ignored;
+        socket.close(ignored);
+        return;
+      }
       if (ec) {
-        if (ec == asio::error::operation_aborted || stopping_) return;
-        return accept();  // out of file descriptors, say: keep serving those that are open
+        // Out of file descriptors, say: the listening socket stays readable, so wait a little
+        // (serving the connections that are open) rather than spin.
+        retry_.expires_after(std::chrono::milliseconds(100));
+        retry_.async_wait([this](beast::error_code e) {
+          if (!e && !stopping_) accept();
+        });
+        return;
       }
       auto c = std::make_shared<detail::connection>(
-          std::move(socket), detail::connection::shared{io_, pool_, options_, handle_, open_, stopping_});
+          std::move(socket), detail::shared_state{io_, pool_, options_, handle_, open_, stopping_});
       if (open_ > options_.max_connections) {
-        c->refuse(503, efim::server::dump({{"error",
-                                            {{"code", 503},
-                                             {"message", "too many connections (at most " +
-                                                             std::to_string(options_.max_connections) + ")"},
-                                             {"type", "unavailable_error"}}}}));
+        c->refuse(503, detail::error_json(503,
+                                          "too many connections (at most " +
+                                              std::to_string(options_.max_connections) + ")",
+                                          "unavailable_error"));
       } else {
         std::erase_if(connections_, [](const auto& w) { return w.expired(); });
         connections_.push_back(c);
         c->start();
       }
-      if (!stopping_) accept();
+      accept();
     });
   }
 
   server_options options_;
   handler handle_;
+  // Before the I/O context: connections that its destructor destroys still count themselves out.
+  std::atomic<std::size_t> open_{0};
+  std::atomic<bool> stopping_{false};
   asio::io_context io_{1};
   asio::thread_pool pool_;
   tcp::acceptor acceptor_;
-  std::atomic<std::size_t> open_{0};
-  std::atomic<bool> stopping_{false};
+  asio::steady_timer retry_;
   std::vector<std::weak_ptr<detail::connection>> connections_;  // touched on the I/O thread only
 };
 

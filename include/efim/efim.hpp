@@ -17,6 +17,7 @@
 #include "efim/text/detokenizer.hpp"
 #include "efim/text/fragment.hpp"
 #include "efim/text/pre_tokenizer.hpp"
+#include "efim/text/token_memo.hpp"
 #include "efim/text/unicode.hpp"
 
 #include "efim/prompt/concepts.hpp"
@@ -25,6 +26,7 @@
 #include "efim/prompt/formats.hpp"
 #include "efim/prompt/layout.hpp"
 #include "efim/prompt/session.hpp"
+#include "efim/prompt/session_table.hpp"
 
 #include "efim/cache/block_hash.hpp"
 #include "efim/cache/block_pool.hpp"
@@ -58,3 +60,9 @@
 #include "efim/engine/pipeline.hpp"
 #include "efim/engine/request.hpp"
 #include "efim/engine/scheduler.hpp"
+#include "efim/engine/stop_rules.hpp"
+
+#include "efim/server/api.hpp"
+#include "efim/server/http.hpp"
+#include "efim/server/metrics.hpp"
+#include "efim/server/service.hpp"

@@ -13,6 +13,7 @@ enum class errc {
   too_long,          // a prompt or generation longer than the model or cache allows
   out_of_blocks,     // the KV cache cannot hold a request even when empty
   io,                // a file could not be read or written
+  unavailable,       // the engine has stopped and takes no more requests
 };
 
 inline std::string_view to_string(errc code) noexcept {
@@ -29,6 +30,8 @@ inline std::string_view to_string(errc code) noexcept {
       return "out of KV blocks";
     case errc::io:
       return "I/O error";
+    case errc::unavailable:
+      return "unavailable";
   }
   return "error";
 }

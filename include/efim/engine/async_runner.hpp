@@ -44,7 +44,7 @@ class async_runner {
     const ticket t = ++last_ticket_;
     if (stopping_) {
       lock.unlock();
-      fail(out, std::make_exception_ptr(error(errc::invalid_argument, "async_runner: stopped")));
+      fail(out, std::make_exception_ptr(error(errc::unavailable, "async_runner: stopped")));
       return t;
     }
     inbox_.emplace_back(submission{t, std::move(r), std::move(out)});
@@ -89,13 +89,25 @@ class async_runner {
       std::lock_guard lock(mutex_);
       if (stopping_) {
         std::promise<result> failed;
-        failed.set_exception(std::make_exception_ptr(error(errc::invalid_argument, "async_runner: stopped")));
+        failed.set_exception(std::make_exception_ptr(error(errc::unavailable, "async_runner: stopped")));
         return failed.get_future();
       }
       inbox_.emplace_back(call_request{[task](Pipeline& p) { (*task)(p); }});
     }
     wake_.notify_one();
     return future;
+  }
+
+  // Whether the loop still takes requests (not stopped, and no step has failed).
+  [[nodiscard]] bool running() const {
+    std::lock_guard lock(mutex_);
+    return !stopping_;
+  }
+
+  // What made a step fail and the loop stop (null if none did).
+  [[nodiscard]] std::exception_ptr failure() const {
+    std::lock_guard lock(mutex_);
+    return failure_;
   }
 
   // Stops the loop (also after it stopped itself on an error) and joins it; call from the owner.
@@ -154,11 +166,12 @@ class async_runner {
         failure = std::current_exception();
         std::lock_guard lock(mutex_);
         stopping_ = true;
+        failure_ = failure;
         arrived.swap(inbox_);
         break;
       }
     }
-    const auto why = failure ? failure : std::make_exception_ptr(error(errc::invalid_argument, "async_runner: stopped"));
+    const auto why = failure ? failure : std::make_exception_ptr(error(errc::unavailable, "async_runner: stopped"));
     for (auto& a : arrived) {
       if (auto* s = std::get_if<submission>(&a)) fail(s->out, why);
       if (auto* c = std::get_if<call_request>(&a)) c->f(*p_);  // reads state; the pipeline is still there
@@ -207,10 +220,11 @@ class async_runner {
   void handle(call_request& c) { c.f(*p_); }
 
   Pipeline* p_;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::vector<command> inbox_;
   bool stopping_ = false;
+  std::exception_ptr failure_;
   ticket last_ticket_ = 0;
   // Touched by the loop thread only.
   std::unordered_map<ticket, request_id> live_;

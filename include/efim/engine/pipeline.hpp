@@ -84,8 +84,9 @@ class pipeline {
   }
 
   // Queues a request. Bad input (invalid UTF-8, a prompt or generation too long for the model or
-  // the cache, bad sampling parameters) throws efim::error and changes nothing. A request of a
-  // session that has an older request in flight ends that one (finish_reason::superseded).
+  // the cache, bad sampling parameters) throws efim::error and changes nothing. A request that has
+  // its session's key, or continues the text of its session's request in flight, ends that one
+  // (finish_reason::superseded).
   request_id submit(const request& r, stream out) {
     require(r.sampling.temperature >= 0.0f && r.sampling.top_p > 0.0f && r.sampling.top_p <= 1.0f,
             errc::invalid_argument, "request: temperature must be >= 0 and top_p in (0, 1]");
@@ -320,7 +321,9 @@ class pipeline {
       c.truncated = s.payload.limited;
       return finish(s, finish_reason::length);
     }
-    if (s.payload.max_generate_time.count() > 0 && now - c.first_token >= s.payload.max_generate_time)
+    // Past the time limit, the line being written is finished (as llama.cpp's t_max_predict_ms).
+    if (s.payload.max_generate_time.count() > 0 && piece_.find('\n') != std::string::npos &&
+        std::chrono::duration_cast<std::chrono::milliseconds>(now - c.first_token) >= s.payload.max_generate_time)
       finish(s, finish_reason::time_limit);
   }
 

@@ -42,7 +42,9 @@ struct request {
   bool reuse_cache = true;      // false: compute the whole prompt, whatever the cache holds
   sampling_params sampling;
   stop_rules stop;                               // stop strings, minimum indentation of new lines
-  std::chrono::milliseconds max_generate_time{};  // > 0: generation ends this long after its first token
+  // > 0: once this long has passed since the first token, generation ends with the next token that
+  // ends a line (llama.cpp's t_max_predict_ms: the suggestion's last line is whole).
+  std::chrono::milliseconds max_generate_time{};
 };
 
 using request_id = std::uint64_t;
@@ -53,7 +55,7 @@ enum class finish_reason {
   length,      // max_tokens (or the context, with fit_context) reached
   stop,        // a stop string
   indent,      // a new line indented less than the minimum
-  time_limit,  // max_generate_time passed
+  time_limit,  // max_generate_time passed, and a line ended
   cancelled,   // cancel()
   superseded,  // a newer request of the same session arrived
   error,       // the request's own failure (completion::error)

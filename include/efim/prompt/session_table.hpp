@@ -19,6 +19,7 @@ namespace efim::prompt {
 
 struct session_table_options {
   std::size_t max_sessions = 4096;     // the least recently used session is dropped past this
+  std::size_t max_bytes = 256u << 20;  // ... or past this much text kept in all of them
   std::size_t min_match_bytes = 16;    // requests with less prefix + suffix are not matched by content
   double min_similarity = 0.5;         // shared text / longer document, to follow a jump or a suffix edit
   std::size_t similarity_scan = 64;    // most recent sessions of the scope compared for similarity
@@ -34,6 +35,7 @@ class session_table {
     std::string scope;        // sessions are only matched within their scope (a tenant)
     bool by_content = false;  // found by content (no key given)
     std::uint64_t used = 0;
+    std::size_t bytes = 0;  // the text it keeps
   };
 
   explicit session_table(session_table_options options = {}) : options_(options) {
@@ -89,10 +91,15 @@ class session_table {
   // recently used others past the limit.
   entry& store(const std::string& key, entry e) {
     e.used = ++tick_;
-    if (const auto it = entries_.find(key); it != entries_.end()) unindex(it->first, it->second);
+    e.bytes = text_bytes(e.session) + key.size();
+    if (const auto it = entries_.find(key); it != entries_.end()) {
+      unindex(it->first, it->second);
+      bytes_ -= it->second.bytes;
+    }
     auto& stored = entries_.insert_or_assign(key, std::move(e)).first->second;
+    bytes_ += stored.bytes;
     if (stored.by_content) by_suffix_.emplace(suffix_key(stored.scope, stored.session.anchor_suffix()), key);
-    while (entries_.size() > options_.max_sessions) {
+    while (entries_.size() > options_.max_sessions || (bytes_ > options_.max_bytes && entries_.size() > 1)) {
       auto oldest = entries_.end();
       for (auto it = entries_.begin(); it != entries_.end(); ++it)
         if (it->first != key && (oldest == entries_.end() || it->second.used < oldest->second.used)) oldest = it;
@@ -105,10 +112,12 @@ class session_table {
     const auto it = entries_.find(key);
     if (it == entries_.end()) return;
     unindex(it->first, it->second);
+    bytes_ -= it->second.bytes;
     entries_.erase(it);
   }
 
   [[nodiscard]] std::size_t size() const noexcept { return entries_.size(); }
+  [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
 
   // Shared text of a session's last request and a request, over the longer of the two documents:
   // the common start of the prefixes plus the common end of the suffixes.
@@ -129,6 +138,12 @@ class session_table {
   }
 
  private:
+  static std::size_t text_bytes(const infill_session& s) {
+    std::size_t n = s.anchor_prefix().size() + s.anchor_suffix().size() + s.typed().size();
+    for (const auto& f : s.extra()) n += f.name.size() + f.text.size();
+    return n;
+  }
+
   static std::size_t suffix_key(std::string_view scope, std::string_view suffix) {
     const std::size_t h = std::hash<std::string_view>{}(suffix);
     return h ^ (std::hash<std::string_view>{}(scope) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2));
@@ -149,6 +164,7 @@ class session_table {
   std::unordered_multimap<std::size_t, std::string> by_suffix_;  // anchor suffix (and scope) -> content-matched keys
   std::uint64_t tick_ = 0;
   std::uint64_t last_key_ = 0;
+  std::size_t bytes_ = 0;
 };
 
 }  // namespace efim::prompt

@@ -268,7 +268,9 @@ inline generation_params parse_infill(const json& body, const generation_limits&
   detail::read_stop(f, "stop", l, r);
   r.stop.min_indent = static_cast<std::size_t>(f.integer("n_indent", 0, INT32_MAX).value_or(0));
   p.t_max_predict_ms = f.integer("t_max_predict_ms", std::numeric_limits<std::int64_t>::min(), INT64_MAX).value_or(-1);
-  if (p.t_max_predict_ms > 0) r.max_generate_time = std::chrono::milliseconds(p.t_max_predict_ms);
+  // Longer than a day is no limit worth keeping (and milliseconds would overflow as clock ticks).
+  if (p.t_max_predict_ms > 0 && p.t_max_predict_ms <= 86'400'000)
+    r.max_generate_time = std::chrono::milliseconds(p.t_max_predict_ms);
   // Accepted as llama.cpp accepts them; they change nothing here.
   f.accept("t_max_prompt_ms", &json::is_number, "a number");
   f.accept("id_slot", &json::is_number_integer, "a whole number");

@@ -158,7 +158,7 @@ class service {
   // ---- endpoints ----
 
   void health(http_request& req, const std::shared_ptr<response_channel>& ch, clock::time_point start) {
-    if (draining_) throw api_error(503, "unavailable_error", "the server is shutting down");
+    require_engine();
     answer(req, *ch, {200, "application/json", dump(json{{"status", "ok"}})}, start);
   }
 
@@ -185,19 +185,12 @@ class service {
     auto done = std::make_shared<std::atomic<bool>>(false);
     auto body = [this, done, req, ch, start](const Pipeline* p) mutable {
       if (done->exchange(true)) return;
-      if (p != nullptr) {
-        const auto& cache = p->cache();
-        const double free = static_cast<double>(cache.free_blocks());
-        const double cached = static_cast<double>(cache.evictable_blocks());
-        metrics_.set("efim_kv_blocks", {{"state", "free"}}, free);
-        metrics_.set("efim_kv_blocks", {{"state", "cached"}}, cached);
-        metrics_.set("efim_kv_blocks", {{"state", "used"}}, static_cast<double>(cache.capacity()) - free - cached);
-        metrics_.set("efim_kv_evicted_blocks_total", {}, static_cast<double>(cache.stats().evicted_blocks));
-        metrics_.set("efim_requests_waiting", {}, static_cast<double>(p->waiting()));
-        metrics_.set("efim_sessions", {}, static_cast<double>(p->sessions()));
+      try {
+        read_gauges(p);
+        answer(req, *ch, {200, "text/plain; version=0.0.4; charset=utf-8", metrics_.render()}, start);
+      } catch (const std::exception& e) {
+        answer_error(req, *ch, api_kind::llama, api_error(500, "server_error", e.what()), start);
       }
-      metrics_.set("efim_requests_in_flight", {}, static_cast<double>(in_flight_.load()));
-      answer(req, *ch, {200, "text/plain; version=0.0.4; charset=utf-8", metrics_.render()}, start);
     };
     auto read = runner_.call([body](Pipeline& p) mutable { body(&p); });
     if (read.wait_for(std::chrono::seconds(0)) == std::future_status::ready) try {
@@ -205,6 +198,22 @@ class service {
       } catch (const std::exception&) {
         body(nullptr);  // the engine has stopped: what the counters say
       }
+  }
+
+  // The gauges of the pipeline's state (null: the engine has stopped; only what the service knows).
+  void read_gauges(const Pipeline* p) {
+    if (p != nullptr) {
+      const auto& cache = p->cache();
+      const double free = static_cast<double>(cache.free_blocks());
+      const double cached = static_cast<double>(cache.evictable_blocks());
+      metrics_.set("efim_kv_blocks", {{"state", "free"}}, free);
+      metrics_.set("efim_kv_blocks", {{"state", "cached"}}, cached);
+      metrics_.set("efim_kv_blocks", {{"state", "used"}}, static_cast<double>(cache.capacity()) - free - cached);
+      metrics_.set("efim_kv_evicted_blocks_total", {}, static_cast<double>(cache.stats().evicted_blocks));
+      metrics_.set("efim_requests_waiting", {}, static_cast<double>(p->waiting()));
+      metrics_.set("efim_sessions", {}, static_cast<double>(p->sessions()));
+    }
+    metrics_.set("efim_requests_in_flight", {}, static_cast<double>(in_flight_.load()));
   }
 
   void tokenize(http_request& req, const std::shared_ptr<response_channel>& ch, clock::time_point start) {
@@ -274,7 +283,7 @@ class service {
 
   void generate(api_kind kind, http_request& req, const std::shared_ptr<response_channel>& ch,
                 clock::time_point start) {
-    if (draining_) throw api_error(503, "unavailable_error", "the server is shutting down");
+    require_engine();
     const json body = parse_body(req.body);
     auto c = std::make_shared<call>();
     c->kind = kind;
@@ -359,12 +368,12 @@ class service {
       std::rethrow_exception(done.error);
     } catch (const efim::error& x) {
       const bool too_long = x.code() == errc::too_long || x.code() == errc::out_of_blocks;
-      e = api_error(400, too_long ? "exceed_context_size_error" : "invalid_request_error", x.what());
+      e = x.code() == errc::unavailable
+              ? engine_stopped()
+              : api_error(400, too_long ? "exceed_context_size_error" : "invalid_request_error", x.what());
     } catch (const std::exception& x) {
       e = api_error(500, "server_error", x.what());
     }
-    if (draining_ && done.tokens.empty() && done.prompt_tokens == 0)  // refused by the engine that just stopped
-      e = api_error(503, "unavailable_error", "the server is shutting down");
     if (c.streaming_started) {
       c.channel->stream(sse(json::parse(error_body(c.kind, e))));
       c.channel->end_stream();
@@ -374,6 +383,22 @@ class service {
     count(c.path, e.status(), "none");
     metrics_.add("efim_requests_finished_total", {{"finish", "error"}});
     log(c.method, c.path, e.status(), {}, done, c.start, e.what());
+  }
+
+  // 503 while shutting down, or once the engine has failed (and /health says so).
+  [[nodiscard]] api_error engine_stopped() const {
+    if (draining_) return {503, "unavailable_error", "the server is shutting down"};
+    std::string why = "the engine has stopped";
+    try {
+      if (const auto failure = runner_.failure()) std::rethrow_exception(failure);
+    } catch (const std::exception& e) {
+      why += ": " + std::string(e.what());
+    }
+    return {503, "unavailable_error", why};
+  }
+
+  void require_engine() const {
+    if (draining_ || !runner_.running()) throw engine_stopped();
   }
 
   void count_generation(const call& c, const engine::completion& done) {
