@@ -30,10 +30,8 @@ inline http_sample infill_over_http(http::client& c, http_api api, const std::st
   if (api == http_api::infill)
     body = {{"input_prefix", prefix}, {"input_suffix", suffix}, {"n_predict", tokens}};
   else
-    body = {{"prompt", prefix},
-            {"suffix", suffix},
-            {"max_tokens", tokens},
-            {"stream_options", {{"include_usage", true}}}};
+    body = {
+        {"prompt", prefix}, {"suffix", suffix}, {"max_tokens", tokens}, {"stream_options", {{"include_usage", true}}}};
   body["stream"] = true;
   body["temperature"] = 0;
   body["ignore_eos"] = true;
@@ -46,32 +44,34 @@ inline http_sample infill_over_http(http::client& c, http_api api, const std::st
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   };
   http::sse_reader sse;
-  const auto r = c.post(api == http_api::infill ? "/infill" : "/v1/completions",
-                        body.dump(-1, ' ', false, json::error_handler_t::replace), headers, [&](std::string_view bytes) {
-                          sse.feed(bytes, [&](const std::string& data) {
-                            if (data == "[DONE]") return;
-                            const json e = json::parse(data);
-                            if (e.contains("error")) throw std::runtime_error("the server answered " + data);
-                            const bool final = api == http_api::infill ? e.value("stop", false) : e.contains("usage") && !e["usage"].is_null();
-                            if (first && !final) {
-                              s.ttft_ms = ms_since_start();
-                              first = false;
-                            }
-                            if (!final) return;
-                            if (api == http_api::infill) {
-                              const auto& t = e.at("timings");
-                              s.cached_tokens = t.at("cache_n").get<std::size_t>();
-                              s.prompt_tokens = s.cached_tokens + t.at("prompt_n").get<std::size_t>();
-                            } else {
-                              const auto& u = e.at("usage");
-                              s.prompt_tokens = u.at("prompt_tokens").get<std::size_t>();
-                              s.cached_tokens = u.contains("prompt_tokens_details")
-                                                    ? u["prompt_tokens_details"].value("cached_tokens", std::size_t{0})
-                                                    : 0;
-                            }
-                            done = true;
-                          });
-                        });
+  const auto r =
+      c.post(api == http_api::infill ? "/infill" : "/v1/completions",
+             body.dump(-1, ' ', false, json::error_handler_t::replace), headers, [&](std::string_view bytes) {
+               sse.feed(bytes, [&](const std::string& data) {
+                 if (data == "[DONE]") return;
+                 const json e = json::parse(data);
+                 if (e.contains("error")) throw std::runtime_error("the server answered " + data);
+                 const bool final =
+                     api == http_api::infill ? e.value("stop", false) : e.contains("usage") && !e["usage"].is_null();
+                 if (first && !final) {
+                   s.ttft_ms = ms_since_start();
+                   first = false;
+                 }
+                 if (!final) return;
+                 if (api == http_api::infill) {
+                   const auto& t = e.at("timings");
+                   s.cached_tokens = t.at("cache_n").get<std::size_t>();
+                   s.prompt_tokens = s.cached_tokens + t.at("prompt_n").get<std::size_t>();
+                 } else {
+                   const auto& u = e.at("usage");
+                   s.prompt_tokens = u.at("prompt_tokens").get<std::size_t>();
+                   s.cached_tokens = u.contains("prompt_tokens_details")
+                                         ? u["prompt_tokens_details"].value("cached_tokens", std::size_t{0})
+                                         : 0;
+                 }
+                 done = true;
+               });
+             });
   s.latency_ms = ms_since_start();
   if (r.status != 200) throw std::runtime_error("HTTP " + std::to_string(r.status) + ": " + r.body);
   if (!done) throw std::runtime_error("the response stream ended without timings or usage");

@@ -29,8 +29,8 @@ inline efim::model::config default_model_config() {
 // The GGUF bytes of a random-weight model of shape `cfg` whose vocabulary is the tokenizer file at
 // `tokenizer` (a tokenizer.json or .gguf), or `vocab` tokens of nothing when it is empty.
 inline std::vector<std::byte> random_model_file(efim::model::config cfg, const std::string& tokenizer,
-                                                   std::size_t vocab, std::uint64_t seed, efim::dtype weights,
-                                                   std::size_t threads) {
+                                                std::size_t vocab, std::uint64_t seed, efim::dtype weights,
+                                                std::size_t threads) {
   efim::model::metadata meta;
   if (!tokenizer.empty()) {
     meta = efim::model::vocabulary_metadata(tokenizer);

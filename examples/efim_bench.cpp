@@ -22,9 +22,10 @@
 #include <thread>
 #include <vector>
 
-#include "efim/efim.hpp"
+#include "arguments.hpp"
 #include "bench_http.hpp"
 #include "default_model.hpp"
+#include "efim/efim.hpp"
 #include "tokenizer_choice.hpp"
 
 namespace fs = std::filesystem;
@@ -128,104 +129,97 @@ std::size_t parse_count(const std::string& flag, const std::string& value, std::
 
 options parse(int argc, char** argv) {
   options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "--help" || flag == "-h") {
-      std::cout << usage;
-      std::exit(0);
-    }
-    if (flag == "--quiet") {
+  const auto on_switch = [&](const std::string& flag) {
+    if (flag == "--quiet")
       o.progress = false;
-      continue;
-    }
-    if (flag == "--keystroke") {
+    else
       o.keystroke = true;
-      continue;
-    }
-    if (i + 1 >= argc) fail("unknown option or missing value: " + flag + " (see --help)");
-    const std::string v = argv[++i];
-    if (flag == "--corpus") {
-      o.corpus = v;
-      o.corpus_is_default = false;
-    } else if (flag == "--tokenizer") {
-      o.tokenizer = v;
-    } else if (flag == "--users") {
-      o.users = parse_count(flag, v);
-    } else if (flag == "--rounds") {
-      o.rounds = parse_count(flag, v);
-    } else if (flag == "--output-tokens") {
-      o.output_tokens = parse_count(flag, v);
-    } else if (flag == "--documents") {
-      o.documents = parse_count(flag, v);
-    } else if (flag == "--min-doc-tokens") {
-      o.min_doc_tokens = parse_count(flag, v);
-    } else if (flag == "--max-doc-tokens") {
-      o.max_doc_tokens = parse_count(flag, v);
-    } else if (flag == "--schemes") {
-      o.schemes.clear();
-      std::stringstream list(v);
-      for (std::string s; std::getline(list, s, ',');) {
-        if (s != "psm-nocache" && s != "psm" && s != "efim" && s != "spm")
-          fail("unknown scheme '" + s + "' (psm-nocache, psm, efim, spm)");
-        o.schemes.push_back(s);
-      }
-      if (o.schemes.empty()) fail("--schemes names no scheme");
-    } else if (flag == "--url") {
-      const std::size_t eq = v.find('=');
-      const bool named = eq != std::string::npos && v.find("://") > eq;
-      o.urls.emplace_back(named ? v.substr(0, eq) : "server", named ? v.substr(eq + 1) : v);
-      try {
-        (void)efim_examples::http::parse_url(o.urls.back().second);
-      } catch (const std::exception& e) {
-        fail(std::string("--url: ") + e.what());
-      }
-    } else if (flag == "--api") {
-      if (v != "infill" && v != "openai") fail("--api must be infill or openai, not '" + v + "'");
-      o.api = v == "infill" ? efim_examples::http_api::infill : efim_examples::http_api::openai;
-    } else if (flag == "--api-key") {
-      o.api_key = v;
-    } else if (flag == "--keystroke-prefix") {
-      o.keystroke_prefix = parse_count(flag, v);
-    } else if (flag == "--keystroke-suffix") {
-      o.keystroke_suffix = parse_count(flag, v);
-    } else if (flag == "--keystroke-chars") {
-      o.keystroke_chars = parse_count(flag, v);
-    } else if (flag == "--duration") {
-      o.duration_s = static_cast<double>(parse_count(flag, v));
-    } else if (flag == "--json") {
-      o.json_path = v;
-    } else if (flag == "--threads") {
-      o.threads = parse_count(flag, v, 0);
-    } else if (flag == "--block-size") {
-      o.block_size = parse_count(flag, v);
-    } else if (flag == "--cache-blocks") {
-      o.cache_blocks = parse_count(flag, v);
-    } else if (flag == "--batch-tokens") {
-      o.batch_tokens = parse_count(flag, v);
-    } else if (flag == "--hidden") {
-      o.model.hidden = parse_count(flag, v);
-    } else if (flag == "--layers") {
-      o.model.layers = parse_count(flag, v);
-    } else if (flag == "--heads") {
-      o.model.heads = parse_count(flag, v);
-    } else if (flag == "--kv-heads") {
-      o.model.kv_heads = parse_count(flag, v);
-    } else if (flag == "--ffn") {
-      o.model.ffn = parse_count(flag, v);
-    } else if (flag == "--seed") {
-      o.seed = parse_count(flag, v, 0);
-    } else if (flag == "--model") {
-      o.model_path = v;
-    } else if (flag == "--type" || flag == "--kv") {
-      try {
-        (flag == "--type" ? o.weight_type : o.kv_type) = efim::parse_dtype(v);
-      } catch (const efim::error& e) {
-        fail(flag + ": " + e.what());
-      }
-    } else {
-      fail("unknown option " + flag + " (see --help)");
-    }
-  }
+  };
+  efim_examples::for_each_flag(
+      argc, argv, "efim-bench", usage, {"--quiet", "--keystroke"}, on_switch,
+      [&](const std::string& flag, const std::string& v) {
+        if (flag == "--corpus") {
+          o.corpus = v;
+          o.corpus_is_default = false;
+        } else if (flag == "--tokenizer") {
+          o.tokenizer = v;
+        } else if (flag == "--users") {
+          o.users = parse_count(flag, v);
+        } else if (flag == "--rounds") {
+          o.rounds = parse_count(flag, v);
+        } else if (flag == "--output-tokens") {
+          o.output_tokens = parse_count(flag, v);
+        } else if (flag == "--documents") {
+          o.documents = parse_count(flag, v);
+        } else if (flag == "--min-doc-tokens") {
+          o.min_doc_tokens = parse_count(flag, v);
+        } else if (flag == "--max-doc-tokens") {
+          o.max_doc_tokens = parse_count(flag, v);
+        } else if (flag == "--schemes") {
+          o.schemes.clear();
+          std::stringstream list(v);
+          for (std::string s; std::getline(list, s, ',');) {
+            if (s != "psm-nocache" && s != "psm" && s != "efim" && s != "spm")
+              fail("unknown scheme '" + s + "' (psm-nocache, psm, efim, spm)");
+            o.schemes.push_back(s);
+          }
+          if (o.schemes.empty()) fail("--schemes names no scheme");
+        } else if (flag == "--url") {
+          const std::size_t eq = v.find('=');
+          const bool named = eq != std::string::npos && v.find("://") > eq;
+          o.urls.emplace_back(named ? v.substr(0, eq) : "server", named ? v.substr(eq + 1) : v);
+          try {
+            (void)efim_examples::http::parse_url(o.urls.back().second);
+          } catch (const std::exception& e) {
+            fail(std::string("--url: ") + e.what());
+          }
+        } else if (flag == "--api") {
+          if (v != "infill" && v != "openai") fail("--api must be infill or openai, not '" + v + "'");
+          o.api = v == "infill" ? efim_examples::http_api::infill : efim_examples::http_api::openai;
+        } else if (flag == "--api-key") {
+          o.api_key = v;
+        } else if (flag == "--keystroke-prefix") {
+          o.keystroke_prefix = parse_count(flag, v);
+        } else if (flag == "--keystroke-suffix") {
+          o.keystroke_suffix = parse_count(flag, v);
+        } else if (flag == "--keystroke-chars") {
+          o.keystroke_chars = parse_count(flag, v);
+        } else if (flag == "--duration") {
+          o.duration_s = static_cast<double>(parse_count(flag, v));
+        } else if (flag == "--json") {
+          o.json_path = v;
+        } else if (flag == "--threads") {
+          o.threads = parse_count(flag, v, 0);
+        } else if (flag == "--block-size") {
+          o.block_size = parse_count(flag, v);
+        } else if (flag == "--cache-blocks") {
+          o.cache_blocks = parse_count(flag, v);
+        } else if (flag == "--batch-tokens") {
+          o.batch_tokens = parse_count(flag, v);
+        } else if (flag == "--hidden") {
+          o.model.hidden = parse_count(flag, v);
+        } else if (flag == "--layers") {
+          o.model.layers = parse_count(flag, v);
+        } else if (flag == "--heads") {
+          o.model.heads = parse_count(flag, v);
+        } else if (flag == "--kv-heads") {
+          o.model.kv_heads = parse_count(flag, v);
+        } else if (flag == "--ffn") {
+          o.model.ffn = parse_count(flag, v);
+        } else if (flag == "--seed") {
+          o.seed = parse_count(flag, v, 0);
+        } else if (flag == "--model") {
+          o.model_path = v;
+        } else if (flag == "--type" || flag == "--kv") {
+          try {
+            (flag == "--type" ? o.weight_type : o.kv_type) = efim::parse_dtype(v);
+          } catch (const efim::error& e) {
+            fail(flag + ": " + e.what());
+          }
+        } else {
+          fail("unknown option " + flag + " (see --help)");
+        }
+      });
   if (o.keystroke) {
     if (o.urls.empty()) fail("--keystroke replays typing over HTTP: give --url");
     // Documents long enough for the prefix, the typed text and the suffix.
@@ -543,10 +537,10 @@ void report(const options& o, json model, json engine, const std::vector<documen
       if (!sc.contains("keystrokes")) continue;
       const auto& k = sc["keystrokes"];
       std::printf("%-12s %8zu %10.1f %10.1f %14.1f %14.1f %14.0f %12.2f %10.0f\n", name.c_str(),
-                  k["requests"].get<std::size_t>(), k["p50_latency_ms"].get<double>(), k["p99_latency_ms"].get<double>(),
-                  k["mean_computed_prompt_tokens"].get<double>(), k["p99_computed_prompt_tokens"].get<double>(),
-                  k["max_computed_prompt_tokens"].get<double>(), k["mean_typed_tokens"].get<double>(),
-                  k["max_computed_beyond_typed"].get<double>());
+                  k["requests"].get<std::size_t>(), k["p50_latency_ms"].get<double>(),
+                  k["p99_latency_ms"].get<double>(), k["mean_computed_prompt_tokens"].get<double>(),
+                  k["p99_computed_prompt_tokens"].get<double>(), k["max_computed_prompt_tokens"].get<double>(),
+                  k["mean_typed_tokens"].get<double>(), k["max_computed_beyond_typed"].get<double>());
     }
   }
   if (schemes.contains("efim") && schemes.contains("psm")) {
@@ -728,7 +722,8 @@ int bench_http(const options& o) {
   return efim_examples::with_tokenizer(
       o.tokenizer, EFIM_DEFAULT_TOKENIZER, "efim-bench", [&](const auto& tok, const auto&, const std::string& name) {
         const auto docs = load_corpus(o, tok);
-        std::cerr << "efim-bench: over HTTP (" << (o.api == efim_examples::http_api::infill ? "/infill" : "/v1/completions")
+        std::cerr << "efim-bench: over HTTP ("
+                  << (o.api == efim_examples::http_api::infill ? "/infill" : "/v1/completions")
                   << "), documents measured with " << name << "; " << docs.size() << " documents, " << o.users
                   << " users, " << (o.keystroke ? "keystrokes" : std::to_string(o.rounds) + " rounds") << "\n";
         json servers = json::array();
@@ -770,8 +765,9 @@ int bench_random_model(const options& o) {
   const std::string tokenizer = efim_examples::tokenizer_path(o.tokenizer, EFIM_DEFAULT_TOKENIZER, "efim-bench");
   return efim_examples::with_tokenizer(
       tokenizer, EFIM_DEFAULT_TOKENIZER, "efim-bench", [&](const auto& tok, const auto& fim, const std::string& name) {
-        const auto file = efim::model::open_model(efim_examples::random_model_file(
-            o.model, tokenizer == "byte" ? std::string() : tokenizer, tok.vocab_size(), o.seed, o.weight_type, o.threads));
+        const auto file = efim::model::open_model(
+            efim_examples::random_model_file(o.model, tokenizer == "byte" ? std::string() : tokenizer, tok.vocab_size(),
+                                             o.seed, o.weight_type, o.threads));
         return run_bench(o, tok, fim, name, file.bind());
       });
 }

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "efim/efim.hpp"
+#include "arguments.hpp"
 #include "tokenizer_choice.hpp"
 
 namespace fs = std::filesystem;
@@ -79,43 +80,38 @@ double parse_number(const std::string& flag, const std::string& v, double lo, do
 
 options parse(int argc, char** argv) {
   options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "--help" || flag == "-h") {
-      std::cout << usage;
-      std::exit(0);
-    }
-    if (i + 1 >= argc) fail("unknown option or missing value: " + flag + " (see --help)");
-    const std::string v = argv[++i];
-    if (flag == "--corpus")
-      o.corpus = v;
-    else if (flag == "--input")
-      o.input = v;
-    else if (flag == "--field")
-      o.field = v;
-    else if (flag == "--out")
-      o.out = v;
-    else if (flag == "--jsonl")
-      o.jsonl = v;
-    else if (flag == "--tokenizer")
-      o.tokenizer = v;
-    else if (flag == "--samples-per-doc")
-      o.samples_per_doc = static_cast<std::size_t>(parse_number(flag, v, 1, 1e6));
-    else if (flag == "--max-cuts")
-      o.max_cuts = static_cast<std::size_t>(parse_number(flag, v, 1, 1e6));
-    else if (flag == "--psm")
-      o.psm = parse_number(flag, v, 0, 1e9);
-    else if (flag == "--spm")
-      o.spm = parse_number(flag, v, 0, 1e9);
-    else if (flag == "--efim")
-      o.efim = parse_number(flag, v, 0, 1e9);
-    else if (flag == "--fragment-rate")
-      o.fragment_rate = parse_number(flag, v, 0, 1);
-    else if (flag == "--seed")
-      o.seed = static_cast<std::uint64_t>(parse_number(flag, v, 0, 9e15));
-    else
-      fail("unknown option " + flag + " (see --help)");
-  }
+  efim_examples::for_each_flag(
+      argc, argv, "efim-fragment", usage, {}, [](const std::string&) {},
+      [&](const std::string& flag, const std::string& v) {
+        if (flag == "--corpus")
+          o.corpus = v;
+        else if (flag == "--input")
+          o.input = v;
+        else if (flag == "--field")
+          o.field = v;
+        else if (flag == "--out")
+          o.out = v;
+        else if (flag == "--jsonl")
+          o.jsonl = v;
+        else if (flag == "--tokenizer")
+          o.tokenizer = v;
+        else if (flag == "--samples-per-doc")
+          o.samples_per_doc = static_cast<std::size_t>(parse_number(flag, v, 1, 1e6));
+        else if (flag == "--max-cuts")
+          o.max_cuts = static_cast<std::size_t>(parse_number(flag, v, 1, 1e6));
+        else if (flag == "--psm")
+          o.psm = parse_number(flag, v, 0, 1e9);
+        else if (flag == "--spm")
+          o.spm = parse_number(flag, v, 0, 1e9);
+        else if (flag == "--efim")
+          o.efim = parse_number(flag, v, 0, 1e9);
+        else if (flag == "--fragment-rate")
+          o.fragment_rate = parse_number(flag, v, 0, 1);
+        else if (flag == "--seed")
+          o.seed = static_cast<std::uint64_t>(parse_number(flag, v, 0, 9e15));
+        else
+          fail("unknown option " + flag + " (see --help)");
+      });
   if (o.corpus.empty() == o.input.empty()) fail("give one of --corpus DIR and --input FILE (see --help)");
   if (o.out.empty()) fail("--out PREFIX is required (see --help)");
   if (o.psm + o.spm + o.efim <= 0) fail("the layout rates --psm, --spm and --efim are all zero");

@@ -113,96 +113,88 @@ void add_keys(std::vector<std::string>& keys, std::string_view text, char separa
 
 options parse(int argc, char** argv) {
   options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "--help" || flag == "-h") {
-      std::cout << usage;
-      std::exit(0);
-    }
-    if (flag == "--quiet") {
-      o.quiet = true;
-      continue;
-    }
-    if (i + 1 >= argc) fail("unknown option or missing value: " + flag + " (see --help)");
-    const std::string v = argv[++i];
-    if (flag == "--model") {
-      o.model_path = v;
-    } else if (flag == "--alias") {
-      o.alias = v;
-    } else if (flag == "--tokenizer") {
-      o.tokenizer = v;
-    } else if (flag == "--seed") {
-      o.seed = count(flag, v);
-    } else if (flag == "--host") {
-      o.http.host = v;
-    } else if (flag == "--port") {
-      o.http.port = static_cast<std::uint16_t>(count(flag, v, 0, 65535));
-    } else if (flag == "--api-key") {
-      add_keys(o.api_keys, v, ',');
-    } else if (flag == "--api-key-file") {
-      std::ifstream in(v);
-      if (!in) fail("cannot read --api-key-file " + v, 1);
-      std::stringstream text;
-      text << in.rdbuf();
-      add_keys(o.api_keys, text.str(), '\n');
-    } else if (flag == "--max-body-mib") {
-      o.http.max_body_bytes = count(flag, v, 1, 4096) << 20;
-    } else if (flag == "--max-connections") {
-      o.http.max_connections = count(flag, v, 1, 1 << 20);
-    } else if (flag == "--timeout") {
-      o.http.idle_timeout = std::chrono::seconds(count(flag, v, 1, 86400));
-    } else if (flag == "--http-threads") {
-      o.http.handler_threads = count(flag, v, 1, 256);
-    } else if (flag == "--grace") {
-      o.grace = std::chrono::seconds(count(flag, v, 0, 3600));
-    } else if (flag == "--ctx") {
-      o.ctx = count(flag, v, 16, 1u << 30);
-    } else if (flag == "--parallel") {
-      o.parallel = count(flag, v, 1, 4096);
-    } else if (flag == "--queue") {
-      o.queue = count(flag, v, 0, 1 << 20);
-    } else if (flag == "--threads") {
-      o.threads = count(flag, v, 0, 4096);
-    } else if (flag == "--batch-tokens") {
-      o.batch_tokens = count(flag, v, 1, 1 << 20);
-    } else if (flag == "--cache-tokens") {
-      o.cache_tokens = count(flag, v, 1, std::size_t{1} << 32);
-      o.cache_mib = 0;
-    } else if (flag == "--cache-mib") {
-      o.cache_mib = count(flag, v, 1, std::size_t{1} << 24);
-    } else if (flag == "--block-size") {
-      o.block_size = count(flag, v, 1, 4096);
-    } else if (flag == "--kv") {
-      try {
-        o.kv = efim::parse_dtype(v);
-      } catch (const efim::error& e) {
-        fail(flag + ": " + e.what());
-      }
-      if (o.kv != efim::dtype::f16 && o.kv != efim::dtype::f32) fail("--kv must be f16 or f32, not " + v);
-    } else if (flag == "--eviction") {
-      if (v != "lru" && v != "fifo" && v != "lfu") fail("--eviction must be lru, fifo or lfu, not " + v);
-      o.eviction = v;
-    } else if (flag == "--format") {
-      if (v != "efim" && v != "psm" && v != "spm") fail("--format must be efim, psm or spm, not " + v);
-      o.format = v;
-    } else if (flag == "--n-predict") {
-      o.n_predict = count(flag, v, 0, 1 << 20);
-    } else if (flag == "--max-predict") {
-      o.max_predict = count(flag, v, 1, 1 << 20);
-    } else if (flag == "--reanchor-bytes") {
-      o.reanchor_bytes = count(flag, v, 1);
-    } else if (flag == "--max-sessions") {
-      o.max_sessions = count(flag, v, 1, 1 << 24);
-    } else {
-      fail("unknown option " + flag + " (see --help)");
-    }
-  }
+  efim_examples::for_each_flag(
+      argc, argv, program, usage, {"--quiet"}, [&](const std::string&) { o.quiet = true; },
+      [&](const std::string& flag, const std::string& v) {
+        if (flag == "--model") {
+          o.model_path = v;
+        } else if (flag == "--alias") {
+          o.alias = v;
+        } else if (flag == "--tokenizer") {
+          o.tokenizer = v;
+        } else if (flag == "--seed") {
+          o.seed = count(flag, v);
+        } else if (flag == "--host") {
+          o.http.host = v;
+        } else if (flag == "--port") {
+          o.http.port = static_cast<std::uint16_t>(count(flag, v, 0, 65535));
+        } else if (flag == "--api-key") {
+          add_keys(o.api_keys, v, ',');
+        } else if (flag == "--api-key-file") {
+          std::ifstream in(v);
+          if (!in) fail("cannot read --api-key-file " + v, 1);
+          std::stringstream text;
+          text << in.rdbuf();
+          add_keys(o.api_keys, text.str(), '\n');
+        } else if (flag == "--max-body-mib") {
+          o.http.max_body_bytes = count(flag, v, 1, 4096) << 20;
+        } else if (flag == "--max-connections") {
+          o.http.max_connections = count(flag, v, 1, 1 << 20);
+        } else if (flag == "--timeout") {
+          o.http.idle_timeout = std::chrono::seconds(count(flag, v, 1, 86400));
+        } else if (flag == "--http-threads") {
+          o.http.handler_threads = count(flag, v, 1, 256);
+        } else if (flag == "--grace") {
+          o.grace = std::chrono::seconds(count(flag, v, 0, 3600));
+        } else if (flag == "--ctx") {
+          o.ctx = count(flag, v, 16, 1u << 30);
+        } else if (flag == "--parallel") {
+          o.parallel = count(flag, v, 1, 4096);
+        } else if (flag == "--queue") {
+          o.queue = count(flag, v, 0, 1 << 20);
+        } else if (flag == "--threads") {
+          o.threads = count(flag, v, 0, 4096);
+        } else if (flag == "--batch-tokens") {
+          o.batch_tokens = count(flag, v, 1, 1 << 20);
+        } else if (flag == "--cache-tokens") {
+          o.cache_tokens = count(flag, v, 1, std::size_t{1} << 32);
+          o.cache_mib = 0;
+        } else if (flag == "--cache-mib") {
+          o.cache_mib = count(flag, v, 1, std::size_t{1} << 24);
+        } else if (flag == "--block-size") {
+          o.block_size = count(flag, v, 1, 4096);
+        } else if (flag == "--kv") {
+          try {
+            o.kv = efim::parse_dtype(v);
+          } catch (const efim::error& e) {
+            fail(flag + ": " + e.what());
+          }
+          if (o.kv != efim::dtype::f16 && o.kv != efim::dtype::f32) fail("--kv must be f16 or f32, not " + v);
+        } else if (flag == "--eviction") {
+          if (v != "lru" && v != "fifo" && v != "lfu") fail("--eviction must be lru, fifo or lfu, not " + v);
+          o.eviction = v;
+        } else if (flag == "--format") {
+          if (v != "efim" && v != "psm" && v != "spm") fail("--format must be efim, psm or spm, not " + v);
+          o.format = v;
+        } else if (flag == "--n-predict") {
+          o.n_predict = count(flag, v, 0, 1 << 20);
+        } else if (flag == "--max-predict") {
+          o.max_predict = count(flag, v, 1, 1 << 20);
+        } else if (flag == "--reanchor-bytes") {
+          o.reanchor_bytes = count(flag, v, 1);
+        } else if (flag == "--max-sessions") {
+          o.max_sessions = count(flag, v, 1, 1 << 24);
+        } else {
+          fail("unknown option " + flag + " (see --help)");
+        }
+      });
   return o;
 }
 
 template <class Format>
-using server_pipeline = efim::engine::pipeline<Format, efim::cache::xxh3_128_chain, efim::cache::named_eviction,
-                                               efim::text::at_boundaries, efim::kernels::host, efim::text::bpe_tokenizer>;
+using server_pipeline =
+    efim::engine::pipeline<Format, efim::cache::xxh3_128_chain, efim::cache::named_eviction, efim::text::at_boundaries,
+                           efim::kernels::host, efim::text::bpe_tokenizer>;
 
 // One line per request on stderr: time, endpoint, status, session, change, tokens, milliseconds.
 void print_log(const efim::server::request_log& l) {
@@ -215,9 +207,10 @@ void print_log(const efim::server::request_log& l) {
   std::ostringstream line;
   line << when << " " << l.method << " " << l.path << " " << l.status;
   if (!l.finish.empty())
-    line << " session=" << (l.session.empty() ? "-" : l.session) << " change=" << l.change << " prompt=" << l.prompt_tokens
-         << " cached=" << l.cached_tokens << " computed=" << l.prompt_tokens - l.cached_tokens
-         << " generated=" << l.generated_tokens << " finish=" << l.finish;
+    line << " session=" << (l.session.empty() ? "-" : l.session) << " change=" << l.change
+         << " prompt=" << l.prompt_tokens << " cached=" << l.cached_tokens
+         << " computed=" << l.prompt_tokens - l.cached_tokens << " generated=" << l.generated_tokens
+         << " finish=" << l.finish;
   char ms[32];
   std::snprintf(ms, sizeof ms, "%.1f", l.ms);
   line << " ms=" << ms;
@@ -271,7 +264,7 @@ int serve(const options& o, efim::text::bpe_tokenizer tok, const efim::prompt::f
   boost::asio::signal_set signals(http->io(), SIGINT, SIGTERM);
   std::thread stopper;
   std::function<void(const boost::system::error_code&, int)> on_signal = [&](const boost::system::error_code& ec,
-                                                                               int sig) {
+                                                                             int sig) {
     if (ec) return;
     if (stopper.joinable()) std::_Exit(128 + sig);  // a second signal: at once
     std::cerr << program << ": signal " << sig << ": finishing " << svc.in_flight() << " requests, then exiting\n";
@@ -329,7 +322,8 @@ int run(options o) {
   auto w = file->bind();
   auto tok = efim::text::load_bpe_gguf(file->meta);
   const auto* fim = efim::prompt::detect_token_set(tok);
-  efim::require(fim != nullptr, efim::errc::invalid_argument, "the model's tokenizer has no FIM tokens of a known family");
+  efim::require(fim != nullptr, efim::errc::invalid_argument,
+                "the model's tokenizer has no FIM tokens of a known family");
   w.cfg.max_context = std::min(w.cfg.max_context, o.ctx == 0 ? std::size_t{32768} : o.ctx);
   if (o.format == "psm") return serve<efim::prompt::psm>(o, std::move(tok), *fim, w, model_name);
   if (o.format == "spm") return serve<efim::prompt::spm>(o, std::move(tok), *fim, w, model_name);

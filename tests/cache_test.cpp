@@ -118,7 +118,9 @@ TEST_CASE("eviction policies order victims as named", "[cache][eviction]") {
   for (const std::string name : {"lru", "fifo", "lfu"}) {
     const cache::named_eviction e(name);
     CHECK(e.name() == name);
-    CHECK(order(e) == (name == "lru" ? order(cache::lru{}) : name == "fifo" ? order(cache::fifo{}) : order(cache::lfu{})));
+    CHECK(order(e) == (name == "lru"    ? order(cache::lru{})
+                       : name == "fifo" ? order(cache::fifo{})
+                                        : order(cache::lfu{})));
   }
   CHECK(cache::named_eviction().name() == "lru");
   CHECK_THROWS_AS(cache::named_eviction("random"), efim::error);

@@ -4,8 +4,8 @@
 #include <future>
 #include <limits>
 #include <map>
-#include <set>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -19,38 +19,19 @@
 #include "efim/model/gguf_model.hpp"
 #include "efim/prompt/formats.hpp"
 #include "efim/text/fragment.hpp"
+#include "small_model.hpp"
 
 using namespace efim;
 
 namespace {
-using efim_pipeline =
-    engine::pipeline<prompt::efim, cache::xxh3_128_chain, cache::lru, text::at_boundaries, kernels::host>;
+using efim_test::efim_pipeline;
+using efim_test::qwen_tokenizer;
+using efim_test::small_config;
+using efim_test::small_weights;
 using psm_pipeline = engine::pipeline<prompt::psm, cache::xxh3_64_chain, cache::fifo, text::whole, kernels::host>;
 
-text::byte_tokenizer qwen_tokenizer() { return text::byte_tokenizer(prompt::qwen25_coder.special_tokens()); }
-
-model::config small_config() {
-  model::config c;
-  c.vocab = qwen_tokenizer().vocab_size();
-  c.hidden = 64;
-  c.layers = 2;
-  c.heads = 4;
-  c.kv_heads = 2;
-  c.ffn = 128;
-  c.max_context = 1024;
-  return c;
-}
-
-model::weights small_weights(std::uint64_t seed = 21) { return model::random_weights(small_config(), seed); }
-
 engine::pipeline_options options(std::size_t blocks = 256, bool reuse = true) {
-  engine::pipeline_options o;
-  o.cache.block_size = 16;
-  o.cache.blocks = blocks;
-  o.cache.reuse = reuse;
-  o.schedule.max_batch_tokens = 64;
-  o.threads = 2;
-  return o;
+  return efim_test::small_options(blocks, reuse);
 }
 
 engine::request make_request(std::string prefix, std::string suffix, std::size_t max_tokens = 8,
@@ -203,18 +184,14 @@ TEST_CASE("generation stops at end-of-sequence unless told to ignore it", "[engi
   const auto eos = static_cast<std::size_t>(*tok.special_id(prompt::qwen25_coder.eos));
   const auto cfg = small_config();
   const std::size_t h = cfg.hidden;
-  auto bytes = model::random_model(cfg, 21);
-  const auto f = gguf::parse(bytes);
-  for (const auto& t : f.tensors) {
-    auto* v = reinterpret_cast<float*>(bytes.data() + f.data_offset + t.offset);
-    if (t.name == "token_embd.weight")
+  const auto w = efim_test::edited_weights([&](std::string_view name, float* v) {
+    if (name == "token_embd.weight")
       for (std::size_t i = 0; i < cfg.vocab; ++i) v[i * h] = 100.0f;
-    if (t.name == "output.weight") {
+    if (name == "output.weight") {
       std::fill_n(v, cfg.vocab * h, 0.0f);
       v[eos * h] = 1.0f;
     }
-  }
-  const auto w = model::open_model(std::move(bytes)).bind(cfg);
+  });
   efim_pipeline p(tok, w, options());
   const auto stopped = complete(p, make_request("x = ", "\n", 8));
   CHECK(stopped.reason == engine::finish_reason::eos);
@@ -625,8 +602,7 @@ TEST_CASE("stop rules: a new line indented less than the minimum ends the text, 
   CHECK(run({"a\n", "  ", "  ", "b"}, 4) == std::pair{std::string("a\n    b"), v::go_on});
 }
 
-TEST_CASE("pipeline: a stop string ends the completion before it; streamed text + tail is the text",
-          "[engine][stop]") {
+TEST_CASE("pipeline: a stop string ends the completion before it; streamed text + tail is the text", "[engine][stop]") {
   const auto w = small_weights();
   efim_pipeline p(qwen_tokenizer(), w, options());
   const auto free_run = complete(p, make_request(code_prefix, code_suffix, 24));
@@ -652,19 +628,15 @@ namespace {
 model::weights ascii_weights() {
   const auto cfg = small_config();
   const std::size_t h = cfg.hidden;
-  auto bytes = model::random_model(cfg, 21);
-  const auto f = gguf::parse(bytes);
-  for (const auto& t : f.tensors) {
-    auto* v = reinterpret_cast<float*>(bytes.data() + f.data_offset + t.offset);
-    if (t.name == "token_embd.weight")
+  return efim_test::edited_weights([&](std::string_view name, float* v) {
+    if (name == "token_embd.weight")
       for (std::size_t i = 0; i < cfg.vocab; ++i) v[i * h] = 4.0f;
-    if (t.name == "output.weight")
+    if (name == "output.weight")
       for (std::size_t i = 128; i < cfg.vocab; ++i) {
         std::fill_n(v + i * h, h, 0.0f);
         v[i * h] = -100.0f;
       }
-  }
-  return model::open_model(std::move(bytes)).bind(cfg);
+  });
 }
 }  // namespace
 
@@ -697,10 +669,12 @@ TEST_CASE("a newer request of a session supersedes the one in flight; its work s
   const auto w = small_weights();
   efim_pipeline p(qwen_tokenizer(), w, options());
   engine::completion older, newer;
-  p.submit(make_request(code_prefix, code_suffix, 40, "ed"), {{}, [&](engine::completion&& c) { older = std::move(c); }});
+  p.submit(make_request(code_prefix, code_suffix, 40, "ed"),
+           {{}, [&](engine::completion&& c) { older = std::move(c); }});
   CHECK(p.step());  // the older one's prompt is (partly) computed
   CHECK(p.step());
-  p.submit(make_request(code_prefix + "    ", code_suffix, 3, "ed"), {{}, [&](engine::completion&& c) { newer = std::move(c); }});
+  p.submit(make_request(code_prefix + "    ", code_suffix, 3, "ed"),
+           {{}, [&](engine::completion&& c) { newer = std::move(c); }});
   CHECK(older.reason == engine::finish_reason::superseded);
   p.run();
   CHECK(newer.reason == engine::finish_reason::length);

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "editor_requests.hpp"
 #include "http/client.hpp"
 #include "server_process.hpp"
 #include "support.hpp"
@@ -104,8 +105,9 @@ class raw_socket {
 };
 
 std::string post_request(const std::string& path, const std::string& body) {
-  return "POST " + path + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
-         std::to_string(body.size()) + "\r\n\r\n" + body;
+  return "POST " + path +
+         " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+         "\r\n\r\n" + body;
 }
 
 // Waits until /metrics says `series` reached `at_least` (at most `seconds`); its last value.
@@ -139,12 +141,20 @@ TEST_CASE("efim-server answers every endpoint over HTTP", "[http]") {
   CHECK(post_json(c, "/tokenize", {{"content", "<|fim_prefix|>"}, {"parse_special", false}})["tokens"].size() > 1);
   CHECK(post_json(c, "/detokenize", {{"tokens", t["tokens"]}})["content"] == "<|fim_prefix|>def f():");
 
-  const auto infill = post_json(c, "/infill", {{"input_prefix", code_prefix}, {"input_suffix", code_suffix},
-                                               {"n_predict", 5}, {"temperature", 0}, {"ignore_eos", true}});
+  const auto infill = post_json(c, "/infill",
+                                {{"input_prefix", code_prefix},
+                                 {"input_suffix", code_suffix},
+                                 {"n_predict", 5},
+                                 {"temperature", 0},
+                                 {"ignore_eos", true}});
   CHECK(infill["timings"]["predicted_n"] == 5);
   CHECK(infill["stop_type"] == "limit");
-  const auto oai = post_json(c, "/v1/completions", {{"model", "efim-default"}, {"prompt", code_prefix},
-                                                    {"suffix", code_suffix}, {"max_tokens", 3}, {"temperature", 0}});
+  const auto oai = post_json(c, "/v1/completions",
+                             {{"model", "efim-default"},
+                              {"prompt", code_prefix},
+                              {"suffix", code_suffix},
+                              {"max_tokens", 3},
+                              {"temperature", 0}});
   CHECK(oai["object"] == "text_completion");
   CHECK(oai["usage"]["prompt_tokens"].get<int>() > 10);
 
@@ -161,26 +171,7 @@ TEST_CASE("efim-server: llama.vim's exact bodies over HTTP", "[http][infill]") {
   auto& s = shared_server();
   auto c = connect(s);
   // As autoload/llama.vim's llama#fim sends it (json_encode of its dict).
-  const json body = {{"id_slot", 0},
-                     {"input_prefix", code_prefix},
-                     {"input_suffix", code_suffix},
-                     {"input_extra", json::array({{{"text", "import math\n"}, {"time", 1764000000.25}, {"filename", "m.py"}}})},
-                     {"prompt", "    ret"},
-                     {"n_predict", 128},
-                     {"stop", json::array()},
-                     {"n_indent", 4},
-                     {"top_k", 40},
-                     {"top_p", 0.90},
-                     {"samplers", {"top_k", "top_p", "infill"}},
-                     {"stream", false},
-                     {"cache_prompt", true},
-                     {"t_max_prompt_ms", 500},
-                     {"t_max_predict_ms", 250},
-                     {"response_fields",
-                      {"content", "timings/prompt_n", "timings/prompt_ms", "timings/prompt_per_token_ms",
-                       "timings/prompt_per_second", "timings/predicted_n", "timings/predicted_ms",
-                       "timings/predicted_per_token_ms", "timings/predicted_per_second", "truncated",
-                       "tokens_cached"}}};
+  const json body = efim_test::llama_vim_body(code_prefix, "    ret", code_suffix);
   const auto r = c.post("/infill", body.dump());
   REQUIRE(r.status == 200);
   CHECK(r.body.find("\"content\":\"") != std::string::npos);
@@ -190,11 +181,7 @@ TEST_CASE("efim-server: llama.vim's exact bodies over HTTP", "[http][infill]") {
   CHECK(b.contains("timings/predicted_per_second"));
   CHECK(b["timings/predicted_ms"].get<double>() >= 0);
   // The ring buffer's warm-up request.
-  const json warm = {{"id_slot", 0},          {"input_prefix", ""},    {"input_suffix", ""},
-                     {"input_extra", body["input_extra"]},           {"prompt", ""},
-                     {"n_predict", 0},        {"temperature", 0.0},    {"samplers", json::array()},
-                     {"stream", false},       {"cache_prompt", true},  {"t_max_prompt_ms", 1},
-                     {"t_max_predict_ms", 1}, {"response_fields", {""}}};
+  const json warm = efim_test::llama_vim_warmup_body(body["input_extra"]);
   CHECK(post_json(c, "/infill", warm) == json::object());
 }
 
@@ -202,14 +189,20 @@ TEST_CASE("efim-server streams /infill and /v1/completions as server-sent events
   auto& s = shared_server();
   auto c = connect(s);
   for (const bool openai : {false, true}) {
-    json body = openai ? json{{"prompt", code_prefix}, {"suffix", code_suffix}, {"max_tokens", 6}, {"temperature", 0},
-                              {"stream", true}, {"stream_options", {{"include_usage", true}}}}
-                       : json{{"input_prefix", code_prefix}, {"input_suffix", code_suffix}, {"n_predict", 6},
-                              {"temperature", 0}, {"stream", true}, {"ignore_eos", true}};
+    json body =
+        openai ? json{{"prompt", code_prefix}, {"suffix", code_suffix}, {"max_tokens", 6},
+                      {"temperature", 0},      {"stream", true},        {"stream_options", {{"include_usage", true}}}}
+               : json{{"input_prefix", code_prefix},
+                      {"input_suffix", code_suffix},
+                      {"n_predict", 6},
+                      {"temperature", 0},
+                      {"stream", true},
+                      {"ignore_eos", true}};
     std::vector<std::string> events;
     efim_examples::http::sse_reader sse;
-    const auto r = c.post(openai ? "/v1/completions" : "/infill", body.dump(), {},
-                          [&](std::string_view bytes) { sse.feed(bytes, [&](std::string e) { events.push_back(e); }); });
+    const auto r = c.post(openai ? "/v1/completions" : "/infill", body.dump(), {}, [&](std::string_view bytes) {
+      sse.feed(bytes, [&](std::string e) { events.push_back(e); });
+    });
     CHECK(r.status == 200);
     CHECK(r.content_type == "text/event-stream");
     REQUIRE(events.size() >= 2);
@@ -239,7 +232,8 @@ TEST_CASE("efim-server: bad input gets the right status, and the server keeps se
   CHECK(c.post("/v1/completions", R"({"prompt": ["a", "b"]})").status == 400);
   CHECK(c.get("/nope").status == 404);
   // A prompt over the context (8192 tokens).
-  const auto over = c.post("/infill", json{{"input_prefix", std::string(100000, 'x') + "y"}, {"input_suffix", ""}}.dump());
+  const auto over =
+      c.post("/infill", json{{"input_prefix", std::string(100000, 'x') + "y"}, {"input_suffix", ""}}.dump());
   CHECK(over.status == 400);
   CHECK(json::parse(over.body)["error"]["type"] == "exceed_context_size_error");
   // A body over the limit (1 MiB): 413, answered before it is read.
@@ -257,9 +251,12 @@ TEST_CASE("efim-server: bad input gets the right status, and the server keeps se
   // HTTP/1.0: a stream without chunked encoding, ended by closing the connection.
   {
     raw_socket raw(s.port());
-    const std::string body = json{{"input_prefix", code_prefix}, {"input_suffix", code_suffix}, {"n_predict", 3},
-                                  {"stream", true}, {"ignore_eos", true}}
-                                 .dump();
+    const std::string body = json{
+        {"input_prefix", code_prefix},
+        {"input_suffix", code_suffix},
+        {"n_predict", 3},
+        {"stream", true},
+        {"ignore_eos", true}}.dump();
     raw.send("POST /infill HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: " +
              std::to_string(body.size()) + "\r\n\r\n" + body);
     const auto answer = raw.read();
@@ -276,9 +273,10 @@ TEST_CASE("efim-server: bad input gets the right status, and the server keeps se
   // A chunked body, and two requests on one connection.
   {
     raw_socket raw(s.port());
-    raw.send("POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"con\r\n"
-             "d\r\ntent\": \"abc\"}\r\n0\r\n\r\n" +
-             post_request("/detokenize", R"({"tokens": [13683]})"));
+    raw.send(
+        "POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"con\r\n"
+        "d\r\ntent\": \"abc\"}\r\n0\r\n\r\n" +
+        post_request("/detokenize", R"({"tokens": [13683]})"));
     const auto both = raw.read("\"content\":\"abc\"");
     CHECK(both.find("{\"tokens\":[13683]}") != std::string::npos);
     CHECK(both.find("{\"content\":\"abc\"}") != std::string::npos);
@@ -291,8 +289,11 @@ TEST_CASE("efim-server: a client that hangs up is cancelled at once, streaming o
   auto c = connect(s);
   const std::string cancelled = "efim_requests_finished_total{finish=\"cancelled\"}";
   const double before = metric(c.get("/metrics").body, cancelled);
-  const json body = {{"input_prefix", code_prefix}, {"input_suffix", code_suffix}, {"n_predict", 4000},
-                     {"ignore_eos", true},         {"temperature", 0}};
+  const json body = {{"input_prefix", code_prefix},
+                     {"input_suffix", code_suffix},
+                     {"n_predict", 4000},
+                     {"ignore_eos", true},
+                     {"temperature", 0}};
   {  // Streaming: read the first event, then hang up.
     auto stream_body = body;
     stream_body["stream"] = true;
@@ -324,9 +325,10 @@ TEST_CASE("efim-server: 64 editor sessions typing at once", "[http][concurrency]
         std::string prefix = "# editor " + std::to_string(e) + "\n" + code_prefix;
         for (int k = 0; k < keystrokes; ++k) {
           prefix += static_cast<char>('a' + (e + k) % 26);
-          const auto r = c.post("/infill", json{{"input_prefix", prefix}, {"input_suffix", code_suffix},
-                                                {"n_predict", 2}, {"temperature", 0}}
-                                               .dump());
+          const auto r =
+              c.post("/infill",
+                     json{{"input_prefix", prefix}, {"input_suffix", code_suffix}, {"n_predict", 2}, {"temperature", 0}}
+                         .dump());
           if (r.status != 200) {
             ++failures;
             continue;
@@ -350,20 +352,24 @@ TEST_CASE("efim-server: keystrokes at a fixed cursor compute only what was typed
   auto c = connect(s);
   // A real source file: the cursor after its first 1,500 tokens, the suffix the next 1,500.
   const std::string doc = read_file(fs::path(EFIM_SOURCE_DIR) / "tests" / "model_test.cpp");
-  const auto pieces = post_json(c, "/tokenize", {{"content", doc}, {"with_pieces", true}, {"parse_special", false}})["tokens"];
+  const auto pieces =
+      post_json(c, "/tokenize", {{"content", doc}, {"with_pieces", true}, {"parse_special", false}})["tokens"];
   REQUIRE(pieces.size() > 3200);
   std::vector<std::size_t> ends;  // byte end of each token
   std::size_t at = 0;
-  for (const auto& p : pieces) ends.push_back(at += p["piece"].is_string() ? p["piece"].get<std::string>().size()
-                                                                           : p["piece"].size());
+  for (const auto& p : pieces)
+    ends.push_back(at += p["piece"].is_string() ? p["piece"].get<std::string>().size() : p["piece"].size());
   const std::string prefix = doc.substr(0, ends[1499]), suffix = doc.substr(ends[1499], ends[2999] - ends[1499]);
   const std::string typed = "    // typed again: " + doc.substr(ends[100], 60);
   const auto before = c.get("/metrics").body;
   std::size_t cached = 0, computed = 0, last_prompt = 0;
   std::size_t pos = 0;
   for (int k = 0; pos <= typed.size(); ++k) {
-    const auto b = post_json(c, "/infill", {{"input_prefix", prefix + typed.substr(0, pos)}, {"input_suffix", suffix},
-                                            {"n_predict", 2}, {"temperature", 0}});
+    const auto b = post_json(c, "/infill",
+                             {{"input_prefix", prefix + typed.substr(0, pos)},
+                              {"input_suffix", suffix},
+                              {"n_predict", 2},
+                              {"temperature", 0}});
     const std::size_t prompt = b["tokens_evaluated"], prompt_n = b["timings"]["prompt_n"];
     cached += b["tokens_cached"].get<std::size_t>();
     computed += prompt_n;
@@ -438,14 +444,15 @@ TEST_CASE("efim-bench --url replays the in-process workload over HTTP: the same 
   const std::string http_json = build_dir + "/bench-http.json", openai_json = build_dir + "/bench-openai.json",
                     local_json = build_dir + "/bench-local.json";
   for (const bool openai : {false, true}) {
-    const auto over_http = efim_test::run_command(std::string(EFIM_BENCH_PATH) + workload + " --url efim=" +
-                                                  efim.url() + " --url psm=" + psm.url() + " --json " +
+    const auto over_http = efim_test::run_command(std::string(EFIM_BENCH_PATH) + workload +
+                                                  " --url efim=" + efim.url() + " --url psm=" + psm.url() + " --json " +
                                                   (openai ? openai_json + " --api openai" : http_json));
     INFO(over_http.output);
     REQUIRE(over_http.exit_code == 0);
     CHECK(over_http.output.find("efim/psm: mean latency") != std::string::npos);
   }
-  const auto local = efim_test::run_command(std::string(EFIM_BENCH_PATH) + workload + " --threads 2 --json " + local_json);
+  const auto local =
+      efim_test::run_command(std::string(EFIM_BENCH_PATH) + workload + " --threads 2 --json " + local_json);
   INFO(local.output);
   REQUIRE(local.exit_code == 0);
   const auto h = json::parse(read_file(http_json)), o = json::parse(read_file(openai_json)),
@@ -464,17 +471,17 @@ TEST_CASE("efim-bench --url replays the in-process workload over HTTP: the same 
     CHECK(o["schemes"][scheme]["cache_hit_rate"].get<double>() > 0.95);
   }
   // Keystrokes: each computes what it added and at most a block more.
-  const auto keys = efim_test::run_command(std::string(EFIM_BENCH_PATH) + " --users 1 --documents 1 --keystroke " +
-                                           "--keystroke-chars 40 --quiet --url efim=" + efim.url() + " --json " +
-                                           http_json);
+  const auto keys =
+      efim_test::run_command(std::string(EFIM_BENCH_PATH) + " --users 1 --documents 1 --keystroke " +
+                             "--keystroke-chars 40 --quiet --url efim=" + efim.url() + " --json " + http_json);
   INFO(keys.output);
   REQUIRE(keys.exit_code == 0);
   const auto k = json::parse(read_file(http_json))["schemes"]["efim"]["keystrokes"];
   CHECK(k["requests"].get<int>() >= 20);
   CHECK(k["max_computed_beyond_typed"].get<double>() < 16);
   // A server that is not there: a clear failure, not a hang.
-  const auto gone = efim_test::run_command(std::string(EFIM_BENCH_PATH) + " --users 1 --documents 1 --rounds 1 --quiet " +
-                                           "--url http://127.0.0.1:1");
+  const auto gone = efim_test::run_command(std::string(EFIM_BENCH_PATH) +
+                                           " --users 1 --documents 1 --rounds 1 --quiet " + "--url http://127.0.0.1:1");
   CHECK(gone.exit_code == 2);
   CHECK(gone.output.find("failed") != std::string::npos);
 }

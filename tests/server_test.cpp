@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "editor_requests.hpp"
 #include "efim/cache/block_hash.hpp"
 #include "efim/cache/eviction.hpp"
 #include "efim/core/random.hpp"
@@ -22,34 +23,13 @@
 #include "efim/prompt/formats.hpp"
 #include "efim/server/service.hpp"
 #include "efim/text/fragment.hpp"
+#include "small_model.hpp"
 
 using namespace efim;
 using server::json;
 
 namespace {
-using efim_pipeline =
-    engine::pipeline<prompt::efim, cache::xxh3_128_chain, cache::lru, text::at_boundaries, kernels::host>;
-
-model::weights small_weights() {
-  model::config c;
-  c.vocab = text::byte_tokenizer(prompt::qwen25_coder.special_tokens()).vocab_size();
-  c.hidden = 64;
-  c.layers = 2;
-  c.heads = 4;
-  c.kv_heads = 2;
-  c.ffn = 128;
-  c.max_context = 1024;
-  return model::random_weights(c, 21);
-}
-
-engine::pipeline_options options() {
-  engine::pipeline_options o;
-  o.cache.block_size = 16;
-  o.cache.blocks = 512;
-  o.schedule.max_batch_tokens = 128;
-  o.threads = 2;
-  return o;
-}
+using efim_test::efim_pipeline;
 
 // The answer a transport would send: one response, or a stream of chunks.
 class recorded_channel : public server::response_channel {
@@ -143,8 +123,8 @@ class recorded_channel : public server::response_channel {
 };
 
 struct fixture {
-  model::weights weights = small_weights();
-  efim_pipeline pipeline{text::byte_tokenizer(prompt::qwen25_coder.special_tokens()), weights, options()};
+  model::weights weights = efim_test::small_weights();
+  efim_pipeline pipeline{efim_test::qwen_tokenizer(), weights, efim_test::small_options(512, true, 128)};
   std::unique_ptr<server::service<efim_pipeline>> svc;
 
   explicit fixture(server::service_options o = {}) {
@@ -158,7 +138,8 @@ struct fixture {
     svc->handle({std::move(method), std::move(target), std::move(headers), std::move(body)}, ch);
     return ch;
   }
-  std::shared_ptr<recorded_channel> post(std::string target, const json& body, std::vector<server::header> headers = {}) {
+  std::shared_ptr<recorded_channel> post(std::string target, const json& body,
+                                         std::vector<server::header> headers = {}) {
     return send("POST", std::move(target), body.dump(), std::move(headers));
   }
 };
@@ -166,27 +147,8 @@ struct fixture {
 const std::string prefix_text = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    if n < 2:\n";
 const std::string suffix_text = "\n\nprint(fibonacci(10))\n";
 
-// The body llama.vim's llama#fim sends (autoload/llama.vim), field for field.
 json llama_vim_body(const std::string& prefix, const std::string& middle, const std::string& suffix) {
-  return {{"id_slot", 0},
-          {"input_prefix", prefix},
-          {"input_suffix", suffix},
-          {"input_extra", json::array({{{"text", "import os\n"}, {"time", 1732460000.5}, {"filename", "util.py"}}})},
-          {"prompt", middle},
-          {"n_predict", 16},
-          {"stop", json::array()},
-          {"n_indent", 4},
-          {"top_k", 40},
-          {"top_p", 0.90},
-          {"samplers", {"top_k", "top_p", "infill"}},
-          {"stream", false},
-          {"cache_prompt", true},
-          {"t_max_prompt_ms", 500},
-          {"t_max_predict_ms", 250},
-          {"response_fields",
-           {"content", "timings/prompt_n", "timings/prompt_ms", "timings/prompt_per_token_ms",
-            "timings/prompt_per_second", "timings/predicted_n", "timings/predicted_ms",
-            "timings/predicted_per_token_ms", "timings/predicted_per_second", "truncated", "tokens_cached"}}};
+  return efim_test::llama_vim_body(prefix, middle, suffix, 16);
 }
 }  // namespace
 
@@ -225,11 +187,8 @@ TEST_CASE("server: llama.vim's /infill body gets exactly the fields it asks for"
 
 TEST_CASE("server: llama.vim's context warm-up (n_predict 0, response_fields [\"\"]) answers {}", "[server][infill]") {
   fixture f;
-  const json warm = {{"id_slot", 0},          {"input_prefix", ""},       {"input_suffix", ""},
-                     {"input_extra", json::array({{{"text", "x = 1\n"}, {"time", 1.0}, {"filename", "a.py"}}})},
-                     {"prompt", ""},          {"n_predict", 0},           {"temperature", 0.0},
-                     {"samplers", json::array()}, {"stream", false},      {"cache_prompt", true},
-                     {"t_max_prompt_ms", 1},  {"t_max_predict_ms", 1},    {"response_fields", {""}}};
+  const json warm =
+      efim_test::llama_vim_warmup_body(json::array({{{"text", "x = 1\n"}, {"time", 1.0}, {"filename", "a.py"}}}));
   auto ch = f.post("/infill", warm);
   CHECK(ch->status() == 200);
   CHECK(ch->body() == json::object());
@@ -245,29 +204,17 @@ TEST_CASE("server: llama.vim's context warm-up (n_predict 0, response_fields [\"
 
 TEST_CASE("server: llama.vscode's /infill body and the fields it reads", "[server][infill]") {
   fixture f;
-  const json body = {{"input_prefix", prefix_text},
-                     {"input_suffix", suffix_text},
-                     {"input_extra", json::array({{{"text", "x = 1\n"}, {"time", 5}, {"filename", "b.py"}}})},
-                     {"prompt", "    "},
-                     {"n_predict", 8},
-                     {"top_k", 40},
-                     {"top_p", 0.99},
-                     {"stream", false},
-                     {"samplers", {"top_k", "top_p", "infill"}},
-                     {"cache_prompt", true},
-                     {"n_indent", 4},
-                     {"t_max_prompt_ms", 500},
-                     {"t_max_predict_ms", 2500},
-                     {"lora", json::array({{{"id", 0}, {"scale", 0.5}}})}};
+  const json body = efim_test::llama_vscode_body(prefix_text, "    ", suffix_text);
   const auto b = f.post("/infill", body)->body();
   CHECK(b["content"].is_string());
   CHECK(b["tokens_cached"].is_number_unsigned());
   CHECK(b["truncated"] == false);
-  for (const char* k : {"prompt_n", "prompt_ms", "prompt_per_second", "predicted_n", "predicted_ms",
-                        "predicted_per_second"})
+  for (const char* k :
+       {"prompt_n", "prompt_ms", "prompt_per_second", "predicted_n", "predicted_ms", "predicted_per_second"})
     CHECK(b["timings"][k].is_number());
   CHECK(b["stop_type"].is_string());
-  CHECK(b["tokens_evaluated"].get<std::size_t>() == b["timings"]["prompt_n"].get<std::size_t>() + b["tokens_cached"].get<std::size_t>());
+  CHECK(b["tokens_evaluated"].get<std::size_t>() ==
+        b["timings"]["prompt_n"].get<std::size_t>() + b["tokens_cached"].get<std::size_t>());
   CHECK(b["efim"]["format"] == "efim");
   CHECK(b["efim"]["change"] == "first");
   CHECK(b["generation_settings"]["n_indent"] == 4);
@@ -275,8 +222,12 @@ TEST_CASE("server: llama.vscode's /infill body and the fields it reads", "[serve
 
 TEST_CASE("server: /infill streams server-sent events whose text adds up to the completion", "[server][stream]") {
   fixture f;
-  json body = {{"input_prefix", prefix_text}, {"input_suffix", suffix_text}, {"n_predict", 12},
-               {"temperature", 0},            {"stream", true},             {"return_tokens", true}};
+  json body = {{"input_prefix", prefix_text},
+               {"input_suffix", suffix_text},
+               {"n_predict", 12},
+               {"temperature", 0},
+               {"stream", true},
+               {"return_tokens", true}};
   auto ch = f.post("/infill", body);
   CHECK(ch->status() == 200);
   CHECK(ch->content_type() == "text/event-stream");
@@ -346,7 +297,8 @@ TEST_CASE("server: bad requests get a clear 4xx in the endpoint's error shape an
     CHECK(b["error"]["type"].is_string());
     return b["error"]["message"].get<std::string>();
   };
-  CHECK(llama_error(*f.send("POST", "/infill", "{\"input_prefix\": "), 400).find("not valid JSON") != std::string::npos);
+  CHECK(llama_error(*f.send("POST", "/infill", "{\"input_prefix\": "), 400).find("not valid JSON") !=
+        std::string::npos);
   CHECK(llama_error(*f.send("POST", "/infill", "[1, 2]"), 400).find("JSON object") != std::string::npos);
   CHECK(llama_error(*f.post("/infill", {{"input_suffix", ""}}), 400).find("input_prefix") != std::string::npos);
   CHECK(llama_error(*f.post("/infill", {{"input_prefix", 1}, {"input_suffix", ""}}), 400).find("string") !=
@@ -357,8 +309,8 @@ TEST_CASE("server: bad requests get a clear 4xx in the endpoint's error shape an
             .find("n_predict") != std::string::npos);
   CHECK(llama_error(*f.post("/infill", {{"input_prefix", ""}, {"input_suffix", ""}, {"input_extra", "x"}}), 400)
             .find("input_extra") != std::string::npos);
-  CHECK(llama_error(*f.send("POST", "/infill", std::string(100, '[') + std::string(100, ']')), 400)
-            .find("nested") != std::string::npos);
+  CHECK(llama_error(*f.send("POST", "/infill", std::string(100, '[') + std::string(100, ']')), 400).find("nested") !=
+        std::string::npos);
   // Invalid UTF-8 in a string, raw or as an unpaired surrogate escape.
   CHECK(llama_error(*f.send("POST", "/infill", "{\"input_prefix\": \"\xFF\", \"input_suffix\": \"\"}"), 400)
             .find("not valid JSON") != std::string::npos);
@@ -413,9 +365,10 @@ TEST_CASE("server: /metrics counts agree with what the responses said", "[server
   std::string prefix = prefix_text;
   for (const std::string typed : {"    ", "ret", "urn", " n"}) {
     prefix += typed;
-    const auto b = f.post("/infill", {{"input_prefix", prefix}, {"input_suffix", suffix_text}, {"n_predict", 3},
-                                      {"temperature", 0}})
-                       ->body();
+    const auto b =
+        f.post("/infill",
+               {{"input_prefix", prefix}, {"input_suffix", suffix_text}, {"n_predict", 3}, {"temperature", 0}})
+            ->body();
     cached += b["tokens_cached"].get<std::size_t>();
     computed += b["timings"]["prompt_n"].get<std::size_t>();
     generated += b["timings"]["predicted_n"].get<std::size_t>();
@@ -444,8 +397,12 @@ TEST_CASE("server: /metrics counts agree with what the responses said", "[server
 
 TEST_CASE("server: a client that goes away cancels its request; its blocks stay cached", "[server]") {
   fixture f;
-  auto ch = f.post("/infill", {{"input_prefix", prefix_text}, {"input_suffix", suffix_text}, {"n_predict", 900},
-                               {"stream", true}, {"temperature", 0}, {"ignore_eos", true}});
+  auto ch = f.post("/infill", {{"input_prefix", prefix_text},
+                               {"input_suffix", suffix_text},
+                               {"n_predict", 900},
+                               {"stream", true},
+                               {"temperature", 0},
+                               {"ignore_eos", true}});
   // Wait for the first tokens, then hang up.
   for (int i = 0; i < 6000 && ch->answers() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   REQUIRE(ch->answers() == 1);
@@ -455,8 +412,8 @@ TEST_CASE("server: a client that goes away cancels its request; its blocks stay 
   CHECK(last["stop_type"] == "none");
   CHECK(last["timings"]["predicted_n"].get<int>() < 900);
   CHECK(f.svc->in_flight() == 0);
-  const auto again = f.post("/infill", {{"input_prefix", prefix_text}, {"input_suffix", suffix_text}, {"n_predict", 1}})
-                         ->body();
+  const auto again =
+      f.post("/infill", {{"input_prefix", prefix_text}, {"input_suffix", suffix_text}, {"n_predict", 1}})->body();
   CHECK(again["tokens_cached"].get<int>() > 0);
 }
 
@@ -493,7 +450,10 @@ TEST_CASE("server: limits answer 503 and 401, tenants never share cache or sessi
 
 TEST_CASE("server: a newer request of the same session supersedes the older one", "[server][session]") {
   fixture f;
-  json body = {{"input_prefix", prefix_text}, {"input_suffix", suffix_text}, {"n_predict", 600}, {"stream", true},
+  json body = {{"input_prefix", prefix_text},
+               {"input_suffix", suffix_text},
+               {"n_predict", 600},
+               {"stream", true},
                {"ignore_eos", true}};
   auto older = f.post("/infill", body, {{"X-Session-Id", "editor-7"}});
   for (int i = 0; i < 6000 && older->answers() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -524,7 +484,8 @@ TEST_CASE("server: fuzzed bodies on every endpoint get exactly one answer, never
       {"/tokenize", {{"content", "abc"}, {"with_pieces", true}}},
       {"/detokenize", {{"tokens", {1, 2, 3}}}}};
   rng r(77);
-  const std::vector<std::string> junk{"null", "true", "-1", "1e308", "\"\"", "[]", "{}", "\"\\u0000\"", "[[[[", "9999999999999999999999"};
+  const std::vector<std::string> junk{"null", "true", "-1",          "1e308", "\"\"",
+                                      "[]",   "{}",   "\"\\u0000\"", "[[[[",  "9999999999999999999999"};
   std::vector<std::shared_ptr<recorded_channel>> answered;
   std::map<int, int> statuses;
   for (int i = 0; i < 1500; ++i) {
@@ -580,8 +541,8 @@ TEST_CASE("server: when the engine fails, requests get the error, then 503, and 
       return efim_pipeline::step();
     }
   };
-  const auto w = small_weights();
-  faulty_pipeline p(text::byte_tokenizer(prompt::qwen25_coder.special_tokens()), w, options());
+  const auto w = efim_test::small_weights();
+  faulty_pipeline p(efim_test::qwen_tokenizer(), w, efim_test::small_options(512, true, 128));
   server::service<faulty_pipeline> svc(p, {});
   const auto send = [&](std::string method, std::string target, std::string body) {
     auto ch = std::make_shared<recorded_channel>();

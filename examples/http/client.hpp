@@ -100,7 +100,8 @@ class client {
     beast::http::request<beast::http::string_body> req(beast::http::string_to_verb(method),
                                                        url_.path + std::string(path), 11);
     const bool v6 = url_.host.find(':') != std::string::npos;
-    req.set(beast::http::field::host, (v6 ? "[" + url_.host + "]" : url_.host) + (url_.port == "80" ? "" : ":" + url_.port));
+    req.set(beast::http::field::host,
+            (v6 ? "[" + url_.host + "]" : url_.host) + (url_.port == "80" ? "" : ":" + url_.port));
     req.set(beast::http::field::user_agent, "efim");
     if (!body.empty() || method == "POST") req.set(beast::http::field::content_type, "application/json");
     for (const auto& h : headers) req.set(h.name, h.value);

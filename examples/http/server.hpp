@@ -139,10 +139,9 @@ class connection : public std::enable_shared_from_this<connection> {
     parser_->header_limit(static_cast<std::uint32_t>(s_.options.max_header_bytes));
     parser_->body_limit(s_.options.max_body_bytes);
     stream_.expires_after(s_.options.idle_timeout);
-    beast::http::async_read_header(stream_, buffer_, *parser_,
-                                   [self = shared_from_this()](beast::error_code ec, std::size_t) {
-                                     self->on_header(ec);
-                                   });
+    beast::http::async_read_header(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, std::size_t) { self->on_header(ec); });
   }
 
   void on_header(beast::error_code ec) {
@@ -174,7 +173,8 @@ class connection : public std::enable_shared_from_this<connection> {
     if (ec == beast::http::error::body_limit)
       return reject(413, "the request body is larger than " + std::to_string(s_.options.max_body_bytes) + " bytes");
     if (ec == beast::http::error::header_limit)
-      return reject(431, "the request headers are larger than " + std::to_string(s_.options.max_header_bytes) + " bytes");
+      return reject(431,
+                    "the request headers are larger than " + std::to_string(s_.options.max_header_bytes) + " bytes");
     reject(400, "malformed HTTP request: " + ec.message());
   }
 
@@ -191,14 +191,15 @@ class connection : public std::enable_shared_from_this<connection> {
   // bytes (end of stream) or an error means the client has gone. (A client that shuts down its
   // sending side after its request counts as gone, as with llama.cpp's server.)
   void watch_for_hangup() {
-    stream_.socket().async_wait(tcp::socket::wait_read, [self = shared_from_this(), n = request_](beast::error_code ec) {
-      if (ec || n != self->request_ || self->state_ != state::processing || self->response_complete_) return;
-      char byte;
-      const ssize_t got = ::recv(self->stream_.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-      if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return self->watch_for_hangup();
-      if (got <= 0) return self->hang_up();
-      // The bytes of a pipelined request: read after this answer (the watch ends here).
-    });
+    stream_.socket().async_wait(
+        tcp::socket::wait_read, [self = shared_from_this(), n = request_](beast::error_code ec) {
+          if (ec || n != self->request_ || self->state_ != state::processing || self->response_complete_) return;
+          char byte;
+          const ssize_t got = ::recv(self->stream_.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+          if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return self->watch_for_hangup();
+          if (got <= 0) return self->hang_up();
+          // The bytes of a pipelined request: read after this answer (the watch ends here).
+        });
   }
 
   void hang_up() {
@@ -236,12 +237,13 @@ class connection : public std::enable_shared_from_this<connection> {
     writing_now_ = std::move(out_.front());  // stays put until the write completes, whatever close() does
     out_.pop_front();
     stream_.expires_after(write_timeout);  // a client that stops reading is a client that has gone
-    asio::async_write(stream_, asio::buffer(writing_now_), [self = shared_from_this()](beast::error_code ec, std::size_t) {
-      self->writing_ = false;
-      if (ec) return self->hang_up();
-      self->stream_.expires_never();
-      self->write_next();
-    });
+    asio::async_write(stream_, asio::buffer(writing_now_),
+                      [self = shared_from_this()](beast::error_code ec, std::size_t) {
+                        self->writing_ = false;
+                        if (ec) return self->hang_up();
+                        self->stream_.expires_never();
+                        self->write_next();
+                      });
   }
 
   void finish_response() {
@@ -263,11 +265,11 @@ class connection : public std::enable_shared_from_this<connection> {
 
   void drain_input(std::size_t seen) {
     auto scratch = std::make_shared<std::array<char, 4096>>();
-    stream_.async_read_some(asio::buffer(*scratch), [self = shared_from_this(), scratch, seen](beast::error_code ec,
-                                                                                             std::size_t n) {
-      if (ec || seen + n > linger_bytes) return self->close();
-      self->drain_input(seen + n);
-    });
+    stream_.async_read_some(asio::buffer(*scratch),
+                            [self = shared_from_this(), scratch, seen](beast::error_code ec, std::size_t n) {
+                              if (ec || seen + n > linger_bytes) return self->close();
+                              self->drain_input(seen + n);
+                            });
   }
 
   void close() {
@@ -426,10 +428,9 @@ class server {
       auto c = std::make_shared<detail::connection>(
           std::move(socket), detail::shared_state{io_, pool_, options_, handle_, open_, stopping_});
       if (open_ > options_.max_connections) {
-        c->refuse(503, detail::error_json(503,
-                                          "too many connections (at most " +
-                                              std::to_string(options_.max_connections) + ")",
-                                          "unavailable_error"));
+        c->refuse(503, detail::error_json(
+                           503, "too many connections (at most " + std::to_string(options_.max_connections) + ")",
+                           "unavailable_error"));
       } else {
         std::erase_if(connections_, [](const auto& w) { return w.expired(); });
         connections_.push_back(c);

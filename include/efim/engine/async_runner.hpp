@@ -229,7 +229,7 @@ class async_runner {
   // Touched by the loop thread only.
   std::unordered_map<ticket, request_id> live_;
   std::unordered_map<request_id, std::function<void(completion&&)>> done_;  // each live request's on_done
-  std::thread loop_;  // last: starts after everything it uses
+  std::thread loop_;                                                        // last: starts after everything it uses
 };
 
 }  // namespace efim::engine

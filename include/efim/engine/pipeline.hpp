@@ -161,27 +161,18 @@ class pipeline {
     cache::extra_keys keys;
     keys.model = model_key_;
     keys.salt = r.tenant;
-    sequence_type s{id,
-                    std::move(tokens),
-                    result.prompt_tokens,
-                    reserve,
-                    0,
-                    std::move(keys),
-                    r.reuse_cache,
-                    {},
-                    false,
-                    payload{max_tokens,
-                            limited,
-                            r.ignore_eos,
-                            r.sampling,
-                            r.max_generate_time,
-                            rng(r.sampling.seed),
-                            text::detokenizer<T>(tok_),
-                            text_gate(r.stop),
-                            std::move(out),
-                            std::move(result),
-                            key,
-                            version}};
+    sequence_type s{
+        id,
+        std::move(tokens),
+        result.prompt_tokens,
+        reserve,
+        0,
+        std::move(keys),
+        r.reuse_cache,
+        {},
+        false,
+        payload{max_tokens, limited, r.ignore_eos, r.sampling, r.max_generate_time, rng(r.sampling.seed),
+                text::detokenizer<T>(tok_), text_gate(r.stop), std::move(out), std::move(result), key, version}};
     scheduler_.enqueue(std::move(s));
     // Last, as its callback may submit again.
     if (superseded != 0) end(superseded, finish_reason::superseded);
@@ -273,7 +264,7 @@ class pipeline {
     text_gate gate;
     stream out;
     completion result;
-    std::string session;             // its session's key (empty: none)
+    std::string session;              // its session's key (empty: none)
     std::uint64_t session_version{};  // the session's version it was laid out from
   };
   using scheduler_type = scheduler<cache_type, payload>;

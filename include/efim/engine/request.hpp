@@ -29,19 +29,19 @@ struct context_file {
 };
 
 struct request {
-  std::string prefix;           // text before the cursor (the whole prompt when `infill` is false)
-  std::string suffix;           // text after the cursor
-  std::string session;          // editor session: requests of one session reuse its anchor
-  bool match_session = false;   // without a session key: find the session by the request's content
-  std::string tenant;           // cache salt: requests of different tenants never share cached KV or sessions
+  std::string prefix;               // text before the cursor (the whole prompt when `infill` is false)
+  std::string suffix;               // text after the cursor
+  std::string session;              // editor session: requests of one session reuse its anchor
+  bool match_session = false;       // without a session key: find the session by the request's content
+  std::string tenant;               // cache salt: requests of different tenants never share cached KV or sessions
   std::vector<context_file> extra;  // context files (taken when the session's anchor is set)
-  bool infill = true;           // false: a plain completion of `prefix` (no FIM layout, no session)
-  std::size_t max_tokens = 16;  // 0: compute the prompt only (warms the cache; renews a session's anchor)
-  bool fit_context = false;     // generate at most what the context has room for, instead of refusing
-  bool ignore_eos = false;      // generate max_tokens tokens whatever the model says
-  bool reuse_cache = true;      // false: compute the whole prompt, whatever the cache holds
+  bool infill = true;               // false: a plain completion of `prefix` (no FIM layout, no session)
+  std::size_t max_tokens = 16;      // 0: compute the prompt only (warms the cache; renews a session's anchor)
+  bool fit_context = false;         // generate at most what the context has room for, instead of refusing
+  bool ignore_eos = false;          // generate max_tokens tokens whatever the model says
+  bool reuse_cache = true;          // false: compute the whole prompt, whatever the cache holds
   sampling_params sampling;
-  stop_rules stop;                               // stop strings, minimum indentation of new lines
+  stop_rules stop;  // stop strings, minimum indentation of new lines
   // > 0: once this long has passed since the first token, generation ends with the next token that
   // ends a line (llama.cpp's t_max_predict_ms: the suggestion's last line is whole).
   std::chrono::milliseconds max_generate_time{};
@@ -103,12 +103,14 @@ struct completion {
   [[nodiscard]] std::size_t computed_prompt_tokens() const noexcept { return prompt_tokens - cached_tokens; }
   // Time spent computing the prompt (from its first scheduled step).
   [[nodiscard]] double prompt_ms() const noexcept {
-    return started == clock::time_point{} ? 0.0 : std::chrono::duration<double, std::milli>(prompt_done - started).count();
+    return started == clock::time_point{} ? 0.0
+                                          : std::chrono::duration<double, std::milli>(prompt_done - started).count();
   }
   // Time spent generating (after the prompt).
   [[nodiscard]] double generation_ms() const noexcept {
-    return prompt_done == clock::time_point{} ? 0.0
-                                             : std::chrono::duration<double, std::milli>(finished - prompt_done).count();
+    return prompt_done == clock::time_point{}
+               ? 0.0
+               : std::chrono::duration<double, std::milli>(finished - prompt_done).count();
   }
 
   [[nodiscard]] double latency_ms() const noexcept {
@@ -124,7 +126,8 @@ struct completion {
 struct token_event {
   request_id id = 0;
   token_id token = 0;
-  std::string_view text;  // whole UTF-8 characters completed by this token and let through by the stop rules (may be empty)
+  std::string_view
+      text;  // whole UTF-8 characters completed by this token and let through by the stop rules (may be empty)
   std::size_t prompt_tokens = 0;  // of its request
 };
 

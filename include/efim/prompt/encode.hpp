@@ -55,7 +55,8 @@ void encode(const prompt_layout& layout, const T& tok, const fim_token_set& set,
 template <text::tokenizer T, text::fragmenter G>
 void encode(const prompt_layout& layout, const T& tok, const fim_token_set& set, G& fragmenter,
             std::vector<token_id>& out) {
-  encode(layout, tok, set, fragmenter, out, [&](std::string_view piece, std::vector<token_id>& o) { tok.encode(piece, o); });
+  encode(layout, tok, set, fragmenter, out,
+         [&](std::string_view piece, std::vector<token_id>& o) { tok.encode(piece, o); });
 }
 
 }  // namespace efim::prompt

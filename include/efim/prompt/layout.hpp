@@ -33,8 +33,8 @@ struct infill_request {
 struct segment {
   enum class kind : std::uint8_t { special, text };
   kind type = kind::text;
-  fim_role role = fim_role::prefix;         // for special segments
-  std::vector<std::string_view> fragments;  // for text segments: one run, tokenized per the fragmenter
+  fim_role role = fim_role::prefix;                 // for special segments
+  std::vector<std::string_view> fragments;          // for text segments: one run, tokenized per the fragmenter
   std::vector<std::span<const token_id>> ids = {};  // empty, or parallel to fragments: known ids
 };
 

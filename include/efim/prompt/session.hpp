@@ -219,7 +219,8 @@ class infill_session {
     }
     if (tokens == 0) return 0;
     const std::size_t end = at + g.ends[tokens - 1];
-    known_.push_back({at, end, std::vector<token_id>(g.ids.begin(), g.ids.begin() + static_cast<std::ptrdiff_t>(tokens))});
+    known_.push_back(
+        {at, end, std::vector<token_id>(g.ids.begin(), g.ids.begin() + static_cast<std::ptrdiff_t>(tokens))});
     if (end < at + added.size()) add_cut(end);
     return tokens;
   }

@@ -124,7 +124,8 @@ class session_table {
   [[nodiscard]] static double similarity(const infill_session& s, std::string_view prefix, std::string_view suffix) {
     const auto anchor = s.anchor_prefix();
     const auto typed = s.typed();
-    std::size_t shared = std::mismatch(anchor.begin(), anchor.end(), prefix.begin(), prefix.end()).first - anchor.begin();
+    std::size_t shared =
+        std::mismatch(anchor.begin(), anchor.end(), prefix.begin(), prefix.end()).first - anchor.begin();
     if (shared == anchor.size()) {
       const auto rest = prefix.substr(anchor.size());
       shared += std::mismatch(typed.begin(), typed.end(), rest.begin(), rest.end()).first - typed.begin();

@@ -103,8 +103,7 @@ class fields {
                              name);
     };
     std::int64_t x = 0;
-    if (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX))
-      throw out_of_range();
+    if (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX)) throw out_of_range();
     if (v.is_number_integer())
       x = v.get<std::int64_t>();
     else if (v.is_number_float() && std::isfinite(v.get<double>()) && v.get<double>() == std::floor(v.get<double>()) &&
@@ -190,9 +189,8 @@ inline void read_stop(const fields& f, const char* name, const generation_limits
   const auto stop = f.strings(name);
   if (!stop) return;
   if (stop->size() > l.max_stop_strings)
-    throw invalid_request("\"" + std::string(name) + "\" has more than " + std::to_string(l.max_stop_strings) +
-                              " strings",
-                          name);
+    throw invalid_request(
+        "\"" + std::string(name) + "\" has more than " + std::to_string(l.max_stop_strings) + " strings", name);
   for (const auto& s : *stop)
     if (s.size() > l.max_stop_bytes)
       throw invalid_request("a stop string is longer than " + std::to_string(l.max_stop_bytes) + " bytes", name);
@@ -206,7 +204,8 @@ inline std::uint64_t random_seed() {
 }
 
 inline void read_seed(const fields& f, engine::request& r) {
-  const auto seed = f.integer("seed", std::numeric_limits<std::int64_t>::min(), std::numeric_limits<std::int64_t>::max());
+  const auto seed =
+      f.integer("seed", std::numeric_limits<std::int64_t>::min(), std::numeric_limits<std::int64_t>::max());
   // -1 (llama.cpp's default, 0xFFFFFFFF) or none: a different seed each time.
   r.sampling.seed = !seed || *seed == -1 || *seed == 0xFFFFFFFF ? random_seed() : static_cast<std::uint64_t>(*seed);
 }
@@ -258,7 +257,8 @@ inline generation_params parse_infill(const json& body, const generation_limits&
                     .value_or(f.integer("max_tokens", -1, std::numeric_limits<std::int64_t>::max()).value_or(-1));
   r.max_tokens = detail::new_tokens(p.n_predict, l.default_infill_tokens, l);
   r.sampling.temperature = static_cast<float>(f.number("temperature", 0, 1e6).value_or(l.infill_temperature));
-  r.sampling.top_k = static_cast<std::size_t>(f.integer("top_k", 0, INT32_MAX).value_or(static_cast<std::int64_t>(l.infill_top_k)));
+  r.sampling.top_k =
+      static_cast<std::size_t>(f.integer("top_k", 0, INT32_MAX).value_or(static_cast<std::int64_t>(l.infill_top_k)));
   r.sampling.top_p = static_cast<float>(f.number("top_p", 0, 1).value_or(l.infill_top_p));
   if (r.sampling.top_p <= 0) {  // nothing but the most likely token
     r.sampling.top_p = 1;
@@ -473,8 +473,10 @@ inline json openai_final(const engine::completion& c, const response_context& ct
 // One streamed piece of an OpenAI completion; `finish` is set on the last one.
 inline json openai_chunk(std::string_view text, const response_context& ctx, std::optional<std::string_view> finish) {
   json out = openai_head(ctx);
-  out["choices"] = json::array(
-      {{{"text", text}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish ? json(*finish) : json(nullptr)}}});
+  out["choices"] = json::array({{{"text", text},
+                                 {"index", 0},
+                                 {"logprobs", nullptr},
+                                 {"finish_reason", finish ? json(*finish) : json(nullptr)}}});
   return out;
 }
 

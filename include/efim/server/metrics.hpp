@@ -57,7 +57,7 @@ class metrics_registry {
  public:
   // Latency buckets in seconds, from a keystroke's few milliseconds to long generations.
   static constexpr std::array<double, 14> seconds_buckets{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-                                                          1,     2.5,  5,     10,   30,  60,  120};
+                                                          1,     2.5,  5,     10,   30,  60,   120};
 
   void describe(const std::string& name, std::string type, std::string help) {
     std::lock_guard lock(mutex_);

@@ -261,10 +261,10 @@ class service {
     for (const auto& t : list) {
       if (!t.is_number_integer() || t.get<std::int64_t>() < 0 ||
           t.get<std::int64_t>() >= static_cast<std::int64_t>(tok.vocab_size()))
-        throw api_error(400, "invalid_request_error",
-                        "unknown token id " + t.dump() + " (the vocabulary has " + std::to_string(tok.vocab_size()) +
-                            " tokens)",
-                        "tokens");
+        throw api_error(
+            400, "invalid_request_error",
+            "unknown token id " + t.dump() + " (the vocabulary has " + std::to_string(tok.vocab_size()) + " tokens)",
+            "tokens");
       detok.push(static_cast<token_id>(t.get<std::int64_t>()), content);
     }
     detok.flush(content);
@@ -420,7 +420,8 @@ class service {
   // Counted by endpoint; paths that are none (any string a client sends) share one label.
   void count(const std::string& path, int status, const std::string& change) {
     const std::string endpoint = find_route(path) ? path : "other";
-    metrics_.add("efim_requests_total", {{"endpoint", endpoint}, {"status", std::to_string(status)}, {"change", change}});
+    metrics_.add("efim_requests_total",
+                 {{"endpoint", endpoint}, {"status", std::to_string(status)}, {"change", change}});
   }
 
   void release_slot() {
@@ -483,8 +484,7 @@ class service {
 
   static bool equal_in_constant_time(std::string_view a, std::string_view b) noexcept {
     unsigned char diff = a.size() == b.size() ? 0 : 1;
-    for (std::size_t i = 0; i < b.size(); ++i)
-      diff |= static_cast<unsigned char>(b[i] ^ (i < a.size() ? a[i] : 0));
+    for (std::size_t i = 0; i < b.size(); ++i) diff |= static_cast<unsigned char>(b[i] ^ (i < a.size() ? a[i] : 0));
     return diff == 0;
   }
 

@@ -19,8 +19,8 @@
 namespace efim::text {
 
 struct token_memo_options {
-  std::size_t min_bytes = 256;          // shorter pieces are tokenized every time (cheaper than a lookup)
-  std::size_t max_bytes = 64u << 20;    // text and ids kept, in bytes; least recently used go first
+  std::size_t min_bytes = 256;        // shorter pieces are tokenized every time (cheaper than a lookup)
+  std::size_t max_bytes = 64u << 20;  // text and ids kept, in bytes; least recently used go first
 };
 
 class token_memo {
@@ -45,7 +45,8 @@ class token_memo {
       }
     const std::size_t start = out.size();
     tok.encode(piece, out);
-    order_.push_front({h, std::string(piece), std::vector<token_id>(out.begin() + static_cast<std::ptrdiff_t>(start), out.end())});
+    order_.push_front(
+        {h, std::string(piece), std::vector<token_id>(out.begin() + static_cast<std::ptrdiff_t>(start), out.end())});
     index_.emplace(h, order_.begin());
     bytes_ += cost(order_.front());
     while (bytes_ > options_.max_bytes && !order_.empty()) drop_oldest();
