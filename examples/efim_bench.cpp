@@ -467,9 +467,15 @@ scheme_result run_scheme(const std::string& name, bool reuse, const options& o, 
             r.max_tokens = o.output_tokens;
             r.ignore_eos = true;
             try {
+              // Timed by the client, from its submit (the wait for the engine's next step included),
+              // as over HTTP.
+              const auto sent = std::chrono::steady_clock::now();
               const auto c = runner.submit(std::move(r)).get();
+              const auto ms = [&](auto t) { return std::chrono::duration<double, std::milli>(t - sent).count(); };
+              const double latency = ms(std::chrono::steady_clock::now());
+              const double ttft = c.tokens.empty() ? latency : ms(c.first_token);
               std::lock_guard lock(mutex);
-              result.samples.push_back({c.latency_ms(), c.ttft_ms(), c.prompt_tokens, c.cached_tokens});
+              result.samples.push_back({latency, ttft, c.prompt_tokens, c.cached_tokens});
             } catch (const std::exception& e) {
               std::lock_guard lock(mutex);
               if (!failure) failure = e.what();

@@ -1,6 +1,7 @@
 #pragma once
 // A small blocking HTTP/1.1 client on Boost.Beast, for efim-bench's replay over HTTP and the tests:
 // one kept-alive connection per client, bodies whole or streamed as they arrive.
+#include <utility>  // before Asio 1.74, whose awaitable.hpp uses std::exchange without it
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -10,7 +11,6 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
-#include <utility>
 #include <vector>
 
 #include "efim/server/http.hpp"
@@ -90,6 +90,7 @@ class client {
     stream_.emplace(io_);
     stream_->expires_after(timeout_);
     stream_->connect(resolver.resolve(url_.host, url_.port));
+    stream_->socket().set_option(tcp::no_delay(true));
     buffer_.clear();
   }
 

@@ -10,6 +10,7 @@
 
 #include <array>
 #include <atomic>
+#include <utility>  // before Asio 1.74, whose awaitable.hpp uses std::exchange without it
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -22,7 +23,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "efim/server/api.hpp"
@@ -71,7 +71,12 @@ struct shared_state {
 // its answer. Everything here runs on the I/O thread; request_channel brings the handler's calls to it.
 class connection : public std::enable_shared_from_this<connection> {
  public:
-  connection(tcp::socket socket, shared_state s) : stream_(std::move(socket)), s_(s) { ++s_.open; }
+  connection(tcp::socket socket, shared_state s) : stream_(std::move(socket)), s_(s) {
+    ++s_.open;
+    // Streamed tokens are small writes: sent at once, not held for the client's (delayed) ACK.
+    beast::error_code ignored;
+    stream_.socket().set_option(tcp::no_delay(true), ignored);
+  }
   ~connection() { --s_.open; }
 
   void start() { read_request(); }
