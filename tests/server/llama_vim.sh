@@ -69,9 +69,10 @@ sed -n '4,6p' "$work/fib.py" | cut -c1-120
 if [ "$(sed -n 4p "$work/fib.py")" = "    ret" ] && [ "$(wc -l < "$work/fib.py")" -le 7 ]; then
   echo "llama_vim: nothing was accepted:"; cat "$work/fib.py"; exit 1
 fi
-want=$(sed -n 4p <<< "$shown") got=$(sed -n 4p "$work/fib.py")
-n=$(( ${#got} < 24 ? ${#got} : 24 ))
-if [ "${got:0:$n}" != "${want:0:$n}" ]; then
+# (blanks aside: the screen shows a tab as spaces and drops trailing ones; compared as bytes)
+want=$(sed -n 4p <<< "$shown" | tr -d '[:space:]') got=$(sed -n 4p "$work/fib.py" | tr -d '[:space:]')
+n=$(LC_ALL=C; echo $(( ${#got} < 24 ? ${#got} : 24 )))
+if [ "$(LC_ALL=C; echo "${got:0:$n}")" != "$(LC_ALL=C; echo "${want:0:$n}")" ]; then
   echo "llama_vim: line 4 differs from the suggestion shown"; exit 1
 fi
 # The keystrokes were requests of one session, laid out as appends to its anchor.

@@ -1,7 +1,6 @@
 #pragma once
 // An infill session: what changed between an editor's requests, relative to the session's anchor.
 #include <algorithm>
-#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -46,9 +45,6 @@ inline constexpr std::string_view to_string(change c) noexcept {
   }
   return "?";
 }
-
-inline constexpr std::array all_changes{change::first,    change::append,         change::accepted,    change::edit,
-                                        change::reanchor, change::suffix_changed, change::cursor_moved};
 
 // Whether the request became the session's new anchor (its typed part is empty).
 constexpr bool starts_anchor(change c) noexcept {
