@@ -1,5 +1,6 @@
-// The typed matrix product's bits on every instruction set: compiled into test_model for the machine,
-// and on its own for other x86-64 levels (see tests/CMakeLists.txt).
+// The typed matrix product's bits on every instruction-set path the CPU runs (kernels::select_isa):
+// compiled into test_model, and on its own with -march=x86-64-v3 and plain x86-64, whose generic paths
+// differ (see tests/CMakeLists.txt).
 #include <bit>
 #include <catch2/catch.hpp>
 #include <cstdint>
@@ -9,16 +10,19 @@
 #include "efim/core/dtype.hpp"
 #include "efim/core/random.hpp"
 #include "efim/core/thread_pool.hpp"
+#include "efim/kernels/isa.hpp"
 #include "efim/kernels/matmul.hpp"
 
 using namespace efim;
 
-// The contract fixes every rounding, so any build with FMA instructions (AVX-512, AVX2 + FMA, ...)
-// gives these bits; a build without FMA rounds each product separately and gives other, also fixed,
-// bits. The inputs involve no rounding a compiler could fuse away, so they are the same everywhere.
-// tests/CMakeLists.txt builds this file for the machine (in test_model) and again for x86-64-v3 (AVX2,
-// FMA, F16C) and for plain x86-64 (no FMA).
-TEST_CASE("typed matmul gives the same bits on every instruction set", "[kernels][matmul]") {
+// The contract fixes every rounding, so every path with FMA instructions (AVX-512, AVX2 + FMA, the
+// generic path of a build whose flags have FMA) gives one set of bits; the generic path of a build
+// without FMA rounds each product separately and gives other, also fixed, bits. The inputs involve no
+// rounding a compiler could fuse away, so they are the same everywhere.
+namespace {
+
+// FNV-1a over the bits of the products of random weights of every type and batches of 1 to 17 rows.
+std::uint64_t matmul_hash() {
   thread_pool pool(2);
   rng r(13);
   const auto value = [&] { return static_cast<float>(r.uniform() * 2.0 - 1.0); };
@@ -57,9 +61,25 @@ TEST_CASE("typed matmul gives the same bits on every instruction set", "[kernels
         }
     }
   }
-#if defined(__FMA__) || defined(__AVX512F__)
-  CHECK(hash == 0x4fe871bbbc6d1882ull);
+  return hash;
+}
+
+constexpr std::uint64_t fused_bits = 0x4fe871bbbc6d1882ull;    // every multiply-add fused
+constexpr std::uint64_t unfused_bits = 0x0d7c75be7d314343ull;  // products and sums rounded apart
+
+}  // namespace
+
+TEST_CASE("typed matmul gives the same bits on every instruction-set path", "[kernels][matmul]") {
+  const kernels::isa before = kernels::active_isa();
+  for (const kernels::isa path : {kernels::isa::avx512, kernels::isa::avx2, kernels::isa::generic}) {
+    if (kernels::select_isa(path) != path) continue;  // the CPU lacks it
+    INFO("path " << kernels::isa_name(path));
+    const std::uint64_t hash = matmul_hash();
+#if defined(__FMA__) || defined(__AVX512F__) || defined(__ARM_FEATURE_FMA)
+    CHECK(hash == fused_bits);
 #else
-  CHECK(hash == 0x0d7c75be7d314343ull);
+    CHECK(hash == (path == kernels::isa::generic ? unfused_bits : fused_bits));
 #endif
+  }
+  kernels::select_isa(before);
 }

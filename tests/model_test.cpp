@@ -20,6 +20,7 @@
 #include "efim/core/random.hpp"
 #include "efim/core/thread_pool.hpp"
 #include "efim/kernels/host.hpp"
+#include "efim/kernels/isa.hpp"
 #include "efim/kv/host_storage.hpp"
 #include "efim/model/gguf_model.hpp"
 #include "efim/model/reference.hpp"
@@ -618,6 +619,42 @@ TEST_CASE("cached, chunked and batched computation give the same bits for every 
         const auto scratch = run_chunks(m, c1, fresh, second, {0, 1, 2, 3, 4, 5, 6, 7, 8}, {33});
         CHECK(reused.back() == scratch.back());
       }
+}
+
+TEST_CASE("every instruction-set path with FMA gives the same logits, bit for bit", "[model][arch][isa]") {
+  // AVX-512 and AVX2 (and the generic path where the compiler flags have FMA) fuse every multiply-add
+  // and sum in one order, so a whole model's logits agree to the bit: prefill, chunks and decode steps.
+  thread_pool pool(2);
+  kernels::host::context ctx{pool};
+  const kernels::isa before = kernels::active_isa();
+  std::vector<kernels::isa> paths;
+  for (const kernels::isa path : {kernels::isa::avx512, kernels::isa::avx2, kernels::isa::generic})
+    if (kernels::select_isa(path) == path) paths.push_back(path);
+#if !(defined(__FMA__) || defined(__ARM_FEATURE_FMA))
+  std::erase(paths, kernels::isa::generic);  // products and sums rounded apart: bits of its own
+#endif
+  rng r(7);
+  for (const auto arch : all_architectures)
+    for (const dtype wt : all_dtypes)
+      for (const dtype kvt : {dtype::f32, dtype::f16}) {
+        INFO(describe(arch_config(arch), wt, kvt));
+        const auto cfg = arch_config(arch);
+        const auto w = model::random_weights(cfg, 44, {wt});
+        model::transformer<kernels::host> m(w);
+        const auto tokens = random_tokens(r, 40, cfg.vocab);
+        std::vector<std::vector<std::vector<float>>> runs;
+        for (const kernels::isa path : paths) {
+          kernels::select_isa(path);
+          kv::host_storage kv(cfg.layers, m.kv_layout(3, 16), kvt);
+          runs.push_back(run_chunks(m, ctx, kv, tokens, {2, 0, 1}, {29, 9, 1, 1}));
+        }
+        for (std::size_t i = 1; i < runs.size(); ++i) {
+          INFO(kernels::isa_name(paths[i]) << " against " << kernels::isa_name(paths[0]));
+          CHECK(runs[i] == runs[0]);
+        }
+      }
+  kernels::select_isa(before);
+  CHECK(paths.size() >= (kernels::detected_isa() == kernels::isa::generic ? 1u : 2u));
 }
 
 TEST_CASE("greedy completions are reproducible and match the reference path", "[model][arch]") {

@@ -42,6 +42,7 @@
 #include "efim/kernels/concepts.hpp"
 #include "efim/kernels/gelu.hpp"
 #include "efim/kernels/host.hpp"
+#include "efim/kernels/isa.hpp"
 #include "efim/kernels/layernorm.hpp"
 #include "efim/kernels/matmul.hpp"
 #include "efim/kernels/rmsnorm.hpp"

@@ -5,15 +5,10 @@
 #include <span>
 
 #include "efim/core/types.hpp"
-
-#include "efim/kernels/simd.hpp"
+#include "efim/kernels/common.hpp"
+#include "efim/kernels/targets.hpp"
 
 namespace efim::kernels {
-
-enum class rope_style {
-  adjacent,  // rotates pairs (2i, 2i+1): GGUF "llama" layout
-  neox,      // rotates pairs (i, i + d/2): GGUF "qwen2", "starcoder2" layout
-};
 
 // The angle table for some positions: (token, pair) cosines and sines, computed in double. Pair i of
 // position p turns by (p / scale) * theta^(-2i / head_dim); scale > 1 is linear RoPE scaling.
@@ -32,19 +27,7 @@ inline void rope_table(std::span<const position> positions, std::size_t head_dim
 // Rotates x (tokens, heads, head_dim) in place with the table from rope_table.
 inline void rope(float* x, std::size_t tokens, std::size_t heads, std::size_t head_dim, const float* cos_t,
                  const float* sin_t, rope_style style) noexcept {
-  const std::size_t pairs = head_dim / 2;
-  for (std::size_t t = 0; t < tokens; ++t)
-    for (std::size_t h = 0; h < heads; ++h) {
-      float* v = x + (t * heads + h) * head_dim;
-      for (std::size_t i = 0; i < pairs; ++i) {
-        const std::size_t a = style == rope_style::adjacent ? 2 * i : i;
-        const std::size_t b = style == rope_style::adjacent ? 2 * i + 1 : i + pairs;
-        const float c = cos_t[t * pairs + i], s = sin_t[t * pairs + i];
-        const float x0 = v[a], x1 = v[b];
-        v[a] = detail::fma(x0, c, -(x1 * s));  // written out: see simd.hpp
-        v[b] = detail::fma(x0, s, x1 * c);
-      }
-    }
+  EFIM_KERNELS_DISPATCH(rope(x, tokens, heads, head_dim, cos_t, sin_t, style));
 }
 
 }  // namespace efim::kernels

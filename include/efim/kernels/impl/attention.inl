@@ -1,0 +1,237 @@
+// Included by targets.hpp once per instruction-set path, inside that path's namespace: causal
+// attention over paged KV for the rows of one tile (see attention.hpp).
+//
+// A query at position p attends to positions 0..p of its own sequence. Every value a query's result
+// depends on (its scores, their maximum, exponentials, sum, and the weighted sum of values) is
+// computed in an order fixed by key positions alone, so the result is the same whatever batch,
+// chunk or tile the query is computed in and wherever its blocks lie.
+
+// 16 elements as floats.
+inline void load_lanes(const float* p, vfloat& out) noexcept { std::memcpy(&out, p, sizeof out); }
+inline void load_lanes(const half* p, vfloat& out) noexcept { widen_f16(out, reinterpret_cast<const std::byte*>(p)); }
+
+#if EFIM_K_AVX2 && !EFIM_K_AVX512
+// AVX2: 8 slots or dimensions per vector. Each score and each output element is a chain of multiply-
+// adds in the order the generic code uses, lane by lane, so the bits are the same.
+inline __m256 load8_lanes(const float* p) noexcept { return _mm256_loadu_ps(p); }
+inline __m256 load8_lanes(const half* p) noexcept {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// Scores of G <= 4 rows against 16 slots from `slot` (two vectors each), in registers: 8 sums, 2 keys.
+template <std::size_t G, class E>
+[[gnu::always_inline]] inline void scores16(const attention_row* rows, const E* keys, std::size_t block_size,
+                                            std::size_t head_dim, std::size_t slot, float* const* scores) noexcept {
+  __m256 lo[G], hi[G];
+  for (std::size_t r = 0; r < G; ++r) lo[r] = hi[r] = _mm256_setzero_ps();
+  for (std::size_t d = 0; d < head_dim; ++d) {
+    const __m256 k0 = load8_lanes(keys + d * block_size + slot), k1 = load8_lanes(keys + d * block_size + slot + 8);
+    for (std::size_t r = 0; r < G; ++r) {
+      const __m256 q = _mm256_broadcast_ss(rows[r].q + d);
+      lo[r] = _mm256_fmadd_ps(q, k0, lo[r]);
+      hi[r] = _mm256_fmadd_ps(q, k1, hi[r]);
+    }
+  }
+  for (std::size_t r = 0; r < G; ++r) {
+    _mm256_storeu_ps(scores[r] + slot, lo[r]);
+    _mm256_storeu_ps(scores[r] + slot + 8, hi[r]);
+  }
+}
+
+template <std::size_t R, class E>
+inline void block_scores(const attention_row* rows, const E* keys, std::size_t block_size, std::size_t head_dim,
+                         float* const* scores) noexcept {
+  constexpr std::size_t G = R <= 4 ? R : (R + 1) / 2;  // rows at a time
+  std::size_t slot = 0;
+  for (; slot + 16 <= block_size; slot += 16) {
+    scores16<G>(rows, keys, block_size, head_dim, slot, scores);
+    if constexpr (R > G) scores16<R - G>(rows + G, keys, block_size, head_dim, slot, scores + G);
+  }
+  for (; slot + 8 <= block_size; slot += 8) {
+    __m256 acc[R];
+    for (std::size_t r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    for (std::size_t d = 0; d < head_dim; ++d) {
+      const __m256 k = load8_lanes(keys + d * block_size + slot);
+      for (std::size_t r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(rows[r].q + d), k, acc[r]);
+    }
+    for (std::size_t r = 0; r < R; ++r) _mm256_storeu_ps(scores[r] + slot, acc[r]);
+  }
+  for (; slot < block_size; ++slot)
+    for (std::size_t r = 0; r < R; ++r) {
+      float s = 0.0f;
+      for (std::size_t d = 0; d < head_dim; ++d) s = fma(rows[r].q[d], to_f32(keys[d * block_size + slot]), s);
+      scores[r][slot] = s;
+    }
+}
+
+// Dimensions [d0, d0 + 8 c_n) of the weighted sum for G rows, keys walked block by block.
+template <std::size_t G, std::size_t C, class E>
+[[gnu::always_inline]] inline void weighted_chunk(const kv::paged_layout& l, const E* v_cache,
+                                                  std::span<const block_id> table, std::size_t kv_head,
+                                                  const attention_row* rows, float* const* scores, const float* inv_sum,
+                                                  std::size_t d0, std::size_t c_n) noexcept {
+  std::size_t most = 0;
+  for (std::size_t r = 0; r < G; ++r) most = std::max(most, rows[r].keys);
+  __m256 acc[G][C];
+  for (std::size_t r = 0; r < G; ++r)
+    for (std::size_t c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+  const std::size_t bs = l.block_size;
+  for (std::size_t b = 0, j0 = 0; j0 < most; ++b, j0 += bs) {
+    const E* v = v_cache + l.offset(table[b], kv_head, 0) + d0;
+    const std::size_t end = std::min(bs, most - j0);
+    for (std::size_t slot = 0; slot < end; ++slot, v += l.head_dim) {
+      const std::size_t j = j0 + slot;
+      __m256 vv[C];
+      for (std::size_t c = 0; c < C; ++c) vv[c] = c < c_n ? load8_lanes(v + c * 8) : _mm256_setzero_ps();
+      for (std::size_t r = 0; r < G; ++r) {
+        if (j >= rows[r].keys) continue;
+        const __m256 p = _mm256_broadcast_ss(scores[r] + j);
+        for (std::size_t c = 0; c < C; ++c)
+          if (c < c_n) acc[r][c] = _mm256_fmadd_ps(p, vv[c], acc[r][c]);
+      }
+    }
+  }
+  for (std::size_t r = 0; r < G; ++r)
+    for (std::size_t c = 0; c < c_n; ++c)
+      _mm256_storeu_ps(rows[r].out + d0 + c * 8, _mm256_mul_ps(acc[r][c], _mm256_set1_ps(inv_sum[r])));
+}
+
+template <std::size_t R, class E>
+inline std::size_t weighted_sum(const kv::paged_layout& l, const E* v_cache, std::span<const block_id> table,
+                                std::size_t kv_head, const attention_row* rows, float* const (&scores)[R],
+                                const float (&inv_sum)[R], std::size_t) noexcept {
+  constexpr std::size_t G = R <= 4 ? R : (R + 1) / 2;  // rows at a time
+  constexpr std::size_t C = G <= 2 ? 4 : 2;            // vectors of dimensions at a time: G * C <= 8 sums
+  const std::size_t full = l.head_dim - l.head_dim % 8;
+  for (std::size_t d0 = 0; d0 < full; d0 += C * 8) {
+    const std::size_t c_n = std::min(C, (full - d0) / 8);
+    weighted_chunk<G, C>(l, v_cache, table, kv_head, rows, scores, inv_sum, d0, c_n);
+    if constexpr (R > G)
+      weighted_chunk<R - G, C>(l, v_cache, table, kv_head, rows + G, scores + G, inv_sum + G, d0, c_n);
+  }
+  return full;
+}
+#else
+// scores[r][slot] = q_r . K[slot] for the block's slots: each score a sum over dimensions in order.
+template <std::size_t R, class E>
+inline void block_scores(const attention_row* rows, const E* keys, std::size_t block_size, std::size_t head_dim,
+                         float* const* scores) noexcept {
+  std::size_t slot = 0;
+  for (; slot + lanes <= block_size; slot += lanes) {
+    vfloat acc[R];
+    for (std::size_t r = 0; r < R; ++r) acc[r] = vfloat{};
+    for (std::size_t d = 0; d < head_dim; ++d) {
+      vfloat k;
+      load_lanes(keys + d * block_size + slot, k);
+      for (std::size_t r = 0; r < R; ++r) {
+        const vfloat q = vfloat{} + rows[r].q[d];
+        fma_into(acc[r], q, k);
+      }
+    }
+    for (std::size_t r = 0; r < R; ++r) std::memcpy(scores[r] + slot, &acc[r], sizeof(vfloat));
+  }
+  for (; slot < block_size; ++slot)
+    for (std::size_t r = 0; r < R; ++r) {
+      float s = 0.0f;
+      for (std::size_t d = 0; d < head_dim; ++d) s = fma(rows[r].q[d], to_f32(keys[d * block_size + slot]), s);
+      scores[r][slot] = s;
+    }
+}
+
+// rows[r].out[i] = (sum over keys j in order of scores[r][j] * v_j[i]) * inv_sum[r] for the dimensions i
+// below the returned count (whole vectors; attend_rows does the rest one by one).
+template <std::size_t R, class E>
+inline std::size_t weighted_sum(const kv::paged_layout& l, const E* v_cache, std::span<const block_id> table,
+                                std::size_t kv_head, const attention_row* rows, float* const (&scores)[R],
+                                const float (&inv_sum)[R], std::size_t most) noexcept {
+  const std::size_t bs = l.block_size, d = l.head_dim;
+  constexpr std::size_t C = R <= 6 ? 4 : 2;  // vectors of dimensions at a time: R * C sums in registers
+  const std::size_t full = d - d % lanes;
+  for (std::size_t d0 = 0; d0 < full; d0 += C * lanes) {
+    const std::size_t c_n = std::min(C, (full - d0) / lanes);
+    vfloat acc[R][C];
+    for (std::size_t r = 0; r < R; ++r)
+      for (std::size_t c = 0; c < C; ++c) acc[r][c] = vfloat{};
+    for (std::size_t j = 0; j < most; ++j) {
+      const auto at = kv::locate(table, bs, j);
+      const E* v = v_cache + l.offset(at.block, kv_head, at.slot) + d0;
+      vfloat vv[C] = {};
+      for (std::size_t c = 0; c < C; ++c)
+        if (c < c_n) load_lanes(v + c * lanes, vv[c]);
+      for (std::size_t r = 0; r < R; ++r) {
+        if (j >= rows[r].keys) continue;
+        const vfloat p = vfloat{} + scores[r][j];
+        for (std::size_t c = 0; c < C; ++c)
+          if (c < c_n) fma_into(acc[r][c], p, vv[c]);
+      }
+    }
+    for (std::size_t r = 0; r < R; ++r)
+      for (std::size_t c = 0; c < c_n; ++c) {
+        const vfloat out = acc[r][c] * inv_sum[r];
+        std::memcpy(rows[r].out + d0 + c * lanes, &out, sizeof out);
+      }
+  }
+  return full;
+}
+
+#endif
+
+// Rows of the same sequence and KV head: scores, softmax, and the weighted sum of values.
+// `scratch` holds R rows of `stride` floats, stride >= every row's keys rounded up to blocks and lanes.
+template <std::size_t R, class E>
+inline void attend_rows(const kv::paged_layout& l, const E* k_cache, const E* v_cache, std::span<const block_id> table,
+                        std::size_t kv_head, const attention_row* rows, float scale, float* scratch,
+                        std::size_t stride) noexcept {
+  const std::size_t bs = l.block_size, d = l.head_dim;
+  std::size_t most = 0;
+  for (std::size_t r = 0; r < R; ++r) most = std::max(most, rows[r].keys);
+  float* scores[R];
+  for (std::size_t r = 0; r < R; ++r) scores[r] = scratch + r * stride;
+
+  for (std::size_t b = 0; b * bs < most; ++b) {
+    float* at[R];
+    for (std::size_t r = 0; r < R; ++r) at[r] = scores[r] + b * bs;
+    block_scores<R>(rows, k_cache + l.key_offset(table[b], kv_head), bs, d, at);
+  }
+
+  float inv_sum[R];
+  for (std::size_t r = 0; r < R; ++r) {
+    float* s = scores[r];
+    const std::size_t n = rows[r].keys;
+    float top = -INFINITY;
+    for (std::size_t j = 0; j < n; ++j) top = std::max(top, s[j] * scale);
+    const std::size_t padded = (n + lanes - 1) / lanes * lanes;
+    vfloat sum{};
+    for (std::size_t j = 0; j < padded; j += lanes) {
+      for (std::size_t i = j; i < j + lanes; ++i) s[i] = fma(s[i], scale, -top);
+      exp16(s + j);
+      for (std::size_t i = std::max(j, n); i < j + lanes; ++i) s[i] = 0.0f;  // past the causal end
+      vfloat e;
+      std::memcpy(&e, s + j, sizeof e);
+      sum = sum + e;
+    }
+    float lanes_sum[lanes];
+    std::memcpy(lanes_sum, &sum, sizeof lanes_sum);
+    inv_sum[r] = 1.0f / reduce_lanes(lanes_sum, 0.0f);
+  }
+
+  // The weighted sum of values, keys in order for every output element, held in registers a few
+  // vectors of dimensions at a time, each value row read (and widened) once for all the rows.
+  const std::size_t full = weighted_sum<R>(l, v_cache, table, kv_head, rows, scores, inv_sum, most);
+  for (std::size_t i = full; i < d; ++i)  // dimensions past the last whole vector
+    for (std::size_t r = 0; r < R; ++r) {
+      float o = 0.0f;
+      for (std::size_t j = 0; j < rows[r].keys; ++j) {
+        const auto at = kv::locate(table, bs, j);
+        o = fma(scores[r][j], to_f32(v_cache[l.offset(at.block, kv_head, at.slot) + i]), o);
+      }
+      rows[r].out[i] = o * inv_sum[r];
+    }
+}
+
+template <class E, std::size_t... R>
+inline void attend_rows_n(std::size_t n, std::index_sequence<R...>, const kv::paged_layout& l, const E* k_cache,
+                          const E* v_cache, std::span<const block_id> table, std::size_t kv_head,
+                          const attention_row* rows, float scale, float* scratch, std::size_t stride) noexcept {
+  ((n == R + 1 ? attend_rows<R + 1>(l, k_cache, v_cache, table, kv_head, rows, scale, scratch, stride) : void()), ...);
+}

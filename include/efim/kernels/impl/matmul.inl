@@ -1,0 +1,730 @@
+// dequantize_row, with f16 and bf16 widened 16 at a time (the same values).
+inline void widen_row(dtype t, const std::byte* src, float* dst, std::size_t n) {
+  if (t != dtype::f16 && t != dtype::bf16) return dequantize_row(t, src, dst, n);
+  std::size_t k = 0;
+  for (; k + lanes <= n; k += lanes) {
+    vfloat v;
+    if (t == dtype::f16)
+      widen_f16(v, src + 2 * k);
+    else
+      widen_bf16(v, src + 2 * k);
+    std::memcpy(dst + k, &v, sizeof v);
+  }
+  dequantize_row(t, src + 2 * k, dst + k, n - k);
+}
+
+// Portable path: rows [r0, r1) of w, panel by panel, dequantized (widen_row), then dot_tile.
+inline void matmul_rows_portable(const float* x, std::size_t m, const weight_view& w, std::size_t r0, std::size_t r1,
+                                 float* y, accumulate acc) {
+#if EFIM_K_AVX512
+  constexpr std::size_t MR = 4, NR = 4;  // 16 zmm accumulators
+#else
+  constexpr std::size_t MR = 2, NR = 2;  // fits 16 ymm/xmm registers
+#endif
+  const std::size_t n = w.cols, ldy = w.rows, rb = row_bytes(w.type, n);
+  const std::size_t step = panel_height(r1 - r0, n, NR);
+  for (std::size_t p0 = r0; p0 < r1; p0 += step) {
+    const std::size_t nc = std::min(step, r1 - p0);
+    const float* panel = nullptr;
+    if (w.type == dtype::f32) {
+      panel = reinterpret_cast<const float*>(w.data) + p0 * n;
+    } else {
+      float* scratch = panel_scratch(nc * n);
+      for (std::size_t r = 0; r < nc; ++r) widen_row(w.type, w.data + (p0 + r) * rb, scratch + r * n, n);
+      panel = scratch;
+    }
+    for (std::size_t i0 = 0; i0 < m; i0 += MR) {
+      const float* xs[MR];
+      for (std::size_t i = 0; i < MR; ++i) xs[i] = x + std::min(i0 + i, m - 1) * n;  // past m: repeat, not stored
+      for (std::size_t j0 = 0; j0 < nc; j0 += NR) {
+        const float* ws[NR];
+        for (std::size_t j = 0; j < NR; ++j) ws[j] = panel + std::min(j0 + j, nc - 1) * n;
+        float out[MR * NR];
+        dot_tile<MR, NR>(xs, ws, n, out);
+        store_tile(out, NR, y + i0 * ldy + p0 + j0, ldy, std::min(MR, m - i0), std::min(NR, nc - j0), acc);
+      }
+    }
+  }
+}
+
+#if EFIM_K_AVX512 || EFIM_K_AVX2
+// One weight, for the tail past the last full vector (f32, f16 and bf16 only).
+template <dtype T>
+inline float weight_at(const std::byte* row, std::size_t k) noexcept {
+  if constexpr (T == dtype::f32) {
+    float v;
+    std::memcpy(&v, row + 4 * k, sizeof v);
+    return v;
+  } else {
+    std::uint16_t h;
+    std::memcpy(&h, row + 2 * k, sizeof h);
+    return T == dtype::f16 ? f16_to_f32(h) : bf16_to_f32(h);
+  }
+}
+
+// Memory to prefetch a few lines per step of a tile's k loop: in decode, the next block of weight rows,
+// whose short rows (432 bytes for q4_0 at 768 columns) the hardware prefetchers do not follow well.
+struct prefetch_plan {
+  std::uintptr_t next = 0, end = 0;
+  std::size_t per_step = 0;
+};
+
+[[gnu::always_inline]] inline void prefetch_step(prefetch_plan* p) noexcept {
+  if (p == nullptr) return;
+  for (std::size_t q = 0; q < p->per_step && p->next < p->end; ++q, p->next += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(p->next), _MM_HINT_T0);
+}
+
+#endif
+
+#if EFIM_K_AVX512
+
+// 16 weights of a row from element k, f32, f16 or bf16, widened exactly to f32 in a register.
+template <dtype T>
+[[gnu::always_inline]] inline void load16(__m512& v, const std::byte* row, std::size_t k) noexcept {
+  if constexpr (T == dtype::f32) {
+    v = _mm512_loadu_ps(reinterpret_cast<const float*>(row) + k);
+  } else if constexpr (T == dtype::f16) {
+    v = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * k)));
+  } else {
+    static_assert(T == dtype::bf16);
+    const __m512i h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * k)));
+    v = _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
+  }
+}
+
+// The 32 weights of block b of a q8_0 or q4_0 row: lo = elements 0..15, hi = 16..31. Each is
+// float(quant) * scale, one exact product, as dequantize_row computes it.
+template <dtype T>
+[[gnu::always_inline]] inline void load_block(__m512& lo, __m512& hi, const std::byte* row, std::size_t b) noexcept {
+  const std::byte* blk = row + b * info(T).bytes;
+  std::uint16_t bits;
+  std::memcpy(&bits, blk, sizeof bits);
+  const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16(static_cast<short>(bits)));
+  const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+  if constexpr (T == dtype::q8_0) {
+    const __m128i qs_hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18));
+    lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(qs)), d);
+    hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(qs_hi)), d);
+  } else {
+    static_assert(T == dtype::q4_0);
+    // A table of the 16 values (q - 8) * d; vpermps reads only an index's low 4 bits, so the low
+    // nibble needs no mask.
+    const __m512 levels = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+    const __m512 table = _mm512_mul_ps(levels, d);
+    const __m512i q = _mm512_cvtepu8_epi32(qs);
+    lo = _mm512_permutexvar_ps(q, table);
+    hi = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table);
+  }
+}
+
+// out[n] = reduce_lanes(acc[n], tail[n]) for n < N, all 16 at once. Slot s of the network ends in
+// lane 4 (s % 4) + s / 4, so output n is fed to slot 4 (n % 4) + n / 4 and lands in lane n. Each step
+// adds the same pairs as reduce_lanes: a[i] + a[i + 8], then t8[i] + t8[i + 4], then
+// (t4[0] + t4[2]) + (t4[1] + t4[3]), then the tail.
+template <std::size_t N>
+[[gnu::always_inline]] inline void reduce16(const __m512 (&acc)[N], const float* tail, float* out) noexcept {
+  static_assert(N <= 16);
+  __m512 a[16];
+  for (std::size_t s = 0; s < 16; ++s) {
+    const std::size_t n = 4 * (s % 4) + s / 4;
+    a[s] = n < N ? acc[n] : _mm512_setzero_ps();
+  }
+  __m512 b[8], c[4];
+  for (std::size_t p = 0; p < 8; ++p)  // [t8 of a[2p] | t8 of a[2p + 1]]
+    b[p] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], 0x44),
+                         _mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], 0xee));
+  for (std::size_t r = 0; r < 4; ++r)  // quad q = t4 of a[4r + q]
+    c[r] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * r], b[2 * r + 1], 0x88),
+                         _mm512_shuffle_f32x4(b[2 * r], b[2 * r + 1], 0xdd));
+  // Per quad: [t4[0] + t4[2], t4[1] + t4[3]] of two neighbours, interleaved.
+  const __m512 d0 = _mm512_add_ps(_mm512_unpacklo_ps(c[0], c[1]), _mm512_unpackhi_ps(c[0], c[1]));
+  const __m512 d1 = _mm512_add_ps(_mm512_unpacklo_ps(c[2], c[3]), _mm512_unpackhi_ps(c[2], c[3]));
+  const __m512 e = _mm512_add_ps(_mm512_shuffle_ps(d0, d1, 0x44), _mm512_shuffle_ps(d0, d1, 0xee));
+  _mm512_storeu_ps(out, _mm512_add_ps(e, _mm512_loadu_ps(tail)));
+}
+
+// Pins a loaded vector to a register: without it GCC may fold the load into every FMA that uses the
+// value, and a 4 x 4 tile then issues 32 loads per 16 FMAs, twice what the load ports sustain.
+[[gnu::always_inline]] inline void in_register(__m512& v) noexcept { __asm__("" : "+v"(v)); }
+
+// out[i * NR + j] = dot(x[i], dequantized w[j]) over n elements, in the canonical order, with the
+// weights read as stored.
+template <dtype T, std::size_t MR, std::size_t NR>
+[[gnu::always_inline]] inline void tile(const float* const (&x)[MR], const std::byte* const (&w)[NR], std::size_t n,
+                                        float* out, prefetch_plan* pf) noexcept {
+  static_assert(MR * NR <= 16);
+  __m512 acc[MR * NR];
+#pragma GCC unroll 16
+  for (std::size_t t = 0; t < MR * NR; ++t) acc[t] = _mm512_setzero_ps();
+  alignas(64) float tail[16] = {};
+  if constexpr (info(T).block == 32) {
+    for (std::size_t blk = 0; blk < n / 32; ++blk) {
+      prefetch_step(pf);
+      __m512 xl[MR], xh[MR];
+#pragma GCC unroll 16
+      for (std::size_t i = 0; i < MR; ++i) {
+        xl[i] = _mm512_loadu_ps(x[i] + 32 * blk);
+        xh[i] = _mm512_loadu_ps(x[i] + 32 * blk + 16);
+        if constexpr (NR > 1) {
+          in_register(xl[i]);
+          in_register(xh[i]);
+        }
+      }
+#pragma GCC unroll 16
+      for (std::size_t j = 0; j < NR; ++j) {
+        __m512 lo, hi;
+        load_block<T>(lo, hi, w[j], blk);
+#pragma GCC unroll 16
+        for (std::size_t i = 0; i < MR; ++i) acc[i * NR + j] = _mm512_fmadd_ps(xl[i], lo, acc[i * NR + j]);
+#pragma GCC unroll 16
+        for (std::size_t i = 0; i < MR; ++i) acc[i * NR + j] = _mm512_fmadd_ps(xh[i], hi, acc[i * NR + j]);
+      }
+    }
+  } else {
+    const std::size_t full = n - n % lanes;
+    for (std::size_t k = 0; k < full; k += lanes) {
+      prefetch_step(pf);
+      __m512 xv[MR];
+#pragma GCC unroll 16
+      for (std::size_t i = 0; i < MR; ++i) {
+        xv[i] = _mm512_loadu_ps(x[i] + k);
+        if constexpr (NR > 1) in_register(xv[i]);
+      }
+#pragma GCC unroll 16
+      for (std::size_t j = 0; j < NR; ++j) {
+        __m512 wv;
+        load16<T>(wv, w[j], k);
+        if constexpr (MR > 1) in_register(wv);
+#pragma GCC unroll 16
+        for (std::size_t i = 0; i < MR; ++i) acc[i * NR + j] = _mm512_fmadd_ps(xv[i], wv, acc[i * NR + j]);
+      }
+    }
+    for (std::size_t i = 0; i < MR; ++i)
+      for (std::size_t j = 0; j < NR; ++j)
+        for (std::size_t k = full; k < n; ++k) tail[i * NR + j] = fma(x[i][k], weight_at<T>(w[j], k), tail[i * NR + j]);
+  }
+  reduce16(acc, tail, out);
+}
+
+// A decode tile out of line: inlined into the loops around it, GCC 12 keeps the x vectors and the
+// row pointers on the stack and reloads them at every step.
+template <dtype T, std::size_t MR, std::size_t NR>
+[[gnu::noinline]] void stream_tile(const float* const (&x)[MR], const std::byte* const (&w)[NR], std::size_t n,
+                                   float* out, prefetch_plan* pf) noexcept {
+  if (pf == nullptr) return tile<T, MR, NR>(x, w, n, out, nullptr);  // a loop without the prefetch test
+  tile<T, MR, NR>(x, w, n, out, pf);
+}
+
+// The prefill tile: 4 rows of x by 4 f32 weight rows, whole vectors k in [k_begin, k_end). The 16
+// lane sums start from zero or, From_state, from `state` (256 floats, 64-byte aligned); To_state they
+// go back there, else the tail past k_end is added and they are reduced into out[4 i + j]. Written
+// out with named sums: with arrays of vectors, GCC 12 stores the sums or the x vectors to the stack
+// at every step in these variants.
+template <bool From_state, bool To_state>
+[[gnu::noinline]] void panel_tile(const float* const (&x)[4], const float* const (&w)[4], std::size_t n,
+                                  std::size_t k_begin, std::size_t k_end, float* state, float* out) noexcept {
+  __m512 c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23, c30, c31, c32, c33;
+  if constexpr (From_state) {
+    c00 = _mm512_load_ps(state + 0 * lanes), c01 = _mm512_load_ps(state + 1 * lanes);
+    c02 = _mm512_load_ps(state + 2 * lanes), c03 = _mm512_load_ps(state + 3 * lanes);
+    c10 = _mm512_load_ps(state + 4 * lanes), c11 = _mm512_load_ps(state + 5 * lanes);
+    c12 = _mm512_load_ps(state + 6 * lanes), c13 = _mm512_load_ps(state + 7 * lanes);
+    c20 = _mm512_load_ps(state + 8 * lanes), c21 = _mm512_load_ps(state + 9 * lanes);
+    c22 = _mm512_load_ps(state + 10 * lanes), c23 = _mm512_load_ps(state + 11 * lanes);
+    c30 = _mm512_load_ps(state + 12 * lanes), c31 = _mm512_load_ps(state + 13 * lanes);
+    c32 = _mm512_load_ps(state + 14 * lanes), c33 = _mm512_load_ps(state + 15 * lanes);
+  } else {
+    c00 = c01 = c02 = c03 = c10 = c11 = c12 = c13 = _mm512_setzero_ps();
+    c20 = c21 = c22 = c23 = c30 = c31 = c32 = c33 = _mm512_setzero_ps();
+  }
+  for (std::size_t k = k_begin; k < k_end; k += lanes) {
+    __m512 x0 = _mm512_loadu_ps(x[0] + k), x1 = _mm512_loadu_ps(x[1] + k);
+    __m512 x2 = _mm512_loadu_ps(x[2] + k), x3 = _mm512_loadu_ps(x[3] + k);
+    in_register(x0), in_register(x1), in_register(x2), in_register(x3);
+    __m512 w0 = _mm512_loadu_ps(w[0] + k);
+    in_register(w0);
+    c00 = _mm512_fmadd_ps(x0, w0, c00), c10 = _mm512_fmadd_ps(x1, w0, c10);
+    c20 = _mm512_fmadd_ps(x2, w0, c20), c30 = _mm512_fmadd_ps(x3, w0, c30);
+    __m512 w1 = _mm512_loadu_ps(w[1] + k);
+    in_register(w1);
+    c01 = _mm512_fmadd_ps(x0, w1, c01), c11 = _mm512_fmadd_ps(x1, w1, c11);
+    c21 = _mm512_fmadd_ps(x2, w1, c21), c31 = _mm512_fmadd_ps(x3, w1, c31);
+    __m512 w2 = _mm512_loadu_ps(w[2] + k);
+    in_register(w2);
+    c02 = _mm512_fmadd_ps(x0, w2, c02), c12 = _mm512_fmadd_ps(x1, w2, c12);
+    c22 = _mm512_fmadd_ps(x2, w2, c22), c32 = _mm512_fmadd_ps(x3, w2, c32);
+    __m512 w3 = _mm512_loadu_ps(w[3] + k);
+    in_register(w3);
+    c03 = _mm512_fmadd_ps(x0, w3, c03), c13 = _mm512_fmadd_ps(x1, w3, c13);
+    c23 = _mm512_fmadd_ps(x2, w3, c23), c33 = _mm512_fmadd_ps(x3, w3, c33);
+  }
+  const __m512 acc[16] = {c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23, c30, c31, c32, c33};
+  if constexpr (To_state) {
+    for (std::size_t t = 0; t < 16; ++t) _mm512_store_ps(state + lanes * t, acc[t]);
+  } else {
+    alignas(64) float tail[16] = {};
+    for (std::size_t i = 0; i < 4; ++i)
+      for (std::size_t j = 0; j < 4; ++j)
+        for (std::size_t k = k_end; k < n; ++k) tail[i * 4 + j] = fma(x[i][k], w[j][k], tail[i * 4 + j]);
+    reduce16(acc, tail, out);
+  }
+}
+
+// A weight row of n elements dequantized into out, with the same conversions the tiles use.
+template <dtype T>
+inline void unpack_row(const std::byte* row, std::size_t n, float* out) noexcept {
+  if constexpr (info(T).block == 32) {
+    for (std::size_t blk = 0; blk < n / 32; ++blk) {
+      __m512 lo, hi;
+      load_block<T>(lo, hi, row, blk);
+      _mm512_storeu_ps(out + 32 * blk, lo);
+      _mm512_storeu_ps(out + 32 * blk + 16, hi);
+    }
+  } else {
+    const std::size_t full = n - n % lanes;
+    for (std::size_t k = 0; k < full; k += lanes) {
+      __m512 v;
+      load16<T>(v, row, k);
+      _mm512_storeu_ps(out + k, v);
+    }
+    for (std::size_t k = full; k < n; ++k) out[k] = weight_at<T>(row, k);
+  }
+}
+
+// Decode: rows [i0, i0 + MR) of x against weight rows [j0, j0 + nj), nj <= 16, read as stored;
+// `pf` (or null) spreads the prefetches of [pf_begin, pf_end) over the k loop.
+template <dtype T, std::size_t MR, std::size_t NR>
+inline void stream_block(const float* x, std::size_t i0, const weight_view& w, std::size_t rb, std::size_t j0,
+                         std::size_t nj, float* y, accumulate acc, const std::byte* pf_begin,
+                         const std::byte* pf_end) noexcept {
+  const std::size_t n = w.cols;
+  const float* xs[MR];
+  for (std::size_t i = 0; i < MR; ++i) xs[i] = x + (i0 + i) * n;
+  constexpr std::size_t tiles = 16 / NR, step = info(T).block == 32 ? 32 : lanes;
+  prefetch_plan plan{reinterpret_cast<std::uintptr_t>(pf_begin), reinterpret_cast<std::uintptr_t>(pf_end), 0};
+  const std::size_t lines = (plan.end - plan.next + 63) / 64, steps = std::max<std::size_t>(1, n / step * tiles);
+  plan.per_step = (lines + steps - 1) / steps;
+  for (std::size_t jt = 0; jt < nj; jt += NR) {
+    const std::byte* ws[NR];
+    for (std::size_t j = 0; j < NR; ++j) ws[j] = w.data + (j0 + std::min(jt + j, nj - 1)) * rb;  // past nj: repeat
+    alignas(64) float out[16];
+    stream_tile<T, MR, NR>(xs, ws, n, out, lines ? &plan : nullptr);
+    store_tile(out, NR, y + i0 * w.rows + j0 + jt, w.rows, MR, std::min(NR, nj - jt), acc);
+  }
+}
+
+// Decode (m <= 8): weight rows [r0, r1) in blocks of 16, each block read from memory once (the next
+// one prefetched meanwhile) and reused from cache by the 4-, 2- and 1-row tiles of x that cover m
+// (4 x 4, 2 x 8, 1 x 16 or 1 x 8 tiles: 16 or 8 accumulators, one reduction network).
+template <dtype T>
+inline void stream_rows(const float* x, std::size_t m, const weight_view& w, std::size_t r0, std::size_t r1, float* y,
+                        accumulate acc) noexcept {
+  const std::size_t rb = row_bytes(w.type, w.cols);
+  for (std::size_t j0 = r0; j0 < r1; j0 += 16) {
+    const std::size_t nj = std::min<std::size_t>(16, r1 - j0);
+    const std::byte* pf_begin = w.data + std::min(j0 + 16, r1) * rb;
+    const std::byte* pf_end = w.data + std::min(j0 + 32, r1) * rb;
+    for (std::size_t i0 = 0; i0 < m;) {
+      if (m - i0 >= 4) {
+        stream_block<T, 4, 4>(x, i0, w, rb, j0, nj, y, acc, pf_begin, pf_end);
+        i0 += 4;
+      } else if (m - i0 >= 2) {
+        stream_block<T, 2, 8>(x, i0, w, rb, j0, nj, y, acc, pf_begin, pf_end);
+        i0 += 2;
+      } else {
+        // Rows a multiple of 2 KiB apart put 16 streams into at most 2 of L1's 12-way sets.
+        if (rb % 2048 == 0)
+          stream_block<T, 1, 8>(x, i0, w, rb, j0, nj, y, acc, pf_begin, pf_end);
+        else
+          stream_block<T, 1, 16>(x, i0, w, rb, j0, nj, y, acc, pf_begin, pf_end);
+        i0 += 1;
+      }
+      pf_begin = pf_end;  // the first tile of x prefetched it all
+    }
+  }
+}
+
+// Prefill (m > 8): weight rows [r0, r1) panel by panel. Each panel is dequantized (or copied) once
+// into 64-byte aligned scratch (a load that splits a cache line costs twice) and every 4-row tile of
+// x runs over it: the x tile stays in L1, the panel in L2. x is read where it is (copying it aligned
+// costs more than its split loads). Rows longer than 1536 go in ranges of 1024 columns, so that the x
+// tile's range and a weight tile's still fit in L1 together; the lane sums wait in `state` between.
+template <dtype T>
+inline void panel_rows(const float* x, std::size_t m, const weight_view& w, std::size_t r0, std::size_t r1, float* y,
+                       accumulate acc) {
+  constexpr std::size_t MR = 4, NR = 4, tile_floats = MR * NR * lanes;
+  const std::size_t n = w.cols, ldy = w.rows, rb = row_bytes(w.type, n), ld = scratch_stride(n);
+  const std::size_t full = n - n % lanes, range = n <= 1536 ? std::max<std::size_t>(full, 1) : 1024;
+  const std::size_t ranges = std::max<std::size_t>(1, (full + range - 1) / range);
+  const std::size_t step = detail::panel_height(r1 - r0, std::min(n, range), NR);
+  float* const state = panel_scratch(step / NR * tile_floats + step * ld);
+  float* const panel = state + step / NR * tile_floats;
+  for (std::size_t p0 = r0; p0 < r1; p0 += step) {
+    const std::size_t nc = std::min(step, r1 - p0);
+    for (std::size_t r = 0; r < nc; ++r) unpack_row<T>(w.data + (p0 + r) * rb, n, panel + r * ld);
+    for (std::size_t i0 = 0; i0 < m; i0 += MR) {
+      const float* xs[MR];
+      for (std::size_t i = 0; i < MR; ++i) xs[i] = x + std::min(i0 + i, m - 1) * n;  // past m: repeat, not stored
+      for (std::size_t r = 0; r < ranges; ++r) {
+        const std::size_t k0 = r * range, k1 = r + 1 == ranges ? full : k0 + range;
+        for (std::size_t j0 = 0; j0 < nc; j0 += NR) {
+          const float* ws[NR];
+          for (std::size_t j = 0; j < NR; ++j) ws[j] = panel + std::min(j0 + j, nc - 1) * ld;  // past nc: repeat
+          float* const st = state + j0 / NR * tile_floats;
+          alignas(64) float out[16];
+          if (ranges == 1) {
+            panel_tile<false, false>(xs, ws, n, k0, k1, st, out);
+          } else if (r == 0) {
+            panel_tile<false, true>(xs, ws, n, k0, k1, st, out);
+            continue;
+          } else if (r + 1 < ranges) {
+            panel_tile<true, true>(xs, ws, n, k0, k1, st, out);
+            continue;
+          } else {
+            panel_tile<true, false>(xs, ws, n, k0, k1, st, out);
+          }
+          float* const dst = y + i0 * ldy + p0 + j0;
+          if (i0 + MR <= m && j0 + NR <= nc) {
+            for (std::size_t i = 0; i < MR; ++i) {
+              __m128 v = _mm_load_ps(out + i * NR);
+              if (acc == accumulate::yes) v = _mm_add_ps(_mm_loadu_ps(dst + i * ldy), v);
+              _mm_storeu_ps(dst + i * ldy, v);
+            }
+          } else {
+            store_tile(out, NR, dst, ldy, std::min(MR, m - i0), std::min(NR, nc - j0), acc);
+          }
+        }
+      }
+    }
+  }
+}
+
+template <dtype T>
+inline void matmul_typed(thread_pool& pool, const float* x, const weight_view& w, float* y, std::size_t m,
+                         accumulate acc) {
+  if (m <= 8) {
+    // One run of 16-row blocks per thread, equal in bytes: each run starts cold (its first block is
+    // not prefetched), and a decode step's matrices take only tens of microseconds.
+    const std::size_t units = (w.rows + 15) / 16;
+    pool.parallel_for(
+        units, [&](std::size_t b, std::size_t e) { stream_rows<T>(x, m, w, b * 16, std::min(e * 16, w.rows), y, acc); },
+        (units + pool.size() - 1) / pool.size());
+    return;
+  }
+  // At least 64 rows a task where there are enough for every thread: each task reads all of x.
+  const std::size_t units = (w.rows + 3) / 4;
+  pool.parallel_for(
+      units, [&](std::size_t b, std::size_t e) { panel_rows<T>(x, m, w, b * 4, std::min(e * 4, w.rows), y, acc); },
+      std::min<std::size_t>(16, units / pool.size()));
+}
+
+#elif EFIM_K_AVX2
+// AVX2 + FMA + F16C. A canonical 16-lane sum lives in two ymm registers: lo (lanes 0-7: k = 16s + 0..7)
+// and hi (lanes 8-15: k = 16s + 8..15); reduce8x2 adds the same pairs in the same order as reduce_lanes,
+// so the bits equal the AVX-512 path's.
+
+// Pins a vector to a register (see the AVX-512 path's in_register).
+[[gnu::always_inline]] inline void in_register(__m256& v) noexcept { __asm__("" : "+x"(v)); }
+
+// 8 weights of a row from element k, f32, f16 or bf16, widened exactly to f32.
+template <dtype T>
+[[gnu::always_inline]] inline __m256 load8(const std::byte* row, std::size_t k) noexcept {
+  if constexpr (T == dtype::f32) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + k);
+  } else if constexpr (T == dtype::f16) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * k)));
+  } else {
+    static_assert(T == dtype::bf16);
+    const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * k)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
+  }
+}
+
+// The 32 weights of block b of a q8_0 or q4_0 row, v[h] = elements 8h .. 8h + 7: each float(quant) *
+// scale, one exact product, as dequantize_row computes it.
+template <dtype T>
+[[gnu::always_inline]] inline void load_block(__m256 (&v)[4], const std::byte* row, std::size_t b) noexcept {
+  const std::byte* blk = row + b * info(T).bytes;
+  std::uint16_t bits;
+  std::memcpy(&bits, blk, sizeof bits);
+  const __m256 d = _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(bits)));
+  if constexpr (T == dtype::q8_0) {
+    for (std::size_t h = 0; h < 4; ++h) {
+      const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + 8 * h));
+      v[h] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
+    }
+  } else {
+    static_assert(T == dtype::q4_0);
+    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+    const __m128i low = _mm_set1_epi8(15);
+    const __m128i q[2] = {_mm_and_si128(qs, low), _mm_and_si128(_mm_srli_epi16(qs, 4), low)};  // 0-15, 16-31
+    const __m256i eight = _mm256_set1_epi32(8);
+    for (std::size_t h = 0; h < 4; ++h) {
+      const __m128i bytes = h % 2 == 0 ? q[h / 2] : _mm_unpackhi_epi64(q[h / 2], q[h / 2]);
+      const __m256i level = _mm256_sub_epi32(_mm256_cvtepu8_epi32(bytes), eight);
+      v[h] = _mm256_mul_ps(_mm256_cvtepi32_ps(level), d);
+    }
+  }
+}
+
+// reduce_lanes of the 16 lanes (lo, hi) plus the tail.
+[[gnu::always_inline]] inline float reduce8x2(__m256 lo, __m256 hi, float tail) noexcept {
+  const __m256 t8 = _mm256_add_ps(lo, hi);                                                 // a[i] + a[i + 8]
+  const __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));  // t8[i] + t8[i + 4]
+  const __m128 u = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));  // t4[0] + t4[2], t4[1] + t4[3]
+  return _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u))) + tail;
+}
+
+// Decode: out[i * NR + j] = dot(x[i], dequantized w[j]) over n elements with the weights read as stored.
+template <dtype T, std::size_t MR, std::size_t NR>
+[[gnu::always_inline]] inline void tile(const float* const (&x)[MR], const std::byte* const (&w)[NR], std::size_t n,
+                                        float* out, prefetch_plan* pf) noexcept {
+  __m256 lo[MR * NR], hi[MR * NR];
+#pragma GCC unroll 16
+  for (std::size_t t = 0; t < MR * NR; ++t) lo[t] = hi[t] = _mm256_setzero_ps();
+  float tail[MR * NR] = {};
+  if constexpr (info(T).block == 32) {
+    for (std::size_t blk = 0; blk < n / 32; ++blk) {
+      prefetch_step(pf);
+#pragma GCC unroll 16
+      for (std::size_t j = 0; j < NR; ++j) {
+        __m256 v[4];
+        load_block<T>(v, w[j], blk);
+#pragma GCC unroll 16
+        for (std::size_t i = 0; i < MR; ++i) {
+          const float* xb = x[i] + 32 * blk;
+          lo[i * NR + j] = _mm256_fmadd_ps(_mm256_loadu_ps(xb), v[0], lo[i * NR + j]);
+          hi[i * NR + j] = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 8), v[1], hi[i * NR + j]);
+          lo[i * NR + j] = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 16), v[2], lo[i * NR + j]);
+          hi[i * NR + j] = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 24), v[3], hi[i * NR + j]);
+        }
+      }
+    }
+  } else {
+    const std::size_t full = n - n % lanes;
+    for (std::size_t k = 0; k < full; k += lanes) {
+      prefetch_step(pf);
+#pragma GCC unroll 16
+      for (std::size_t j = 0; j < NR; ++j) {
+        const __m256 wl = load8<T>(w[j], k), wh = load8<T>(w[j], k + 8);
+#pragma GCC unroll 16
+        for (std::size_t i = 0; i < MR; ++i) {
+          lo[i * NR + j] = _mm256_fmadd_ps(_mm256_loadu_ps(x[i] + k), wl, lo[i * NR + j]);
+          hi[i * NR + j] = _mm256_fmadd_ps(_mm256_loadu_ps(x[i] + k + 8), wh, hi[i * NR + j]);
+        }
+      }
+    }
+    for (std::size_t i = 0; i < MR; ++i)
+      for (std::size_t j = 0; j < NR; ++j)
+        for (std::size_t k = full; k < n; ++k) tail[i * NR + j] = fma(x[i][k], weight_at<T>(w[j], k), tail[i * NR + j]);
+  }
+#pragma GCC unroll 16
+  for (std::size_t t = 0; t < MR * NR; ++t) out[t] = reduce8x2(lo[t], hi[t], tail[t]);
+}
+
+template <dtype T, std::size_t MR, std::size_t NR>
+[[gnu::noinline]] void stream_tile(const float* const (&x)[MR], const std::byte* const (&w)[NR], std::size_t n,
+                                   float* out, prefetch_plan* pf) noexcept {
+  if (pf == nullptr) return tile<T, MR, NR>(x, w, n, out, nullptr);  // a loop without the prefetch test
+  tile<T, MR, NR>(x, w, n, out, pf);
+}
+
+// Decode: rows [i0, i0 + MR) of x against weight rows [j0, j0 + nj), nj <= 16, read as stored;
+// `pf` (or null) spreads the prefetches of [pf_begin, pf_end) over the k loop.
+template <dtype T, std::size_t MR, std::size_t NR>
+inline void stream_block(const float* x, std::size_t i0, const weight_view& w, std::size_t rb, std::size_t j0,
+                         std::size_t nj, float* y, accumulate acc, const std::byte* pf_begin,
+                         const std::byte* pf_end) noexcept {
+  const std::size_t n = w.cols;
+  const float* xs[MR];
+  for (std::size_t i = 0; i < MR; ++i) xs[i] = x + (i0 + i) * n;
+  constexpr std::size_t tiles = 16 / NR, step = info(T).block == 32 ? 32 : lanes;
+  prefetch_plan plan{reinterpret_cast<std::uintptr_t>(pf_begin), reinterpret_cast<std::uintptr_t>(pf_end), 0};
+  const std::size_t lines = (plan.end - plan.next + 63) / 64, steps = std::max<std::size_t>(1, n / step * tiles);
+  plan.per_step = (lines + steps - 1) / steps;
+  for (std::size_t jt = 0; jt < nj; jt += NR) {
+    const std::byte* ws[NR];
+    for (std::size_t j = 0; j < NR; ++j) ws[j] = w.data + (j0 + std::min(jt + j, nj - 1)) * rb;  // past nj: repeat
+    float out[MR * NR];
+    stream_tile<T, MR, NR>(xs, ws, n, out, lines ? &plan : nullptr);
+    store_tile(out, NR, y + i0 * w.rows + j0 + jt, w.rows, MR, std::min(NR, nj - jt), acc);
+  }
+}
+
+// Decode (m <= 8): weight rows [r0, r1) in blocks of 16, each read from memory once (the next block
+// prefetched meanwhile) and reused from cache by the 2 x 2 and 1 x 4 tiles of x that cover m.
+template <dtype T>
+inline void stream_rows(const float* x, std::size_t m, const weight_view& w, std::size_t r0, std::size_t r1, float* y,
+                        accumulate acc) noexcept {
+  const std::size_t rb = row_bytes(w.type, w.cols);
+  for (std::size_t j0 = r0; j0 < r1; j0 += 16) {
+    const std::size_t nj = std::min<std::size_t>(16, r1 - j0);
+    const std::byte* pf_begin = w.data + std::min(j0 + 16, r1) * rb;
+    const std::byte* pf_end = w.data + std::min(j0 + 32, r1) * rb;
+    for (std::size_t i0 = 0; i0 < m;) {
+      if (m - i0 >= 2) {
+        stream_block<T, 2, 2>(x, i0, w, rb, j0, nj, y, acc, pf_begin, pf_end);
+        i0 += 2;
+      } else {
+        stream_block<T, 1, 4>(x, i0, w, rb, j0, nj, y, acc, pf_begin, pf_end);
+        i0 += 1;
+      }
+      pf_begin = pf_end;  // the first tile of x prefetched it all
+    }
+  }
+}
+
+// The prefill tile: 2 rows of x by 3 f32 weight rows, whole 16-lane steps k in [k_begin, k_end): 12
+// accumulators, 2 x vectors and a weight vector in the 16 ymm registers. The lane sums start from zero
+// or, From_state, from `state` (96 floats, 32-byte aligned); To_state they go back there, else the
+// tail past k_end is added and they are reduced into out[3 i + j]. Named sums, as in the AVX-512 tile.
+template <bool From_state, bool To_state>
+[[gnu::noinline]] void panel_tile(const float* const (&x)[2], const float* const (&w)[3], std::size_t n,
+                                  std::size_t k_begin, std::size_t k_end, float* state, float* out) noexcept {
+  __m256 a0l, a0h, a1l, a1h, a2l, a2h, b0l, b0h, b1l, b1h, b2l, b2h;  // a: x row 0, b: x row 1; digit: w row
+  if constexpr (From_state) {
+    a0l = _mm256_load_ps(state + 0), a0h = _mm256_load_ps(state + 8);
+    a1l = _mm256_load_ps(state + 16), a1h = _mm256_load_ps(state + 24);
+    a2l = _mm256_load_ps(state + 32), a2h = _mm256_load_ps(state + 40);
+    b0l = _mm256_load_ps(state + 48), b0h = _mm256_load_ps(state + 56);
+    b1l = _mm256_load_ps(state + 64), b1h = _mm256_load_ps(state + 72);
+    b2l = _mm256_load_ps(state + 80), b2h = _mm256_load_ps(state + 88);
+  } else {
+    a0l = a0h = a1l = a1h = a2l = a2h = b0l = b0h = b1l = b1h = b2l = b2h = _mm256_setzero_ps();
+  }
+  for (std::size_t k = k_begin; k < k_end; k += lanes) {
+    __m256 x0 = _mm256_loadu_ps(x[0] + k), x1 = _mm256_loadu_ps(x[1] + k);
+    in_register(x0), in_register(x1);
+    __m256 w0 = _mm256_load_ps(w[0] + k);
+    in_register(w0);
+    a0l = _mm256_fmadd_ps(x0, w0, a0l), b0l = _mm256_fmadd_ps(x1, w0, b0l);
+    __m256 w1 = _mm256_load_ps(w[1] + k);
+    in_register(w1);
+    a1l = _mm256_fmadd_ps(x0, w1, a1l), b1l = _mm256_fmadd_ps(x1, w1, b1l);
+    __m256 w2 = _mm256_load_ps(w[2] + k);
+    in_register(w2);
+    a2l = _mm256_fmadd_ps(x0, w2, a2l), b2l = _mm256_fmadd_ps(x1, w2, b2l);
+    x0 = _mm256_loadu_ps(x[0] + k + 8), x1 = _mm256_loadu_ps(x[1] + k + 8);
+    in_register(x0), in_register(x1);
+    w0 = _mm256_load_ps(w[0] + k + 8);
+    in_register(w0);
+    a0h = _mm256_fmadd_ps(x0, w0, a0h), b0h = _mm256_fmadd_ps(x1, w0, b0h);
+    w1 = _mm256_load_ps(w[1] + k + 8);
+    in_register(w1);
+    a1h = _mm256_fmadd_ps(x0, w1, a1h), b1h = _mm256_fmadd_ps(x1, w1, b1h);
+    w2 = _mm256_load_ps(w[2] + k + 8);
+    in_register(w2);
+    a2h = _mm256_fmadd_ps(x0, w2, a2h), b2h = _mm256_fmadd_ps(x1, w2, b2h);
+  }
+  if constexpr (To_state) {
+    const __m256 acc[12] = {a0l, a0h, a1l, a1h, a2l, a2h, b0l, b0h, b1l, b1h, b2l, b2h};
+    for (std::size_t t = 0; t < 12; ++t) _mm256_store_ps(state + 8 * t, acc[t]);
+  } else {
+    float tail[6] = {};
+    for (std::size_t i = 0; i < 2; ++i)
+      for (std::size_t j = 0; j < 3; ++j)
+        for (std::size_t k = k_end; k < n; ++k) tail[i * 3 + j] = fma(x[i][k], w[j][k], tail[i * 3 + j]);
+    out[0] = reduce8x2(a0l, a0h, tail[0]), out[1] = reduce8x2(a1l, a1h, tail[1]);
+    out[2] = reduce8x2(a2l, a2h, tail[2]), out[3] = reduce8x2(b0l, b0h, tail[3]);
+    out[4] = reduce8x2(b1l, b1h, tail[4]), out[5] = reduce8x2(b2l, b2h, tail[5]);
+  }
+}
+
+// A weight row of n elements dequantized into out, with the same conversions the tiles use.
+template <dtype T>
+inline void unpack_row(const std::byte* row, std::size_t n, float* out) noexcept {
+  if constexpr (info(T).block == 32) {
+    for (std::size_t blk = 0; blk < n / 32; ++blk) {
+      __m256 v[4];
+      load_block<T>(v, row, blk);
+      for (std::size_t h = 0; h < 4; ++h) _mm256_storeu_ps(out + 32 * blk + 8 * h, v[h]);
+    }
+  } else {
+    const std::size_t full = n - n % 8;
+    for (std::size_t k = 0; k < full; k += 8) _mm256_storeu_ps(out + k, load8<T>(row, k));
+    for (std::size_t k = full; k < n; ++k) out[k] = weight_at<T>(row, k);
+  }
+}
+
+// Prefill (m > 8): weight rows [r0, r1) panel by panel, as the AVX-512 path does (aligned scratch,
+// rows past 1536 columns in ranges of 1024), with 2 x 3 tiles.
+template <dtype T>
+inline void panel_rows(const float* x, std::size_t m, const weight_view& w, std::size_t r0, std::size_t r1, float* y,
+                       accumulate acc) {
+  constexpr std::size_t MR = 2, NR = 3, tile_floats = 2 * MR * NR * 8;
+  const std::size_t n = w.cols, ldy = w.rows, rb = row_bytes(w.type, n), ld = scratch_stride(n);
+  const std::size_t full = n - n % lanes, range = n <= 1536 ? std::max<std::size_t>(full, 1) : 1024;
+  const std::size_t ranges = std::max<std::size_t>(1, (full + range - 1) / range);
+  const std::size_t step = detail::panel_height(r1 - r0, std::min(n, range), NR);
+  float* const state = panel_scratch(step / NR * tile_floats + step * ld);
+  float* const panel = state + step / NR * tile_floats;
+  for (std::size_t p0 = r0; p0 < r1; p0 += step) {
+    const std::size_t nc = std::min(step, r1 - p0);
+    for (std::size_t r = 0; r < nc; ++r) unpack_row<T>(w.data + (p0 + r) * rb, n, panel + r * ld);
+    for (std::size_t i0 = 0; i0 < m; i0 += MR) {
+      const float* xs[MR];
+      for (std::size_t i = 0; i < MR; ++i) xs[i] = x + std::min(i0 + i, m - 1) * n;  // past m: repeat, not stored
+      for (std::size_t r = 0; r < ranges; ++r) {
+        const std::size_t k0 = r * range, k1 = r + 1 == ranges ? full : k0 + range;
+        for (std::size_t j0 = 0; j0 < nc; j0 += NR) {
+          const float* ws[NR];
+          for (std::size_t j = 0; j < NR; ++j) ws[j] = panel + std::min(j0 + j, nc - 1) * ld;  // past nc: repeat
+          float* const st = state + j0 / NR * tile_floats;
+          float out[MR * NR];
+          if (ranges == 1) {
+            panel_tile<false, false>(xs, ws, n, k0, k1, st, out);
+          } else if (r == 0) {
+            panel_tile<false, true>(xs, ws, n, k0, k1, st, out);
+            continue;
+          } else if (r + 1 < ranges) {
+            panel_tile<true, true>(xs, ws, n, k0, k1, st, out);
+            continue;
+          } else {
+            panel_tile<true, false>(xs, ws, n, k0, k1, st, out);
+          }
+          store_tile(out, NR, y + i0 * ldy + p0 + j0, ldy, std::min(MR, m - i0), std::min(NR, nc - j0), acc);
+        }
+      }
+    }
+  }
+}
+
+template <dtype T>
+inline void matmul_typed(thread_pool& pool, const float* x, const weight_view& w, float* y, std::size_t m,
+                         accumulate acc) {
+  if (m <= 8) {
+    const std::size_t units = (w.rows + 15) / 16;
+    pool.parallel_for(
+        units, [&](std::size_t b, std::size_t e) { stream_rows<T>(x, m, w, b * 16, std::min(e * 16, w.rows), y, acc); },
+        (units + pool.size() - 1) / pool.size());
+    return;
+  }
+  const std::size_t units = (w.rows + 2) / 3;
+  pool.parallel_for(
+      units, [&](std::size_t b, std::size_t e) { panel_rows<T>(x, m, w, b * 3, std::min(e * 3, w.rows), y, acc); },
+      std::min<std::size_t>(16, units / pool.size()));
+}
+
+#endif
+
+// y (m, rows) = [y +] x (m, cols) * dequantize(w)^T on this path (see matmul.hpp).
+inline void matmul(thread_pool& pool, const float* x, const weight_view& w, float* y, std::size_t m, accumulate acc) {
+#if EFIM_K_AVX512 || EFIM_K_AVX2
+  switch (w.type) {
+    case dtype::f32:
+      return matmul_typed<dtype::f32>(pool, x, w, y, m, acc);
+    case dtype::f16:
+      return matmul_typed<dtype::f16>(pool, x, w, y, m, acc);
+    case dtype::bf16:
+      return matmul_typed<dtype::bf16>(pool, x, w, y, m, acc);
+    case dtype::q8_0:
+      return matmul_typed<dtype::q8_0>(pool, x, w, y, m, acc);
+    case dtype::q4_0:
+      return matmul_typed<dtype::q4_0>(pool, x, w, y, m, acc);
+  }
+#endif
+  pool.parallel_for((w.rows + 3) / 4, [&](std::size_t b, std::size_t e) {
+    matmul_rows_portable(x, m, w, b * 4, std::min(e * 4, w.rows), y, acc);
+  });
+}

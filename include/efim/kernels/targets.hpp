@@ -1,0 +1,177 @@
+#pragma once
+// The host kernels' bodies (impl/*.inl), compiled once per instruction-set path into its own
+// namespace, and the dispatch that calls the active path (isa.hpp):
+//   detail::isa_generic  the compiler's flags (portable vector code; AVX-512 or AVX2 code where the
+//                        flags already allow it, NEON on AArch64)
+//   detail::isa_avx2     AVX2 + FMA + F16C (x86-64-v3), whatever the flags
+//   detail::isa_avx512   AVX-512 (F, BW, DQ, VL) with the same, whatever the flags
+// On x86 the last two are compiled under `#pragma GCC target` (GCC) or `#pragma clang attribute`
+// (Clang), so a program built for baseline x86-64 runs the fast paths on the CPUs that have them.
+//
+// In the bodies, EFIM_K_AVX512, EFIM_K_AVX2, EFIM_K_FMA and EFIM_K_F16C say what the path being
+// compiled may use; the compiler's own macros (__AVX2__, ...) must not be read there.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <initializer_list>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "efim/core/dtype.hpp"
+#include "efim/core/thread_pool.hpp"
+#include "efim/core/types.hpp"
+#include "efim/kernels/common.hpp"
+#include "efim/kernels/isa.hpp"
+#include "efim/kv/layout.hpp"
+
+#if EFIM_KERNELS_X86
+#include <immintrin.h>
+#endif
+
+// ---- generic: what the compiler flags allow ----
+#if EFIM_KERNELS_X86 && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && \
+    defined(__AVX512VL__) && defined(__FMA__) && defined(__F16C__)
+#define EFIM_K_AVX512 1
+#else
+#define EFIM_K_AVX512 0
+#endif
+#if EFIM_KERNELS_X86 && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define EFIM_K_AVX2 1
+#else
+#define EFIM_K_AVX2 0
+#endif
+#if defined(__FMA__) || defined(__AVX512F__) || defined(__ARM_FEATURE_FMA)
+#define EFIM_K_FMA 1
+#else
+#define EFIM_K_FMA 0
+#endif
+#if EFIM_KERNELS_X86 && defined(__F16C__)
+#define EFIM_K_F16C 1
+#else
+#define EFIM_K_F16C 0
+#endif
+namespace efim::kernels::detail::isa_generic {
+// The bodies in this order: each uses what the ones before it define.
+// clang-format off
+#include "efim/kernels/impl/simd.inl"
+#include "efim/kernels/impl/matmul.inl"
+#include "efim/kernels/impl/attention.inl"
+#include "efim/kernels/impl/ops.inl"
+// clang-format on
+}  // namespace efim::kernels::detail::isa_generic
+#undef EFIM_K_AVX512
+#undef EFIM_K_AVX2
+#undef EFIM_K_FMA
+#undef EFIM_K_F16C
+
+#if EFIM_KERNELS_X86
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which its -W(maybe-)uninitialized
+// reports once they are inlined (GCC bug 105593, fixed in 13).
+#pragma GCC diagnostic push
+#if !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+// ---- AVX2 + FMA + F16C ----
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,bmi,bmi2,lzcnt,popcnt"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,bmi,bmi2,lzcnt,popcnt")
+#endif
+#define EFIM_K_AVX512 0
+#define EFIM_K_AVX2 1
+#define EFIM_K_FMA 1
+#define EFIM_K_F16C 1
+namespace efim::kernels::detail::isa_avx2 {
+// The bodies in this order: each uses what the ones before it define.
+// clang-format off
+#include "efim/kernels/impl/simd.inl"
+#include "efim/kernels/impl/matmul.inl"
+#include "efim/kernels/impl/attention.inl"
+#include "efim/kernels/impl/ops.inl"
+// clang-format on
+}  // namespace efim::kernels::detail::isa_avx2
+#undef EFIM_K_AVX512
+#undef EFIM_K_AVX2
+#undef EFIM_K_FMA
+#undef EFIM_K_F16C
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+// ---- AVX-512 ----
+#if defined(__clang__)
+#pragma clang attribute push(                                                                          \
+    __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c,bmi,bmi2,lzcnt,popcnt"))), \
+    apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c,bmi,bmi2,lzcnt,popcnt")
+#endif
+#define EFIM_K_AVX512 1
+#define EFIM_K_AVX2 0
+#define EFIM_K_FMA 1
+#define EFIM_K_F16C 1
+namespace efim::kernels::detail::isa_avx512 {
+// The bodies in this order: each uses what the ones before it define.
+// clang-format off
+#include "efim/kernels/impl/simd.inl"
+#include "efim/kernels/impl/matmul.inl"
+#include "efim/kernels/impl/attention.inl"
+#include "efim/kernels/impl/ops.inl"
+// clang-format on
+}  // namespace efim::kernels::detail::isa_avx512
+#undef EFIM_K_AVX512
+#undef EFIM_K_AVX2
+#undef EFIM_K_FMA
+#undef EFIM_K_F16C
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+#pragma GCC diagnostic pop
+
+// Calls detail::<path>::call on the active path (a statement; the call's result is dropped).
+#define EFIM_KERNELS_DISPATCH(call)                 \
+  do {                                              \
+    switch (::efim::kernels::active_isa()) {        \
+      case ::efim::kernels::isa::avx512:            \
+        ::efim::kernels::detail::isa_avx512::call;  \
+        break;                                      \
+      case ::efim::kernels::isa::avx2:              \
+        ::efim::kernels::detail::isa_avx2::call;    \
+        break;                                      \
+      case ::efim::kernels::isa::generic:           \
+        ::efim::kernels::detail::isa_generic::call; \
+        break;                                      \
+    }                                               \
+  } while (false)
+// The same, for a call with a result, assigned to `out`.
+#define EFIM_KERNELS_DISPATCH_TO(out, call)               \
+  do {                                                    \
+    switch (::efim::kernels::active_isa()) {              \
+      case ::efim::kernels::isa::avx512:                  \
+        out = ::efim::kernels::detail::isa_avx512::call;  \
+        break;                                            \
+      case ::efim::kernels::isa::avx2:                    \
+        out = ::efim::kernels::detail::isa_avx2::call;    \
+        break;                                            \
+      case ::efim::kernels::isa::generic:                 \
+        out = ::efim::kernels::detail::isa_generic::call; \
+        break;                                            \
+    }                                                     \
+  } while (false)
+#else
+#define EFIM_KERNELS_DISPATCH(call) ::efim::kernels::detail::isa_generic::call
+#define EFIM_KERNELS_DISPATCH_TO(out, call) out = ::efim::kernels::detail::isa_generic::call
+#endif

@@ -1,0 +1,60 @@
+// Built for a baseline instruction set (x86-64-v2 on x86-64, see tests/CMakeLists.txt), as a
+// distribution or a runtime builds the library: every header compiles warning-free there, and the
+// kernels still take the best path the CPU has. The CPU's features are read from /proc/cpuinfo, not
+// from the compiler's builtins the dispatch itself uses.
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "efim/efim.hpp"
+
+namespace {
+
+std::set<std::string> cpu_flags() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("flags", 0) == 0) {
+      std::istringstream words(line.substr(line.find(':') + 1));
+      std::set<std::string> flags;
+      for (std::string w; words >> w;) flags.insert(w);
+      return flags;
+    }
+  return {};
+}
+
+}  // namespace
+
+int main() {
+  namespace k = efim::kernels;
+  int failures = 0;
+#if EFIM_KERNELS_X86 && defined(__linux__)
+  const auto flags = cpu_flags();
+  const auto has = [&](const char* f) { return flags.count(f) > 0; };
+  const bool v3 = has("avx2") && has("fma") && has("f16c") && has("bmi2");
+  const k::isa expected = v3 && has("avx512f") ? k::isa::avx512 : v3 ? k::isa::avx2 : k::isa::generic;
+  std::printf("cpu: %s; kernels: %s\n", std::string(k::isa_name(expected)).c_str(),
+              std::string(k::isa_name(k::active_isa())).c_str());
+  if (std::getenv("EFIM_ISA") == nullptr && k::active_isa() != expected) {
+    std::printf("FAILED: the kernels run the %s path on a CPU with %s\n",
+                std::string(k::isa_name(k::active_isa())).c_str(), std::string(k::isa_name(expected)).c_str());
+    ++failures;
+  }
+#endif
+  // The dispatched product equals the canonical dot of the same path.
+  efim::thread_pool pool(2);
+  std::vector<float> x(3 * 100), w(5 * 100), y(3 * 5);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 7) * 0.25f - 0.5f;
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i % 11) * 0.125f - 0.6f;
+  k::matmul(pool, x.data(), w.data(), y.data(), 3, 5, 100);
+  for (std::size_t i = 0; i < 3; ++i)
+    for (std::size_t j = 0; j < 5; ++j)
+      if (y[i * 5 + j] != k::detail::dot(x.data() + i * 100, w.data() + j * 100, 100)) {
+        std::printf("FAILED: y[%zu][%zu] is not the canonical dot\n", i, j);
+        ++failures;
+      }
+  if (failures == 0) std::printf("baseline build: ok\n");
+  return failures == 0 ? 0 : 1;
+}
