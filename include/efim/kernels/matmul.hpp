@@ -6,7 +6,7 @@
 //
 // The bodies are in impl/matmul.inl, one copy per instruction-set path (targets.hpp):
 // - AVX-512: decode (m <= 8) streams the weights as stored, dequantized in registers, the next block
-//   of rows prefetched, in 4 x 4, 2 x 8 or 1 x 16 tiles, one run of rows per thread; prefill (m > 8)
+//   of rows prefetched, in 4 x 4, 2 x 8 or 1 x 8 tiles, one run of rows per thread; prefill (m > 8)
 //   dequantizes a panel of weight rows once into a per-thread aligned f32 scratch reused by every
 //   4-row tile of x through a 4 x 4 register tile, long rows in column ranges. Both reduce 16
 //   accumulators' lanes at once with a transpose-and-add network that adds the same pairs in the same
