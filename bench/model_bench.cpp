@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -15,6 +16,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "../tests/support.hpp"
@@ -29,7 +31,10 @@ const char* const usage = R"(usage: efim-model-bench [options]
 
 Times prefill (one batch of --prompt tokens) and decode (--decode single-token steps), both from an empty
 cache, on each model: the host backend on --threads threads, the plain f32 reference decoder on one
-thread, and llama.cpp on the same file when its reference program was built. Prints tokens/s and ratios.
+thread, and llama.cpp on the same file: its prebuilt CPU libraries (efim-llama-reference) and, once
+bench/build_llama_cpp.sh has built it, llama.cpp compiled here with GGML_NATIVE=ON (efim-llama-native).
+Prints the CPU and its vector extensions, the kernels' instruction-set path, the memory copy bandwidth,
+tokens/s and ratios, and the weight bytes decode reads per second as a share of the copy bandwidth.
   --model FILE        a GGUF model (repeatable). Default: the Qwen2-shaped model of hidden 768, 12 layers,
                       12 heads / 2 KV heads, FFN 2048, vocabulary 151,936, in f16 and in q8_0, made with
                       efim-model's maker into --dir (kept there for later runs)
@@ -108,10 +113,10 @@ timing time_reference(const model::weights& w, const std::vector<token_id>& prom
   return t;
 }
 
-// llama.cpp through the reference program; nullopt when it is not there or fails.
-std::optional<nlohmann::json> time_llama(const std::string& path, std::size_t threads, std::size_t prompt,
-                                         std::size_t decode, std::size_t reps) {
-  const std::string program = EFIM_LLAMA_REFERENCE;
+// llama.cpp through a reference program (the prebuilt libraries, or those built here); nullopt when it is
+// not there or fails.
+std::optional<nlohmann::json> time_llama(const std::string& program, const std::string& path, std::size_t threads,
+                                         std::size_t prompt, std::size_t decode, std::size_t reps) {
   if (program.empty() || !fs::exists(program)) return std::nullopt;
   const std::string cmd = program + " bench " + path + " --pp " + std::to_string(prompt) + " --tg " +
                           std::to_string(decode) + " --threads " + std::to_string(threads) + " --reps " +
@@ -123,6 +128,61 @@ std::optional<nlohmann::json> time_llama(const std::string& path, std::size_t th
   } catch (const std::exception&) {
     return std::nullopt;
   }
+}
+
+// Bytes of weights one decode step reads: every layer matrix and the output matrix (the embedding
+// table is read one row a token).
+double weight_bytes_per_token(const model::weights& w) {
+  const auto bytes = [](const kernels::weight_view& m) {
+    return m.data == nullptr ? 0.0 : static_cast<double>(m.rows * row_bytes(m.type, m.cols));
+  };
+  double total = bytes(w.output);
+  for (const auto& l : w.layers)
+    for (const auto* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) total += bytes(*m);
+  return total;
+}
+
+// Memory bandwidth as STREAM's copy counts it (bytes read + bytes written per second): `threads` threads
+// each copy their share of 2 x 512 MiB buffers, best of 5.
+double copy_bandwidth(std::size_t threads) {
+  const std::size_t n = std::size_t{512} << 20;
+  std::vector<char> a(n, 1), b(n, 2);
+  thread_pool pool(threads);
+  double best = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    const double t0 = now();
+    pool.parallel_for(threads, [&](std::size_t begin, std::size_t end) {
+      for (std::size_t t = begin; t < end; ++t) {
+        const std::size_t lo = n / threads * t, hi = t + 1 == threads ? n : n / threads * (t + 1);
+        std::memcpy(b.data() + lo, a.data() + lo, hi - lo);
+      }
+    });
+    best = std::max(best, 2.0 * static_cast<double>(n) / (now() - t0));
+    std::swap(a, b);
+  }
+  return best;
+}
+
+// The CPU's name and the vector extensions the kernels care about, from /proc/cpuinfo.
+std::string cpu_description() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string name, flags;
+  for (std::string line; std::getline(in, line);) {
+    if (name.empty() && line.rfind("model name", 0) == 0) name = line.substr(line.find(':') + 2);
+    if (flags.empty() && line.rfind("flags", 0) == 0) flags = " " + line.substr(line.find(':') + 1) + " ";
+  }
+  std::string isa;
+  for (const std::string f :
+       {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "amx_tile", "asimd"})
+    if (flags.find(" " + f + " ") != std::string::npos) {
+      if (!isa.empty()) isa += ' ';
+      isa += f;
+    }
+  if (name.empty()) name = "unknown CPU";
+  name += " (";
+  name += isa.empty() ? std::string("no vector extensions") : isa;
+  name += ")";
+  return name;
 }
 
 // The default models: made once into `dir` by the same maker as efim-model make.
@@ -210,6 +270,12 @@ int main(int argc, char** argv) {
   }
   try {
     if (models.empty()) models = default_models(dir);
+    const std::string cpu = cpu_description();
+    const double bandwidth = copy_bandwidth(threads);
+    std::printf("cpu: %s, %zu threads\nkernels: the %s path; memory: %.1f GB/s copy bandwidth (read + write)\n",
+                cpu.c_str(), threads, std::string(kernels::isa_name(kernels::active_isa())).c_str(), bandwidth / 1e9);
+    const std::pair<const char*, std::string> peers[] = {{"llama", EFIM_LLAMA_REFERENCE},
+                                                         {"native", EFIM_LLAMA_NATIVE}};
     nlohmann::json results = nlohmann::json::array();
     std::printf("%-28s %-6s %12s %12s %12s %12s %9s %9s\n", "model", "path", "prefill t/s", "decode t/s", "prefill x",
                 "decode x", "check", "");
@@ -222,7 +288,7 @@ int main(int argc, char** argv) {
       // efim and llama.cpp take turns, one repetition each, so that both see the same machine (the
       // speed of a shared virtual machine drifts by 10-20% over minutes); the best of each is kept.
       timing host;
-      std::optional<nlohmann::json> llama_best;
+      std::optional<nlohmann::json> llama_best[std::size(peers)];
       for (std::size_t rep = 0; rep < reps; ++rep) {
         std::vector<float> logits;
         const timing t = time_host(w, threads, kv_type, prompt, decode_n, logits);
@@ -230,25 +296,36 @@ int main(int argc, char** argv) {
         host.prefill_tps = std::max(host.prefill_tps, t.prefill_tps);
         host.decode_tps = std::max(host.decode_tps, t.decode_tps);
         if (!llama) continue;
-        if (const auto l = time_llama(path, threads, prompt_n, decode_n, 1)) {
-          if (!llama_best) {
-            llama_best = *l;
+        for (std::size_t p = 0; p < std::size(peers); ++p) {
+          const auto l = time_llama(peers[p].second, path, threads, prompt_n, decode_n, 1);
+          if (!l) continue;
+          if (!llama_best[p]) {
+            llama_best[p] = *l;
           } else {
             for (const char* key : {"pp_best", "tg_best"})
-              (*llama_best)[key] = std::max((*llama_best)[key].get<double>(), l->at(key).get<double>());
+              (*llama_best[p])[key] = std::max((*llama_best[p])[key].get<double>(), l->at(key).get<double>());
           }
         }
       }
-      nlohmann::json r = {
-          {"model", path},
-          {"architecture", std::string(model::to_string(w.cfg.arch))},
-          {"weights", std::string(to_string(w.type()))},
-          {"kv", std::string(to_string(kv_type))},
-          {"threads", threads},
-          {"prompt", prompt_n},
-          {"decode", decode_n},
-          {"efim", {{"prefill_tokens_per_s", host.prefill_tps}, {"decode_tokens_per_s", host.decode_tps}}}};
-      std::printf("%-28s %-6s %12.1f %12.2f\n", name.c_str(), "efim", host.prefill_tps, host.decode_tps);
+      const double decode_bytes = weight_bytes_per_token(w);
+      nlohmann::json r = {{"model", path},
+                          {"architecture", std::string(model::to_string(w.cfg.arch))},
+                          {"weights", std::string(to_string(w.type()))},
+                          {"kv", std::string(to_string(kv_type))},
+                          {"threads", threads},
+                          {"prompt", prompt_n},
+                          {"decode", decode_n},
+                          {"cpu", cpu},
+                          {"kernels", std::string(kernels::isa_name(kernels::active_isa()))},
+                          {"copy_bandwidth_bytes_per_s", bandwidth},
+                          {"decode_weight_bytes_per_token", decode_bytes},
+                          {"efim",
+                           {{"prefill_tokens_per_s", host.prefill_tps},
+                            {"decode_tokens_per_s", host.decode_tps},
+                            {"decode_fraction_of_copy_bandwidth", host.decode_tps * decode_bytes / bandwidth}}}};
+      std::printf("%-28s %-6s %12.1f %12.2f %25s decode reads %.1f GB/s of weights, %.0f%% of the copy bandwidth\n",
+                  name.c_str(), "efim", host.prefill_tps, host.decode_tps, "", host.decode_tps * decode_bytes / 1e9,
+                  100.0 * host.decode_tps * decode_bytes / bandwidth);
       if (reference) {
         const timing ref = time_reference(w, prompt, decode_n, ref_logits);
         const float err = max_relative_error(host_logits, ref_logits);
@@ -261,21 +338,29 @@ int main(int argc, char** argv) {
                     host.prefill_tps / ref.prefill_tps, host.decode_tps / ref.decode_tps, static_cast<double>(err));
       }
       if (llama) {
-        if (const auto& l = llama_best) {
-          const double pp = l->at("pp_best").get<double>(), tg = l->at("tg_best").get<double>();
-          r["llama_cpp"] = *l;
-          r["llama_cpp"]["reps"] = reps;
-          r["efim_over_llama_cpp"] = {{"prefill", host.prefill_tps / pp}, {"decode", host.decode_tps / tg}};
-          std::printf("%-28s %-6s %12.1f %12.2f %11.2fx %11.2fx\n", "", "llama", pp, tg, host.prefill_tps / pp,
-                      host.decode_tps / tg);
-        } else {
-          std::printf("%-28s %-6s (not available: build efim-llama-reference after .ci/setup)\n", "", "llama");
+        for (std::size_t p = 0; p < std::size(peers); ++p) {
+          const char* row = peers[p].first;
+          const std::string key = p == 0 ? "llama_cpp" : "llama_cpp_native";
+          if (const auto& l = llama_best[p]) {
+            const double pp = l->at("pp_best").get<double>(), tg = l->at("tg_best").get<double>();
+            r[key] = *l;
+            r[key]["reps"] = reps;
+            r["efim_over_" + key] = {{"prefill", host.prefill_tps / pp}, {"decode", host.decode_tps / tg}};
+            std::printf("%-28s %-6s %12.1f %12.2f %11.2fx %11.2fx\n", "", row, pp, tg, host.prefill_tps / pp,
+                        host.decode_tps / tg);
+          } else if (p == 0) {
+            std::printf("%-28s %-6s (not available: build efim-llama-reference after .ci/setup)\n", "", row);
+          } else {
+            std::printf("%-28s %-6s (not available: bench/build_llama_cpp.sh, then cmake again)\n", "", row);
+          }
         }
       }
       results.push_back(r);
       std::fflush(stdout);
     }
-    std::printf("(x: efim's tokens/s over that row's; check: efim's prefill logits against the reference's)\n");
+    std::printf(
+        "(x: efim's tokens/s over that row's; check: efim's prefill logits against the reference's; llama:\n"
+        " llama.cpp's prebuilt CPU libraries; native: llama.cpp built here with GGML_NATIVE=ON)\n");
     if (!json_path.empty()) {
       std::ofstream f(json_path);
       f << results.dump(2) << "\n";

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Builds llama.cpp from source for this machine (GGML_NATIVE=ON, CPU only, shared libraries), from the
+# git bundle of the release .ci/setup keeps in .cache/llama.cpp, into .cache/llama.cpp/native (lib/,
+# include/, bin/, VERSION). Reconfigure the efim build afterwards: it then builds efim-llama-native,
+# the same reference program as efim-llama-reference over these libraries, and efim-model-bench
+# compares with both. Takes about 5 minutes on 2 cores.
+#
+#   bench/build_llama_cpp.sh            the libraries
+#   bench/build_llama_cpp.sh --server   and llama-server (bin/), for the HTTP benchmarks
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dir=$PWD/.cache/llama.cpp
+bundle=$dir/gitRelease.bundle
+targets=(llama)
+[ "${1:-}" = --server ] && targets+=(llama-server)
+if [ ! -f "$bundle" ] || [ ! -f "$dir/VERSION" ]; then
+  echo "build_llama_cpp: no $bundle; run .ci/setup first" >&2
+  exit 1
+fi
+commit=$(sed -n 's/.*commit \([0-9a-f]\{40\}\).*/\1/p' "$dir/VERSION" | head -n 1)
+[ -n "$commit" ] || { echo "build_llama_cpp: no commit in $dir/VERSION" >&2; exit 1; }
+
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+git init -q "$scratch/git"
+git -C "$scratch/git" bundle unbundle "$bundle" >/dev/null 2>&1
+mkdir "$scratch/src"
+git -C "$scratch/git" archive "$commit" | tar -x -C "$scratch/src"
+
+log=$scratch/build.log
+if ! { cmake -S "$scratch/src" -B "$scratch/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
+         -DGGML_NATIVE=ON -DGGML_CUDA=OFF -DGGML_BACKEND_DL=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+         -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DCMAKE_BUILD_RPATH='$ORIGIN/../lib' &&
+       cmake --build "$scratch/build" -j"$(nproc)" --target "${targets[@]}"; } >"$log" 2>&1; then
+  tail -n 40 "$log" >&2
+  echo "build_llama_cpp: the build failed (above: the end of its log)" >&2
+  exit 1
+fi
+
+out=$dir/native
+rm -rf "$out"
+mkdir -p "$out/lib" "$out/include" "$out/bin"
+find "$scratch/build" -name 'lib*.so*' -exec cp -P {} "$out/lib/" \;
+cp "$scratch/src/include/llama.h" "$scratch/src/include/llama-cpp.h" "$scratch"/src/ggml/include/*.h "$out/include/"
+[ -f "$scratch/build/bin/llama-server" ] && cp "$scratch/build/bin/llama-server" "$out/bin/"
+{
+  echo "llama.cpp commit $commit, built from source here: GGML_NATIVE=ON, CPU only"
+  echo "cpu: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)"
+  echo "compiler: $(c++ --version | head -n 1)"
+} > "$out/VERSION"
+echo "build_llama_cpp: llama.cpp $commit for this machine in $out"
