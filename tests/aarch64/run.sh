@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The kernel and model suite (test_model: matrix products of every weight type bit for bit against the
+# canonical dot, attention, norms, RoPE, every architecture against the reference decoder, cached,
+# chunked and batched computation bit-identical) cross-compiled for AArch64 (NEON) with Debian's
+# g++-aarch64-linux-gnu and run under qemu-user. On AArch64 the kernels have one path, the generic one,
+# and it fuses every multiply-add (FMA is part of the base instruction set), so the matrix products'
+# bits are those of the x86 FMA paths. Needs: apt-get install g++-aarch64-linux-gnu qemu-user
+# (.ci/setup installs them). Usage: tests/aarch64/run.sh [build dir] [Catch2 test spec...]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+out=${1:-build-aarch64}
+shift || true
+cxx=aarch64-linux-gnu-g++
+for tool in "$cxx" qemu-aarch64; do
+  command -v "$tool" >/dev/null || { echo "aarch64: no $tool (apt-get install g++-aarch64-linux-gnu qemu-user)" >&2; exit 1; }
+done
+mkdir -p "$out/include"
+# Only the architecture-independent headers the suite needs from the host: Catch2 (v2) and xxHash.
+ln -sfn /usr/include/catch2 "$out/include/catch2"
+ln -sfn /usr/include/xxhash.h "$out/include/xxhash.h"
+launcher=()
+command -v ccache >/dev/null && launcher=(ccache)
+flags=(-std=c++20 -O2 -pthread -Wall -Wextra -Werror -Iinclude -I"$out/include")
+objects=()
+for src in tests/catch_main.cpp tests/model_test.cpp tests/matmul_isa_test.cpp; do
+  obj=$out/$(basename "$src" .cpp).o
+  "${launcher[@]}" "$cxx" "${flags[@]}" -c "$src" -o "$obj" -DEFIM_SHARED_DATA="\"$PWD/../shared/data\""
+  objects+=("$obj")
+done
+"$cxx" -static -pthread "${objects[@]}" -o "$out/test_model"
+echo "aarch64: $(readelf -h "$out/test_model" | sed -n "s/^ *Machine: *//p")"
+timeout 1200 qemu-aarch64 "$out/test_model" "$@"
