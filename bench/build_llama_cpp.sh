@@ -7,12 +7,25 @@
 #
 #   bench/build_llama_cpp.sh            the libraries
 #   bench/build_llama_cpp.sh --server   and llama-server (bin/), for the HTTP benchmarks
+#   bench/build_llama_cpp.sh --avx2     for x86-64-v3 (AVX2, FMA, F16C) instead of this machine's best,
+#                                       to compare with efim's AVX2 path on an AVX-512 machine
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=$PWD/.cache/llama.cpp
 bundle=$dir/gitRelease.bundle
 targets=(llama)
-[ "${1:-}" = --server ] && targets+=(llama-server)
+isa=(-DGGML_NATIVE=ON)
+what="GGML_NATIVE=ON"
+for arg in "$@"; do
+  case $arg in
+    --server) targets+=(llama-server) ;;
+    --avx2)
+      isa=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+           -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF)
+      what="GGML_NATIVE=OFF, AVX2 + FMA + F16C (x86-64-v3)" ;;
+    *) echo "build_llama_cpp: unknown option $arg" >&2; exit 2 ;;
+  esac
+done
 if [ ! -f "$bundle" ] || [ ! -f "$dir/VERSION" ]; then
   echo "build_llama_cpp: no $bundle; run .ci/setup first" >&2
   exit 1
@@ -29,7 +42,7 @@ git -C "$scratch/git" archive "$commit" | tar -x -C "$scratch/src"
 
 log=$scratch/build.log
 if ! { cmake -S "$scratch/src" -B "$scratch/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
-         -DGGML_NATIVE=ON -DGGML_CUDA=OFF -DGGML_BACKEND_DL=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+         "${isa[@]}" -DGGML_CUDA=OFF -DGGML_BACKEND_DL=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
          -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DCMAKE_BUILD_RPATH='$ORIGIN/../lib' &&
        cmake --build "$scratch/build" -j"$(nproc)" --target "${targets[@]}"; } >"$log" 2>&1; then
   tail -n 40 "$log" >&2
@@ -44,7 +57,7 @@ find "$scratch/build" -name 'lib*.so*' -exec cp -P {} "$out/lib/" \;
 cp "$scratch/src/include/llama.h" "$scratch/src/include/llama-cpp.h" "$scratch"/src/ggml/include/*.h "$out/include/"
 [ -f "$scratch/build/bin/llama-server" ] && cp "$scratch/build/bin/llama-server" "$out/bin/"
 {
-  echo "llama.cpp commit $commit, built from source here: GGML_NATIVE=ON, CPU only"
+  echo "llama.cpp commit $commit, built from source here: $what, CPU only"
   echo "cpu: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)"
   echo "compiler: $(c++ --version | head -n 1)"
 } > "$out/VERSION"

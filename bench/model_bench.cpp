@@ -274,8 +274,7 @@ int main(int argc, char** argv) {
     const double bandwidth = copy_bandwidth(threads);
     std::printf("cpu: %s, %zu threads\nkernels: the %s path; memory: %.1f GB/s copy bandwidth (read + write)\n",
                 cpu.c_str(), threads, std::string(kernels::isa_name(kernels::active_isa())).c_str(), bandwidth / 1e9);
-    const std::pair<const char*, std::string> peers[] = {{"llama", EFIM_LLAMA_REFERENCE},
-                                                         {"native", EFIM_LLAMA_NATIVE}};
+    const std::pair<const char*, std::string> peers[] = {{"llama", EFIM_LLAMA_REFERENCE}, {"built", EFIM_LLAMA_NATIVE}};
     nlohmann::json results = nlohmann::json::array();
     std::printf("%-28s %-6s %12s %12s %12s %12s %9s %9s\n", "model", "path", "prefill t/s", "decode t/s", "prefill x",
                 "decode x", "check", "");
@@ -360,7 +359,11 @@ int main(int argc, char** argv) {
     }
     std::printf(
         "(x: efim's tokens/s over that row's; check: efim's prefill logits against the reference's; llama:\n"
-        " llama.cpp's prebuilt CPU libraries; native: llama.cpp built here with GGML_NATIVE=ON)\n");
+        " llama.cpp's prebuilt CPU libraries; built: llama.cpp built here by bench/build_llama_cpp.sh)\n");
+    if (!results.empty())
+      for (const char* key : {"llama_cpp", "llama_cpp_native"})
+        if (results.back().contains(key))
+          std::printf("%s: %s\n", key, results.back()[key].value("llama_cpp", std::string("?")).c_str());
     if (!json_path.empty()) {
       std::ofstream f(json_path);
       f << results.dump(2) << "\n";

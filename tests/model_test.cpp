@@ -325,7 +325,8 @@ TEST_CASE("paged attention equals dense attention for random block tables", "[ke
   thread_pool pool(2);
   rng r(3);
   // (heads, KV heads, block size, head size): grouped, one KV head per query head, groups larger than a
-  // tile of 8 rows, and head sizes of no whole vector, of 4 vectors (the models'), and of 8 and a half.
+  // tile of 8 rows, and head sizes of no whole vector, of 4 vectors (the models'), and of 8 and a half;
+  // tiles of 1 to 8 rows and blocks of 1 to 32 slots, which the AVX2 path splits differently.
   for (const auto& [heads, kv_heads, block_size, d] :
        {std::tuple<std::size_t, std::size_t, std::size_t, std::size_t>{4, 2, 1, 12},
         {4, 2, 3, 12},
@@ -335,7 +336,10 @@ TEST_CASE("paged attention equals dense attention for random block tables", "[ke
         {24, 2, 5, 12},
         {12, 2, 16, 64},
         {8, 8, 16, 64},
-        {4, 1, 7, 136}}) {
+        {4, 1, 7, 136},
+        {4, 2, 8, 12},      // blocks of one 8-slot vector (AVX2)
+        {5, 1, 24, 20},     // tiles of 5 rows; blocks of 16 + 8 slots
+        {6, 2, 32, 40}}) {  // groups of 3 rows; two 16-slot steps per block
     const std::size_t len = 37;
     const std::size_t blocks_needed = (len + block_size - 1) / block_size;
     const kv::paged_layout layout{blocks_needed + 5, kv_heads, block_size, d};
@@ -384,6 +388,15 @@ TEST_CASE("paged attention equals dense attention for random block tables", "[ke
       CHECK(run(shuffled, 0.0f) == in_order);  // bit-identical wherever the blocks lie
       CHECK(run(shuffled, half{}) == in_order_f16);
     }
+    // The AVX2 and AVX-512 paths (where the CPU has them) give the active path's bits.
+    const kernels::isa before = kernels::active_isa();
+    for (const kernels::isa path : {kernels::isa::avx512, kernels::isa::avx2})
+      if (before != kernels::isa::generic && kernels::select_isa(path) == path) {
+        INFO("path " << kernels::isa_name(path) << " against " << kernels::isa_name(before));
+        CHECK(run(identity, 0.0f) == in_order);
+        CHECK(run(identity, half{}) == in_order_f16);
+      }
+    kernels::select_isa(before);
   }
 }
 

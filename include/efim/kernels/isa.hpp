@@ -53,6 +53,8 @@ inline isa detected_isa() noexcept {
 
 namespace detail {
 
+constexpr isa lower(isa a, isa b) noexcept { return static_cast<int>(a) < static_cast<int>(b) ? a : b; }
+
 // What EFIM_ISA asks for, or the detected path; never above the detected one.
 inline isa initial_isa() noexcept {
   const isa best = detected_isa();
@@ -66,7 +68,7 @@ inline isa initial_isa() noexcept {
     asked = isa::avx2;
   else if (want == "avx512")
     asked = isa::avx512;
-  return static_cast<int>(asked) < static_cast<int>(best) ? asked : best;
+  return lower(asked, best);
 }
 
 inline std::atomic<int>& isa_choice() noexcept {
@@ -82,8 +84,7 @@ inline isa active_isa() noexcept { return static_cast<isa>(detail::isa_choice().
 // Asks for path `want` (lowered to what the CPU runs) and returns the one taken; for tests and
 // benchmarks that compare paths in one process. Not meant to change while kernels run.
 inline isa select_isa(isa want) noexcept {
-  const isa best = detected_isa();
-  const isa taken = static_cast<int>(want) < static_cast<int>(best) ? want : best;
+  const isa taken = detail::lower(want, detected_isa());
   detail::isa_choice().store(static_cast<int>(taken), std::memory_order_relaxed);
   return taken;
 }

@@ -1,6 +1,6 @@
 #pragma once
 // The host kernels' bodies (impl/*.inl), compiled once per instruction-set path into its own
-// namespace, and the dispatch that calls the active path (isa.hpp):
+// namespace (impl/path.inl), and the dispatch that calls the active path (isa.hpp):
 //   detail::isa_generic  the compiler's flags (portable vector code; AVX-512 or AVX2 code where the
 //                        flags already allow it, NEON on AArch64)
 //   detail::isa_avx2     AVX2 + FMA + F16C (x86-64-v3), whatever the flags
@@ -54,19 +54,8 @@
 #else
 #define EFIM_K_F16C 0
 #endif
-namespace efim::kernels::detail::isa_generic {
-// The bodies in this order: each uses what the ones before it define.
-// clang-format off
-#include "efim/kernels/impl/simd.inl"
-#include "efim/kernels/impl/matmul.inl"
-#include "efim/kernels/impl/attention.inl"
-#include "efim/kernels/impl/ops.inl"
-// clang-format on
-}  // namespace efim::kernels::detail::isa_generic
-#undef EFIM_K_AVX512
-#undef EFIM_K_AVX2
-#undef EFIM_K_FMA
-#undef EFIM_K_F16C
+#define EFIM_K_NAMESPACE isa_generic
+#include "efim/kernels/impl/path.inl"
 
 #if EFIM_KERNELS_X86
 // GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which its -W(maybe-)uninitialized
@@ -88,19 +77,8 @@ namespace efim::kernels::detail::isa_generic {
 #define EFIM_K_AVX2 1
 #define EFIM_K_FMA 1
 #define EFIM_K_F16C 1
-namespace efim::kernels::detail::isa_avx2 {
-// The bodies in this order: each uses what the ones before it define.
-// clang-format off
-#include "efim/kernels/impl/simd.inl"
-#include "efim/kernels/impl/matmul.inl"
-#include "efim/kernels/impl/attention.inl"
-#include "efim/kernels/impl/ops.inl"
-// clang-format on
-}  // namespace efim::kernels::detail::isa_avx2
-#undef EFIM_K_AVX512
-#undef EFIM_K_AVX2
-#undef EFIM_K_FMA
-#undef EFIM_K_F16C
+#define EFIM_K_NAMESPACE isa_avx2
+#include "efim/kernels/impl/path.inl"
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -120,19 +98,8 @@ namespace efim::kernels::detail::isa_avx2 {
 #define EFIM_K_AVX2 0
 #define EFIM_K_FMA 1
 #define EFIM_K_F16C 1
-namespace efim::kernels::detail::isa_avx512 {
-// The bodies in this order: each uses what the ones before it define.
-// clang-format off
-#include "efim/kernels/impl/simd.inl"
-#include "efim/kernels/impl/matmul.inl"
-#include "efim/kernels/impl/attention.inl"
-#include "efim/kernels/impl/ops.inl"
-// clang-format on
-}  // namespace efim::kernels::detail::isa_avx512
-#undef EFIM_K_AVX512
-#undef EFIM_K_AVX2
-#undef EFIM_K_FMA
-#undef EFIM_K_F16C
+#define EFIM_K_NAMESPACE isa_avx512
+#include "efim/kernels/impl/path.inl"
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
