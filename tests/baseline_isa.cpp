@@ -34,7 +34,8 @@ int main() {
   const auto flags = cpu_flags();
   const auto has = [&](const char* f) { return flags.count(f) > 0; };
   const bool v3 = has("avx2") && has("fma") && has("f16c") && has("bmi2");
-  const k::isa expected = v3 && has("avx512f") ? k::isa::avx512 : v3 ? k::isa::avx2 : k::isa::generic;
+  const bool avx512 = has("avx512f") && has("avx512bw") && has("avx512dq") && has("avx512vl");
+  const k::isa expected = v3 && avx512 ? k::isa::avx512 : v3 ? k::isa::avx2 : k::isa::generic;
   std::printf("cpu: %s; kernels: %s\n", std::string(k::isa_name(expected)).c_str(),
               std::string(k::isa_name(k::active_isa())).c_str());
   if (std::getenv("EFIM_ISA") == nullptr && k::active_isa() != expected) {

@@ -45,7 +45,10 @@ inline isa detected_isa() noexcept {
   __builtin_cpu_init();
   const bool v3 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
                   __builtin_cpu_supports("bmi2");
-  if (v3 && __builtin_cpu_supports("avx512f")) return isa::avx512;
+  // The AVX-512 path is compiled for F, BW, DQ and VL (every AVX-512 CPU since Skylake-SP has them).
+  if (v3 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
+    return isa::avx512;
   if (v3) return isa::avx2;
 #endif
   return isa::generic;
