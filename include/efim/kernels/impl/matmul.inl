@@ -207,15 +207,6 @@ template <dtype T, std::size_t MR, std::size_t NR>
   reduce16(acc, tail, out);
 }
 
-// A decode tile out of line: inlined into the loops around it, GCC 12 keeps the x vectors and the
-// row pointers on the stack and reloads them at every step.
-template <dtype T, std::size_t MR, std::size_t NR>
-[[gnu::noinline]] void stream_tile(const float* const (&x)[MR], const std::byte* const (&w)[NR], std::size_t n,
-                                   float* out, prefetch_plan* pf) noexcept {
-  if (pf == nullptr) return tile<T, MR, NR>(x, w, n, out, nullptr);  // a loop without the prefetch test
-  tile<T, MR, NR>(x, w, n, out, pf);
-}
-
 // The prefill tile: 4 rows of x by 4 f32 weight rows, whole vectors k in [k_begin, k_end). The 16
 // lane sums start from zero or, From_state, from `state` (256 floats, 64-byte aligned); To_state they
 // go back there, else the tail past k_end is added and they are reduced into out[4 i + j]. Written
@@ -292,131 +283,8 @@ inline void unpack_row(const std::byte* row, std::size_t n, float* out) noexcept
   }
 }
 
-// Decode: rows [i0, i0 + MR) of x against weight rows [j0, j0 + nj), nj <= 16, read as stored;
-// `pf` (or null) spreads the prefetches of [pf_begin, pf_end) over the k loop.
-template <dtype T, std::size_t MR, std::size_t NR>
-inline void stream_block(const float* x, std::size_t i0, const weight_view& w, std::size_t rb, std::size_t j0,
-                         std::size_t nj, float* y, accumulate acc, const std::byte* pf_begin,
-                         const std::byte* pf_end) noexcept {
-  const std::size_t n = w.cols;
-  const float* xs[MR];
-  for (std::size_t i = 0; i < MR; ++i) xs[i] = x + (i0 + i) * n;
-  constexpr std::size_t tiles = 16 / NR, step = info(T).block == 32 ? 32 : lanes;
-  prefetch_plan plan{reinterpret_cast<std::uintptr_t>(pf_begin), reinterpret_cast<std::uintptr_t>(pf_end), 0};
-  const std::size_t lines = (plan.end - plan.next + 63) / 64, steps = std::max<std::size_t>(1, n / step * tiles);
-  plan.per_step = (lines + steps - 1) / steps;
-  for (std::size_t jt = 0; jt < nj; jt += NR) {
-    const std::byte* ws[NR];
-    for (std::size_t j = 0; j < NR; ++j) ws[j] = w.data + (j0 + std::min(jt + j, nj - 1)) * rb;  // past nj: repeat
-    alignas(64) float out[16];
-    stream_tile<T, MR, NR>(xs, ws, n, out, lines ? &plan : nullptr);
-    store_tile(out, NR, y + i0 * w.rows + j0 + jt, w.rows, MR, std::min(NR, nj - jt), acc);
-  }
-}
-
-// Decode (m <= 8): weight rows [r0, r1) in blocks of 16, each block read from memory once (the next
-// one prefetched meanwhile) and reused from cache by the 4-, 2- and 1-row tiles of x that cover m
-// (4 x 4, 2 x 8 or 1 x 8 tiles: 16 or 8 accumulators, one reduction network).
-template <dtype T>
-inline void stream_rows(const float* x, std::size_t m, const weight_view& w, std::size_t r0, std::size_t r1, float* y,
-                        accumulate acc) noexcept {
-  const std::size_t rb = row_bytes(w.type, w.cols);
-  for (std::size_t j0 = r0; j0 < r1; j0 += 16) {
-    const std::size_t nj = std::min<std::size_t>(16, r1 - j0);
-    const std::byte* pf_begin = w.data + std::min(j0 + 16, r1) * rb;
-    const std::byte* pf_end = w.data + std::min(j0 + 32, r1) * rb;
-    for (std::size_t i0 = 0; i0 < m;) {
-      if (m - i0 >= 4) {
-        stream_block<T, 4, 4>(x, i0, w, rb, j0, nj, y, acc, pf_begin, pf_end);
-        i0 += 4;
-      } else if (m - i0 >= 2) {
-        stream_block<T, 2, 8>(x, i0, w, rb, j0, nj, y, acc, pf_begin, pf_end);
-        i0 += 2;
-      } else {
-        // 8 row streams at a time: 16 were 1.5x slower for f16 on Zen 4 (double-pumped conversions and
-        // twice the streams for its prefetchers), and rows a multiple of 2 KiB apart put 16 streams into
-        // at most 2 of L1's 12-way sets.
-        stream_block<T, 1, 8>(x, i0, w, rb, j0, nj, y, acc, pf_begin, pf_end);
-        i0 += 1;
-      }
-      pf_begin = pf_end;  // the first tile of x prefetched it all
-    }
-  }
-}
-
-// Prefill (m > 8): weight rows [r0, r1) panel by panel. Each panel is dequantized (or copied) once
-// into 64-byte aligned scratch (a load that splits a cache line costs twice) and every 4-row tile of
-// x runs over it: the x tile stays in L1, the panel in L2. x is read where it is (copying it aligned
-// costs more than its split loads). Rows longer than 1536 go in ranges of 1024 columns, so that the x
-// tile's range and a weight tile's still fit in L1 together; the lane sums wait in `state` between.
-template <dtype T>
-inline void panel_rows(const float* x, std::size_t m, const weight_view& w, std::size_t r0, std::size_t r1, float* y,
-                       accumulate acc) {
-  constexpr std::size_t MR = 4, NR = 4, tile_floats = MR * NR * lanes;
-  const std::size_t n = w.cols, ldy = w.rows, rb = row_bytes(w.type, n), ld = scratch_stride(n);
-  const std::size_t full = n - n % lanes, range = n <= 1536 ? std::max<std::size_t>(full, 1) : 1024;
-  const std::size_t ranges = std::max<std::size_t>(1, (full + range - 1) / range);
-  const std::size_t step = detail::panel_height(r1 - r0, std::min(n, range), NR);
-  float* const state = panel_scratch(step / NR * tile_floats + step * ld);
-  float* const panel = state + step / NR * tile_floats;
-  for (std::size_t p0 = r0; p0 < r1; p0 += step) {
-    const std::size_t nc = std::min(step, r1 - p0);
-    for (std::size_t r = 0; r < nc; ++r) unpack_row<T>(w.data + (p0 + r) * rb, n, panel + r * ld);
-    for (std::size_t i0 = 0; i0 < m; i0 += MR) {
-      const float* xs[MR];
-      for (std::size_t i = 0; i < MR; ++i) xs[i] = x + std::min(i0 + i, m - 1) * n;  // past m: repeat, not stored
-      for (std::size_t r = 0; r < ranges; ++r) {
-        const std::size_t k0 = r * range, k1 = r + 1 == ranges ? full : k0 + range;
-        for (std::size_t j0 = 0; j0 < nc; j0 += NR) {
-          const float* ws[NR];
-          for (std::size_t j = 0; j < NR; ++j) ws[j] = panel + std::min(j0 + j, nc - 1) * ld;  // past nc: repeat
-          float* const st = state + j0 / NR * tile_floats;
-          alignas(64) float out[16];
-          if (ranges == 1) {
-            panel_tile<false, false>(xs, ws, n, k0, k1, st, out);
-          } else if (r == 0) {
-            panel_tile<false, true>(xs, ws, n, k0, k1, st, out);
-            continue;
-          } else if (r + 1 < ranges) {
-            panel_tile<true, true>(xs, ws, n, k0, k1, st, out);
-            continue;
-          } else {
-            panel_tile<true, false>(xs, ws, n, k0, k1, st, out);
-          }
-          float* const dst = y + i0 * ldy + p0 + j0;
-          if (i0 + MR <= m && j0 + NR <= nc) {
-            for (std::size_t i = 0; i < MR; ++i) {
-              __m128 v = _mm_load_ps(out + i * NR);
-              if (acc == accumulate::yes) v = _mm_add_ps(_mm_loadu_ps(dst + i * ldy), v);
-              _mm_storeu_ps(dst + i * ldy, v);
-            }
-          } else {
-            store_tile(out, NR, dst, ldy, std::min(MR, m - i0), std::min(NR, nc - j0), acc);
-          }
-        }
-      }
-    }
-  }
-}
-
-template <dtype T>
-inline void matmul_typed(thread_pool& pool, const float* x, const weight_view& w, float* y, std::size_t m,
-                         accumulate acc) {
-  if (m <= 8) {
-    // One run of 16-row blocks per thread, equal in bytes: each run starts cold (its first block is
-    // not prefetched), and a decode step's matrices take only tens of microseconds.
-    const std::size_t units = (w.rows + 15) / 16;
-    pool.parallel_for(
-        units, [&](std::size_t b, std::size_t e) { stream_rows<T>(x, m, w, b * 16, std::min(e * 16, w.rows), y, acc); },
-        (units + pool.size() - 1) / pool.size());
-    return;
-  }
-  // At least 64 rows a task where there are enough for every thread: each task reads all of x.
-  const std::size_t units = (w.rows + 3) / 4;
-  pool.parallel_for(
-      units, [&](std::size_t b, std::size_t e) { panel_rows<T>(x, m, w, b * 4, std::min(e * 4, w.rows), y, acc); },
-      std::min<std::size_t>(16, units / pool.size()));
-}
+// Weight rows per prefill tile (a task takes whole tiles).
+inline constexpr std::size_t panel_nr = 4;
 
 #elif EFIM_K_AVX2
 // AVX2 + FMA + F16C. A canonical 16-lane sum lives in two ymm registers: lo (lanes 0-7: k = 16s + 0..7)
@@ -522,58 +390,6 @@ template <dtype T, std::size_t MR, std::size_t NR>
   for (std::size_t t = 0; t < MR * NR; ++t) out[t] = reduce8x2(lo[t], hi[t], tail[t]);
 }
 
-template <dtype T, std::size_t MR, std::size_t NR>
-[[gnu::noinline]] void stream_tile(const float* const (&x)[MR], const std::byte* const (&w)[NR], std::size_t n,
-                                   float* out, prefetch_plan* pf) noexcept {
-  if (pf == nullptr) return tile<T, MR, NR>(x, w, n, out, nullptr);  // a loop without the prefetch test
-  tile<T, MR, NR>(x, w, n, out, pf);
-}
-
-// Decode: rows [i0, i0 + MR) of x against weight rows [j0, j0 + nj), nj <= 16, read as stored;
-// `pf` (or null) spreads the prefetches of [pf_begin, pf_end) over the k loop.
-template <dtype T, std::size_t MR, std::size_t NR>
-inline void stream_block(const float* x, std::size_t i0, const weight_view& w, std::size_t rb, std::size_t j0,
-                         std::size_t nj, float* y, accumulate acc, const std::byte* pf_begin,
-                         const std::byte* pf_end) noexcept {
-  const std::size_t n = w.cols;
-  const float* xs[MR];
-  for (std::size_t i = 0; i < MR; ++i) xs[i] = x + (i0 + i) * n;
-  constexpr std::size_t tiles = 16 / NR, step = info(T).block == 32 ? 32 : lanes;
-  prefetch_plan plan{reinterpret_cast<std::uintptr_t>(pf_begin), reinterpret_cast<std::uintptr_t>(pf_end), 0};
-  const std::size_t lines = (plan.end - plan.next + 63) / 64, steps = std::max<std::size_t>(1, n / step * tiles);
-  plan.per_step = (lines + steps - 1) / steps;
-  for (std::size_t jt = 0; jt < nj; jt += NR) {
-    const std::byte* ws[NR];
-    for (std::size_t j = 0; j < NR; ++j) ws[j] = w.data + (j0 + std::min(jt + j, nj - 1)) * rb;  // past nj: repeat
-    float out[MR * NR];
-    stream_tile<T, MR, NR>(xs, ws, n, out, lines ? &plan : nullptr);
-    store_tile(out, NR, y + i0 * w.rows + j0 + jt, w.rows, MR, std::min(NR, nj - jt), acc);
-  }
-}
-
-// Decode (m <= 8): weight rows [r0, r1) in blocks of 16, each read from memory once (the next block
-// prefetched meanwhile) and reused from cache by the 2 x 2 and 1 x 4 tiles of x that cover m.
-template <dtype T>
-inline void stream_rows(const float* x, std::size_t m, const weight_view& w, std::size_t r0, std::size_t r1, float* y,
-                        accumulate acc) noexcept {
-  const std::size_t rb = row_bytes(w.type, w.cols);
-  for (std::size_t j0 = r0; j0 < r1; j0 += 16) {
-    const std::size_t nj = std::min<std::size_t>(16, r1 - j0);
-    const std::byte* pf_begin = w.data + std::min(j0 + 16, r1) * rb;
-    const std::byte* pf_end = w.data + std::min(j0 + 32, r1) * rb;
-    for (std::size_t i0 = 0; i0 < m;) {
-      if (m - i0 >= 2) {
-        stream_block<T, 2, 2>(x, i0, w, rb, j0, nj, y, acc, pf_begin, pf_end);
-        i0 += 2;
-      } else {
-        stream_block<T, 1, 4>(x, i0, w, rb, j0, nj, y, acc, pf_begin, pf_end);
-        i0 += 1;
-      }
-      pf_begin = pf_end;  // the first tile of x prefetched it all
-    }
-  }
-}
-
 // The prefill tile: 2 rows of x by 3 f32 weight rows, whole 16-lane steps k in [k_begin, k_end): 12
 // accumulators, 2 x vectors and a weight vector in the 16 ymm registers. The lane sums start from zero
 // or, From_state, from `state` (96 floats, 32-byte aligned); To_state they go back there, else the
@@ -646,6 +462,155 @@ inline void unpack_row(const std::byte* row, std::size_t n, float* out) noexcept
   }
 }
 
+// Weight rows per prefill tile (a task takes whole tiles).
+inline constexpr std::size_t panel_nr = 3;
+
+#endif
+
+#if EFIM_K_AVX512 || EFIM_K_AVX2
+// A decode tile out of line: inlined into the loops around it, GCC 12 keeps the x vectors and the
+// row pointers on the stack and reloads them at every step.
+template <dtype T, std::size_t MR, std::size_t NR>
+[[gnu::noinline]] void stream_tile(const float* const (&x)[MR], const std::byte* const (&w)[NR], std::size_t n,
+                                   float* out, prefetch_plan* pf) noexcept {
+  if (pf == nullptr) return tile<T, MR, NR>(x, w, n, out, nullptr);  // a loop without the prefetch test
+  tile<T, MR, NR>(x, w, n, out, pf);
+}
+
+// Decode: rows [i0, i0 + MR) of x against weight rows [j0, j0 + nj), nj <= 16, read as stored;
+// `pf` (or null) spreads the prefetches of [pf_begin, pf_end) over the k loop.
+template <dtype T, std::size_t MR, std::size_t NR>
+inline void stream_block(const float* x, std::size_t i0, const weight_view& w, std::size_t rb, std::size_t j0,
+                         std::size_t nj, float* y, accumulate acc, const std::byte* pf_begin,
+                         const std::byte* pf_end) noexcept {
+  const std::size_t n = w.cols;
+  const float* xs[MR];
+  for (std::size_t i = 0; i < MR; ++i) xs[i] = x + (i0 + i) * n;
+  constexpr std::size_t tiles = 16 / NR, step = info(T).block == 32 ? 32 : lanes;
+  prefetch_plan plan{reinterpret_cast<std::uintptr_t>(pf_begin), reinterpret_cast<std::uintptr_t>(pf_end), 0};
+  const std::size_t lines = (plan.end - plan.next + 63) / 64, steps = std::max<std::size_t>(1, n / step * tiles);
+  plan.per_step = (lines + steps - 1) / steps;
+  for (std::size_t jt = 0; jt < nj; jt += NR) {
+    const std::byte* ws[NR];
+    for (std::size_t j = 0; j < NR; ++j) ws[j] = w.data + (j0 + std::min(jt + j, nj - 1)) * rb;  // past nj: repeat
+    alignas(64) float out[16];
+    stream_tile<T, MR, NR>(xs, ws, n, out, lines ? &plan : nullptr);
+    store_tile(out, NR, y + i0 * w.rows + j0 + jt, w.rows, MR, std::min(NR, nj - jt), acc);
+  }
+}
+
+#endif
+
+#if EFIM_K_AVX512
+// Decode (m <= 8): weight rows [r0, r1) in blocks of 16, each block read from memory once (the next
+// one prefetched meanwhile) and reused from cache by the 4-, 2- and 1-row tiles of x that cover m
+// (4 x 4, 2 x 8 or 1 x 8 tiles: 16 or 8 accumulators, one reduction network).
+template <dtype T>
+inline void stream_rows(const float* x, std::size_t m, const weight_view& w, std::size_t r0, std::size_t r1, float* y,
+                        accumulate acc) noexcept {
+  const std::size_t rb = row_bytes(w.type, w.cols);
+  for (std::size_t j0 = r0; j0 < r1; j0 += 16) {
+    const std::size_t nj = std::min<std::size_t>(16, r1 - j0);
+    const std::byte* pf_begin = w.data + std::min(j0 + 16, r1) * rb;
+    const std::byte* pf_end = w.data + std::min(j0 + 32, r1) * rb;
+    for (std::size_t i0 = 0; i0 < m;) {
+      if (m - i0 >= 4) {
+        stream_block<T, 4, 4>(x, i0, w, rb, j0, nj, y, acc, pf_begin, pf_end);
+        i0 += 4;
+      } else if (m - i0 >= 2) {
+        stream_block<T, 2, 8>(x, i0, w, rb, j0, nj, y, acc, pf_begin, pf_end);
+        i0 += 2;
+      } else {
+        // 8 row streams at a time: 16 were 1.5x slower for f16 on Zen 4 (double-pumped conversions and
+        // twice the streams for its prefetchers), and rows a multiple of 2 KiB apart put 16 streams into
+        // at most 2 of L1's 12-way sets.
+        stream_block<T, 1, 8>(x, i0, w, rb, j0, nj, y, acc, pf_begin, pf_end);
+        i0 += 1;
+      }
+      pf_begin = pf_end;  // the first tile of x prefetched it all
+    }
+  }
+}
+
+// Prefill (m > 8): weight rows [r0, r1) panel by panel. Each panel is dequantized (or copied) once
+// into 64-byte aligned scratch (a load that splits a cache line costs twice) and every 4-row tile of
+// x runs over it: the x tile stays in L1, the panel in L2. x is read where it is (copying it aligned
+// costs more than its split loads). Rows longer than 1536 go in ranges of 1024 columns, so that the x
+// tile's range and a weight tile's still fit in L1 together; the lane sums wait in `state` between.
+template <dtype T>
+inline void panel_rows(const float* x, std::size_t m, const weight_view& w, std::size_t r0, std::size_t r1, float* y,
+                       accumulate acc) {
+  constexpr std::size_t MR = 4, NR = 4, tile_floats = MR * NR * lanes;
+  const std::size_t n = w.cols, ldy = w.rows, rb = row_bytes(w.type, n), ld = scratch_stride(n);
+  const std::size_t full = n - n % lanes, range = n <= 1536 ? std::max<std::size_t>(full, 1) : 1024;
+  const std::size_t ranges = std::max<std::size_t>(1, (full + range - 1) / range);
+  const std::size_t step = detail::panel_height(r1 - r0, std::min(n, range), NR);
+  float* const state = panel_scratch(step / NR * tile_floats + step * ld);
+  float* const panel = state + step / NR * tile_floats;
+  for (std::size_t p0 = r0; p0 < r1; p0 += step) {
+    const std::size_t nc = std::min(step, r1 - p0);
+    for (std::size_t r = 0; r < nc; ++r) unpack_row<T>(w.data + (p0 + r) * rb, n, panel + r * ld);
+    for (std::size_t i0 = 0; i0 < m; i0 += MR) {
+      const float* xs[MR];
+      for (std::size_t i = 0; i < MR; ++i) xs[i] = x + std::min(i0 + i, m - 1) * n;  // past m: repeat, not stored
+      for (std::size_t r = 0; r < ranges; ++r) {
+        const std::size_t k0 = r * range, k1 = r + 1 == ranges ? full : k0 + range;
+        for (std::size_t j0 = 0; j0 < nc; j0 += NR) {
+          const float* ws[NR];
+          for (std::size_t j = 0; j < NR; ++j) ws[j] = panel + std::min(j0 + j, nc - 1) * ld;  // past nc: repeat
+          float* const st = state + j0 / NR * tile_floats;
+          alignas(64) float out[16];
+          if (ranges == 1) {
+            panel_tile<false, false>(xs, ws, n, k0, k1, st, out);
+          } else if (r == 0) {
+            panel_tile<false, true>(xs, ws, n, k0, k1, st, out);
+            continue;
+          } else if (r + 1 < ranges) {
+            panel_tile<true, true>(xs, ws, n, k0, k1, st, out);
+            continue;
+          } else {
+            panel_tile<true, false>(xs, ws, n, k0, k1, st, out);
+          }
+          float* const dst = y + i0 * ldy + p0 + j0;
+          if (i0 + MR <= m && j0 + NR <= nc) {
+            for (std::size_t i = 0; i < MR; ++i) {
+              __m128 v = _mm_load_ps(out + i * NR);
+              if (acc == accumulate::yes) v = _mm_add_ps(_mm_loadu_ps(dst + i * ldy), v);
+              _mm_storeu_ps(dst + i * ldy, v);
+            }
+          } else {
+            store_tile(out, NR, dst, ldy, std::min(MR, m - i0), std::min(NR, nc - j0), acc);
+          }
+        }
+      }
+    }
+  }
+}
+
+#elif EFIM_K_AVX2
+// Decode (m <= 8): weight rows [r0, r1) in blocks of 16, each read from memory once (the next block
+// prefetched meanwhile) and reused from cache by the 2 x 2 and 1 x 4 tiles of x that cover m.
+template <dtype T>
+inline void stream_rows(const float* x, std::size_t m, const weight_view& w, std::size_t r0, std::size_t r1, float* y,
+                        accumulate acc) noexcept {
+  const std::size_t rb = row_bytes(w.type, w.cols);
+  for (std::size_t j0 = r0; j0 < r1; j0 += 16) {
+    const std::size_t nj = std::min<std::size_t>(16, r1 - j0);
+    const std::byte* pf_begin = w.data + std::min(j0 + 16, r1) * rb;
+    const std::byte* pf_end = w.data + std::min(j0 + 32, r1) * rb;
+    for (std::size_t i0 = 0; i0 < m;) {
+      if (m - i0 >= 2) {
+        stream_block<T, 2, 2>(x, i0, w, rb, j0, nj, y, acc, pf_begin, pf_end);
+        i0 += 2;
+      } else {
+        stream_block<T, 1, 4>(x, i0, w, rb, j0, nj, y, acc, pf_begin, pf_end);
+        i0 += 1;
+      }
+      pf_begin = pf_end;  // the first tile of x prefetched it all
+    }
+  }
+}
+
 // Prefill (m > 8): weight rows [r0, r1) panel by panel, as the AVX-512 path does (aligned scratch,
 // rows past 1536 columns in ranges of 1024), with 2 x 3 tiles.
 template <dtype T>
@@ -689,19 +654,28 @@ inline void panel_rows(const float* x, std::size_t m, const weight_view& w, std:
   }
 }
 
+#endif
+
+#if EFIM_K_AVX512 || EFIM_K_AVX2
 template <dtype T>
 inline void matmul_typed(thread_pool& pool, const float* x, const weight_view& w, float* y, std::size_t m,
                          accumulate acc) {
   if (m <= 8) {
+    // One run of 16-row blocks per thread, equal in bytes: each run starts cold (its first block is
+    // not prefetched), and a decode step's matrices take only tens of microseconds.
     const std::size_t units = (w.rows + 15) / 16;
     pool.parallel_for(
         units, [&](std::size_t b, std::size_t e) { stream_rows<T>(x, m, w, b * 16, std::min(e * 16, w.rows), y, acc); },
         (units + pool.size() - 1) / pool.size());
     return;
   }
-  const std::size_t units = (w.rows + 2) / 3;
+  // At least 64 rows a task where there are enough for every thread: each task reads all of x.
+  const std::size_t units = (w.rows + panel_nr - 1) / panel_nr;
   pool.parallel_for(
-      units, [&](std::size_t b, std::size_t e) { panel_rows<T>(x, m, w, b * 3, std::min(e * 3, w.rows), y, acc); },
+      units,
+      [&](std::size_t b, std::size_t e) {
+        panel_rows<T>(x, m, w, b * panel_nr, std::min(e * panel_nr, w.rows), y, acc);
+      },
       std::min<std::size_t>(16, units / pool.size()));
 }
 
