@@ -10,7 +10,7 @@
 //   dequantizes a panel of weight rows once into a per-thread aligned f32 scratch reused by every
 //   4-row tile of x through a 4 x 4 register tile, long rows in column ranges. Both reduce 16
 //   accumulators' lanes at once with a transpose-and-add network that adds the same pairs in the same
-//   order as reduce_lanes.
+//   order as reduce_lanes. f16 decode takes the AVX2 path's tiles (same bits, faster on Zen 4).
 // - AVX2 + FMA + F16C: the same structure with each 16-lane sum in two ymm registers; 2 x 2 and 1 x 4
 //   decode tiles, 2 x 3 prefill tiles (12 sums, the 16 registers' worth).
 // - generic: each panel dequantized, then multiplied by dot_tile (GCC vectors).

@@ -2,6 +2,7 @@
 // The Llama-family decoder (llama, qwen2, starcoder2) over paged KV. One forward pass computes a batch of
 // chunks from several sequences: their rows share the matrix products; each token attends to its own
 // sequence through that sequence's block table. Weights are read in the type they are stored in.
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <span>
@@ -108,10 +109,13 @@ class transformer<kernels::host> {
       if (c.mlp == mlp_kind::swiglu) {
         linear(ctx, xb_.data(), lw.w_gate, {}, gate_.data(), n);
         linear(ctx, xb_.data(), lw.w_up, lw.b_up, up_.data(), n);
-        kernels::swiglu(gate_.data(), up_.data(), gate_.data(), n * c.ffn);
+        elementwise(ctx, n * c.ffn, [&](std::size_t i, std::size_t k) {
+          kernels::swiglu(gate_.data() + i, up_.data() + i, gate_.data() + i, k);
+        });
       } else {
         linear(ctx, xb_.data(), lw.w_up, lw.b_up, gate_.data(), n);
-        kernels::gelu(gate_.data(), gate_.data(), n * c.ffn);
+        elementwise(ctx, n * c.ffn,
+                    [&](std::size_t i, std::size_t k) { kernels::gelu(gate_.data() + i, gate_.data() + i, k); });
       }
       residual(ctx, gate_.data(), lw.w_down, lw.b_down, n);
     }
@@ -153,6 +157,16 @@ class transformer<kernels::host> {
     kernels::matmul(ctx.pool, h, w, branch_.data(), rows);
     add_bias(branch_.data(), bias, rows);
     for (std::size_t i = 0; i < rows * w.rows; ++i) x_[i] += branch_[i];
+  }
+
+  // fn(i, k) on elements [i, i + k) of n, in pieces over the pool: an element-wise kernel gives each
+  // element the same value whatever piece it is in.
+  template <class F>
+  static void elementwise(kernels::host::context& ctx, std::size_t n, F&& fn) {
+    constexpr std::size_t piece = 4096;
+    ctx.pool.parallel_for((n + piece - 1) / piece, [&](std::size_t b, std::size_t e) {
+      fn(b * piece, std::min(e * piece, n) - b * piece);
+    });
   }
 
   static void add_bias(float* y, vector bias, std::size_t rows) noexcept {

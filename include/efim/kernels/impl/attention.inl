@@ -64,36 +64,64 @@ inline void block_scores(const attention_row* rows, const E* keys, std::size_t b
     }
 }
 
-// Dimensions [d0, d0 + 8 c_n) of the weighted sum for G rows, keys walked block by block.
+// Dimensions [d0, d0 + 8 C) of the weighted sum for G rows, keys walked block by block: first the keys
+// every row attends to, with no test, then the few past the shortest row's causal end. Every loop is
+// unrolled so that the G x C sums stay in registers.
 template <std::size_t G, std::size_t C, class E>
 [[gnu::always_inline]] inline void weighted_chunk(const kv::paged_layout& l, const E* v_cache,
                                                   std::span<const block_id> table, std::size_t kv_head,
                                                   const attention_row* rows, float* const* scores, const float* inv_sum,
-                                                  std::size_t d0, std::size_t c_n) noexcept {
-  std::size_t most = 0;
-  for (std::size_t r = 0; r < G; ++r) most = std::max(most, rows[r].keys);
+                                                  std::size_t d0) noexcept {
+  std::size_t most = 0, least = rows[0].keys;
+  for (std::size_t r = 0; r < G; ++r) most = std::max(most, rows[r].keys), least = std::min(least, rows[r].keys);
   __m256 acc[G][C];
+#pragma GCC unroll 16
   for (std::size_t r = 0; r < G; ++r)
+#pragma GCC unroll 16
     for (std::size_t c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
   const std::size_t bs = l.block_size;
   for (std::size_t b = 0, j0 = 0; j0 < most; ++b, j0 += bs) {
     const E* v = v_cache + l.offset(table[b], kv_head, 0) + d0;
-    const std::size_t end = std::min(bs, most - j0);
-    for (std::size_t slot = 0; slot < end; ++slot, v += l.head_dim) {
-      const std::size_t j = j0 + slot;
+    const std::size_t end = std::min(bs, most - j0), common = least > j0 ? std::min(end, least - j0) : 0;
+    std::size_t slot = 0;
+    for (; slot < common; ++slot, v += l.head_dim) {
       __m256 vv[C];
-      for (std::size_t c = 0; c < C; ++c) vv[c] = c < c_n ? load8_lanes(v + c * 8) : _mm256_setzero_ps();
+#pragma GCC unroll 16
+      for (std::size_t c = 0; c < C; ++c) vv[c] = load8_lanes(v + c * 8);
+#pragma GCC unroll 16
       for (std::size_t r = 0; r < G; ++r) {
-        if (j >= rows[r].keys) continue;
-        const __m256 p = _mm256_broadcast_ss(scores[r] + j);
-        for (std::size_t c = 0; c < C; ++c)
-          if (c < c_n) acc[r][c] = _mm256_fmadd_ps(p, vv[c], acc[r][c]);
+        const __m256 p = _mm256_broadcast_ss(scores[r] + j0 + slot);
+#pragma GCC unroll 16
+        for (std::size_t c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(p, vv[c], acc[r][c]);
+      }
+    }
+    for (; slot < end; ++slot, v += l.head_dim) {
+      __m256 vv[C];
+#pragma GCC unroll 16
+      for (std::size_t c = 0; c < C; ++c) vv[c] = load8_lanes(v + c * 8);
+#pragma GCC unroll 16
+      for (std::size_t r = 0; r < G; ++r) {
+        if (j0 + slot >= rows[r].keys) continue;
+        const __m256 p = _mm256_broadcast_ss(scores[r] + j0 + slot);
+#pragma GCC unroll 16
+        for (std::size_t c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(p, vv[c], acc[r][c]);
       }
     }
   }
+#pragma GCC unroll 16
   for (std::size_t r = 0; r < G; ++r)
-    for (std::size_t c = 0; c < c_n; ++c)
+#pragma GCC unroll 16
+    for (std::size_t c = 0; c < C; ++c)
       _mm256_storeu_ps(rows[r].out + d0 + c * 8, _mm256_mul_ps(acc[r][c], _mm256_set1_ps(inv_sum[r])));
+}
+
+template <std::size_t G, std::size_t C, class E>
+inline void weighted_rows(const kv::paged_layout& l, const E* v_cache, std::span<const block_id> table,
+                          std::size_t kv_head, const attention_row* rows, float* const* scores, const float* inv_sum,
+                          std::size_t full) noexcept {
+  std::size_t d0 = 0;
+  for (; d0 + C * 8 <= full; d0 += C * 8) weighted_chunk<G, C>(l, v_cache, table, kv_head, rows, scores, inv_sum, d0);
+  for (; d0 < full; d0 += 8) weighted_chunk<G, 1>(l, v_cache, table, kv_head, rows, scores, inv_sum, d0);
 }
 
 template <std::size_t R, class E>
@@ -103,12 +131,8 @@ inline std::size_t weighted_sum(const kv::paged_layout& l, const E* v_cache, std
   constexpr std::size_t G = R <= 4 ? R : (R + 1) / 2;  // rows at a time
   constexpr std::size_t C = G <= 2 ? 4 : 2;            // vectors of dimensions at a time: G * C <= 8 sums
   const std::size_t full = l.head_dim - l.head_dim % 8;
-  for (std::size_t d0 = 0; d0 < full; d0 += C * 8) {
-    const std::size_t c_n = std::min(C, (full - d0) / 8);
-    weighted_chunk<G, C>(l, v_cache, table, kv_head, rows, scores, inv_sum, d0, c_n);
-    if constexpr (R > G)
-      weighted_chunk<R - G, C>(l, v_cache, table, kv_head, rows + G, scores + G, inv_sum + G, d0, c_n);
-  }
+  weighted_rows<G, C>(l, v_cache, table, kv_head, rows, scores, inv_sum, full);
+  if constexpr (R > G) weighted_rows<R - G, C>(l, v_cache, table, kv_head, rows + G, scores + G, inv_sum + G, full);
   return full;
 }
 #else
@@ -198,12 +222,26 @@ inline void attend_rows(const kv::paged_layout& l, const E* k_cache, const E* v_
   for (std::size_t r = 0; r < R; ++r) {
     float* s = scores[r];
     const std::size_t n = rows[r].keys;
+    // The largest scaled score (a maximum: the same in any order), 16 lanes at a time.
+    vfloat tops = vfloat{} - INFINITY;
+    std::size_t j = 0;
+    for (; j + lanes <= n; j += lanes) {
+      vfloat v;
+      std::memcpy(&v, s + j, sizeof v);
+      v = v * scale;
+      max_into(tops, v);
+    }
     float top = -INFINITY;
-    for (std::size_t j = 0; j < n; ++j) top = std::max(top, s[j] * scale);
+    for (std::size_t i = 0; i < lanes; ++i) top = std::max(top, tops[i]);
+    for (; j < n; ++j) top = std::max(top, s[j] * scale);
     const std::size_t padded = (n + lanes - 1) / lanes * lanes;
+    const vfloat scales = vfloat{} + scale, shift = vfloat{} - top;
     vfloat sum{};
     for (std::size_t j = 0; j < padded; j += lanes) {
-      for (std::size_t i = j; i < j + lanes; ++i) s[i] = fma(s[i], scale, -top);
+      vfloat v, t = shift;
+      std::memcpy(&v, s + j, sizeof v);
+      fma_into(t, v, scales);  // fma(s, scale, -top), lane by lane
+      std::memcpy(s + j, &t, sizeof t);
       exp16(s + j);
       for (std::size_t i = std::max(j, n); i < j + lanes; ++i) s[i] = 0.0f;  // past the causal end
       vfloat e;

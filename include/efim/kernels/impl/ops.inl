@@ -17,7 +17,20 @@ inline void rmsnorm(const float* x, const float* weight, float* y, std::size_t r
 // gate, up, out: n elements; out may alias gate.
 inline void swiglu(const float* gate, const float* up, float* out, std::size_t n) noexcept {
   float e[lanes];
-  for (std::size_t i = 0; i < n; i += lanes) {
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes) {  // whole vectors: the same operations lane by lane
+    vfloat g, u, r;
+    std::memcpy(&g, gate + i, sizeof g);
+    std::memcpy(&u, up + i, sizeof u);
+    r = -g;
+    std::memcpy(e, &r, sizeof r);
+    exp16(e);
+    std::memcpy(&r, e, sizeof r);
+    r = g / (1.0f + r) * u;
+    zero_below(r, g, -88.0f);
+    std::memcpy(out + i, &r, sizeof r);
+  }
+  for (; i < n; i += lanes) {
     const std::size_t m = n - i < lanes ? n - i : lanes;
     for (std::size_t j = 0; j < lanes; ++j) e[j] = j < m ? -gate[i + j] : 0.0f;
     exp16(e);
