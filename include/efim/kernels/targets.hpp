@@ -18,6 +18,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <span>
+#include <type_traits>
 #include <utility>
 #include <vector>
 

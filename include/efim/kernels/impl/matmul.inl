@@ -390,13 +390,19 @@ template <dtype T, std::size_t MR, std::size_t NR>
   for (std::size_t t = 0; t < MR * NR; ++t) out[t] = reduce8x2(lo[t], hi[t], tail[t]);
 }
 
+// 8 weights of a prefill tile's row: f32 from the aligned panel, or f16 read where it is stored.
+[[gnu::always_inline]] inline __m256 panel_load(const float* p) noexcept { return _mm256_load_ps(p); }
+[[gnu::always_inline]] inline __m256 panel_load(const half* p) noexcept {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
 // Half of the prefill tile's lane sums: lanes `off` .. `off` + 7 (off = 0 or 8) of the 4 x 3 canonical
 // 16-lane sums of x rows by f32 weight rows, over whole 16-lane steps k in [k_begin, k_end), starting
 // from zero or, From_state, from `from`; the 12 vectors go to `to` (x row major). One half at a time
 // keeps 12 sums, 3 weight vectors and an x vector in the 16 ymm registers: 7 loads per 12 FMAs, where
 // both halves at once (2 x 3 sums) take 5 loads per 6.
-template <bool From_state>
-[[gnu::noinline]] void panel_half(const float* const (&x)[4], const float* const (&w)[3], std::size_t off,
+template <bool From_state, class W>
+[[gnu::noinline]] void panel_half(const float* const (&x)[4], const W* const (&w)[3], std::size_t off,
                                   std::size_t k_begin, std::size_t k_end, const float* from, float* to) noexcept {
   __m256 c00, c01, c02, c10, c11, c12, c20, c21, c22, c30, c31, c32;  // digit 1: x row, digit 2: w row
   if constexpr (From_state) {
@@ -408,9 +414,9 @@ template <bool From_state>
     c00 = c01 = c02 = c10 = c11 = c12 = c20 = c21 = c22 = c30 = c31 = c32 = _mm256_setzero_ps();
   }
   const float *x0 = x[0] + off, *x1 = x[1] + off, *x2 = x[2] + off, *x3 = x[3] + off;
-  const float *w0 = w[0] + off, *w1 = w[1] + off, *w2 = w[2] + off;
+  const W *w0 = w[0] + off, *w1 = w[1] + off, *w2 = w[2] + off;
   for (std::size_t k = k_begin; k < k_end; k += lanes) {
-    __m256 v0 = _mm256_load_ps(w0 + k), v1 = _mm256_load_ps(w1 + k), v2 = _mm256_load_ps(w2 + k);
+    __m256 v0 = panel_load(w0 + k), v1 = panel_load(w1 + k), v2 = panel_load(w2 + k);
     in_register(v0), in_register(v1), in_register(v2);
     __m256 a = _mm256_loadu_ps(x0 + k);
     in_register(a);
@@ -435,8 +441,8 @@ template <bool From_state>
 // 0-7 then lanes 8-15 (panel_half). The sums start from zero or, From_state, from `state` (192 floats,
 // 32-byte aligned); To_state they go back there, else the tail past k_end is added and they are reduced
 // into out[3 i + j].
-template <bool From_state, bool To_state>
-inline void panel_tile(const float* const (&x)[4], const float* const (&w)[3], std::size_t n, std::size_t k_begin,
+template <bool From_state, bool To_state, class W>
+inline void panel_tile(const float* const (&x)[4], const W* const (&w)[3], std::size_t n, std::size_t k_begin,
                        std::size_t k_end, float* state, float* out) noexcept {
   alignas(32) float sums[192];
   float* const to = To_state ? state : sums;
@@ -446,7 +452,7 @@ inline void panel_tile(const float* const (&x)[4], const float* const (&w)[3], s
     for (std::size_t t = 0; t < 12; ++t) {
       const std::size_t i = t / 3, j = t % 3;
       float tail = 0;
-      for (std::size_t k = k_end; k < n; ++k) tail = fma(x[i][k], w[j][k], tail);
+      for (std::size_t k = k_end; k < n; ++k) tail = fma(x[i][k], to_f32(w[j][k]), tail);
       out[t] = reduce8x2(_mm256_load_ps(sums + 8 * t), _mm256_load_ps(sums + 96 + 8 * t), tail);
     }
   }
@@ -623,27 +629,38 @@ inline void stream_rows(const float* x, std::size_t m, const weight_view& w, std
 }
 
 // Prefill (m > 8): weight rows [r0, r1) panel by panel, as the AVX-512 path does (aligned scratch,
-// rows past 1536 columns in ranges of 1024), with 4 x 3 tiles.
+// rows past 1536 columns in ranges of 1024), with 4 x 3 tiles. f16 rows are read where they are, widened
+// in registers (half the bytes through the caches, no unpacking), the panel only bounding what the
+// tiles of x go over while it is in L2.
 template <dtype T>
 inline void panel_rows(const float* x, std::size_t m, const weight_view& w, std::size_t r0, std::size_t r1, float* y,
                        accumulate acc) {
+  using W = std::conditional_t<T == dtype::f16, half, float>;
+  constexpr bool direct = T == dtype::f16;
   constexpr std::size_t MR = 4, NR = panel_nr, tile_floats = 2 * MR * NR * 8;
-  const std::size_t n = w.cols, ldy = w.rows, rb = row_bytes(w.type, n), ld = scratch_stride(n);
+  const std::size_t n = w.cols, ldy = w.rows, rb = row_bytes(w.type, n);
+  const std::size_t ld = direct ? rb / sizeof(W) : scratch_stride(n);
   const std::size_t full = n - n % lanes, range = n <= 1536 ? std::max<std::size_t>(full, 1) : 1024;
   const std::size_t ranges = std::max<std::size_t>(1, (full + range - 1) / range);
   const std::size_t step = detail::panel_height(r1 - r0, std::min(n, range), NR);
-  float* const state = panel_scratch(step / NR * tile_floats + step * ld);
-  float* const panel = state + step / NR * tile_floats;
+  float* const state = panel_scratch(step / NR * tile_floats + (direct ? 0 : step * ld));
   for (std::size_t p0 = r0; p0 < r1; p0 += step) {
     const std::size_t nc = std::min(step, r1 - p0);
-    for (std::size_t r = 0; r < nc; ++r) unpack_row<T>(w.data + (p0 + r) * rb, n, panel + r * ld);
+    const W* panel = nullptr;
+    if constexpr (direct) {
+      panel = reinterpret_cast<const W*>(w.data + p0 * rb);
+    } else {
+      float* const scratch = state + step / NR * tile_floats;
+      for (std::size_t r = 0; r < nc; ++r) unpack_row<T>(w.data + (p0 + r) * rb, n, scratch + r * ld);
+      panel = scratch;
+    }
     for (std::size_t i0 = 0; i0 < m; i0 += MR) {
       const float* xs[MR];
       for (std::size_t i = 0; i < MR; ++i) xs[i] = x + std::min(i0 + i, m - 1) * n;  // past m: repeat, not stored
       for (std::size_t r = 0; r < ranges; ++r) {
         const std::size_t k0 = r * range, k1 = r + 1 == ranges ? full : k0 + range;
         for (std::size_t j0 = 0; j0 < nc; j0 += NR) {
-          const float* ws[NR];
+          const W* ws[NR];
           for (std::size_t j = 0; j < NR; ++j) ws[j] = panel + std::min(j0 + j, nc - 1) * ld;  // past nc: repeat
           float* const st = state + j0 / NR * tile_floats;
           float out[MR * NR];

@@ -18,6 +18,14 @@ inline void rmsnorm(const float* x, const float* weight, float* y, std::size_t r
 inline void swiglu(const float* gate, const float* up, float* out, std::size_t n) noexcept {
   float e[lanes];
   std::size_t i = 0;
+#if EFIM_K_AVX2 && !EFIM_K_AVX512
+  for (; i + 8 <= n; i += 8) {  // the same operations, 8 lanes at a time
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 ex = exp8(_mm256_xor_ps(g, _mm256_set1_ps(-0.0f)));
+    const __m256 r = _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), ex)), _mm256_loadu_ps(up + i));
+    _mm256_storeu_ps(out + i, _mm256_andnot_ps(_mm256_cmp_ps(g, _mm256_set1_ps(-88.0f), _CMP_LT_OQ), r));
+  }
+#endif
   for (; i + lanes <= n; i += lanes) {  // whole vectors: the same operations lane by lane
     vfloat g, u, r;
     std::memcpy(&g, gate + i, sizeof g);

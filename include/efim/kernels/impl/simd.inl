@@ -188,9 +188,31 @@ inline void axpy(float a, const float* x, float* y, std::size_t n) noexcept {
   for (; k < n; ++k) y[k] = fma(a, x[k], y[k]);
 }
 
+#if EFIM_K_AVX2 && !EFIM_K_AVX512
+// exp16's operations on 8 lanes in ymm registers, one for one.
+[[gnu::always_inline]] inline __m256 exp8(__m256 v) noexcept {
+  v = _mm256_max_ps(_mm256_set1_ps(-87.3f), v);  // v < lowest ? lowest : v
+  v = _mm256_min_ps(_mm256_set1_ps(88.3f), v);
+  const __m256 shifter = _mm256_set1_ps(12582912.0f);
+  const __m256 n = _mm256_sub_ps(_mm256_fmadd_ps(v, _mm256_set1_ps(1.44269504f), shifter), shifter);
+  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693359375f), v);
+  r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+  for (const float c : {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f})
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+#endif
+
 // e^x for 16 floats in place (relative error below 3e-7). Inputs below -87.3 give e^-87.3 and
 // inputs above 88.3 give e^88.3: softmax only asks for x <= 0.
 inline void exp16(float* x) noexcept {
+#if EFIM_K_AVX2 && !EFIM_K_AVX512
+  _mm256_storeu_ps(x, exp8(_mm256_loadu_ps(x)));
+  _mm256_storeu_ps(x + 8, exp8(_mm256_loadu_ps(x + 8)));
+  return;
+#endif
   // Constants as vectors (vfloat{} + c broadcasts c); no helper returns a vector, see above.
   const vfloat lowest = vfloat{} + -87.3f, highest = vfloat{} + 88.3f;
   const vfloat shifter = vfloat{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
