@@ -343,6 +343,23 @@ template <dtype T>
   return _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u))) + tail;
 }
 
+// out[t] = reduce8x2(lo[t], hi[t], tail[t]) for t < 4, the vectors 8 floats apart from lo and hi
+// (32-byte aligned), all four at once: the same additions of the same pairs.
+[[gnu::always_inline]] inline void reduce8x2_4(const float* lo, const float* hi, const float* tail,
+                                               float* out) noexcept {
+  __m256 t8[4];
+  for (std::size_t t = 0; t < 4; ++t) t8[t] = _mm256_add_ps(_mm256_load_ps(lo + 8 * t), _mm256_load_ps(hi + 8 * t));
+  // [t4 of sum 0 | t4 of sum 1] and [t4 of 2 | t4 of 3]: t8[i] + t8[i + 4].
+  const __m256 p = _mm256_add_ps(_mm256_permute2f128_ps(t8[0], t8[1], 0x20), _mm256_permute2f128_ps(t8[0], t8[1], 0x31));
+  const __m256 q = _mm256_add_ps(_mm256_permute2f128_ps(t8[2], t8[3], 0x20), _mm256_permute2f128_ps(t8[2], t8[3], 0x31));
+  // Per half: [t4[0] + t4[2], t4[1] + t4[3]] of sums 0 and 2 (low half), 1 and 3 (high half).
+  const __m256 u = _mm256_add_ps(_mm256_shuffle_ps(p, q, 0x44), _mm256_shuffle_ps(p, q, 0xee));
+  const __m256 f = _mm256_hadd_ps(u, u);  // low half [s0, s2, ..], high half [s1, s3, ..]
+  const __m128 lo_half = _mm256_castps256_ps128(f), hi_half = _mm256_extractf128_ps(f, 1);
+  const __m128 sums = _mm_unpacklo_ps(lo_half, hi_half);  // s0, s1, s2, s3
+  _mm_storeu_ps(out, _mm_add_ps(sums, _mm_loadu_ps(tail)));
+}
+
 // Decode: out[i * NR + j] = dot(x[i], dequantized w[j]) over n elements with the weights read as stored.
 template <dtype T, std::size_t MR, std::size_t NR>
 [[gnu::always_inline]] inline void tile(const float* const (&x)[MR], const std::byte* const (&w)[NR], std::size_t n,
@@ -396,20 +413,20 @@ template <dtype T, std::size_t MR, std::size_t NR>
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
-// Half of the prefill tile's lane sums: lanes `off` .. `off` + 7 (off = 0 or 8) of the 4 x 3 canonical
-// 16-lane sums of x rows by f32 weight rows, over whole 16-lane steps k in [k_begin, k_end), starting
-// from zero or, From_state, from `from`; the 12 vectors go to `to` (x row major). One half at a time
-// keeps 12 sums, 3 weight vectors and an x vector in the 16 ymm registers: 7 loads per 12 FMAs, where
-// both halves at once (2 x 3 sums) take 5 loads per 6.
+// Half of a prefill tile's lane sums: lanes `off` .. `off` + 7 (off = 0 or 8) of the 4 x 3 canonical
+// 16-lane sums of x rows by weight rows, over whole 16-lane steps k in [k_begin, k_end), starting from
+// zero or, From_state, from the 12 vectors at `st` (x row major), where they go back. One half at a
+// time keeps 12 sums, 3 weight vectors and an x vector in the 16 ymm registers: 7 loads per 12 FMAs,
+// where both halves at once (2 x 3 sums) take 5 loads per 6.
 template <bool From_state, class W>
-[[gnu::noinline]] void panel_half(const float* const (&x)[4], const W* const (&w)[3], std::size_t off,
-                                  std::size_t k_begin, std::size_t k_end, const float* from, float* to) noexcept {
+[[gnu::always_inline]] inline void panel_half(const float* const (&x)[4], const W* const (&w)[3], std::size_t off,
+                                              std::size_t k_begin, std::size_t k_end, float* st) noexcept {
   __m256 c00, c01, c02, c10, c11, c12, c20, c21, c22, c30, c31, c32;  // digit 1: x row, digit 2: w row
   if constexpr (From_state) {
-    c00 = _mm256_load_ps(from + 0), c01 = _mm256_load_ps(from + 8), c02 = _mm256_load_ps(from + 16);
-    c10 = _mm256_load_ps(from + 24), c11 = _mm256_load_ps(from + 32), c12 = _mm256_load_ps(from + 40);
-    c20 = _mm256_load_ps(from + 48), c21 = _mm256_load_ps(from + 56), c22 = _mm256_load_ps(from + 64);
-    c30 = _mm256_load_ps(from + 72), c31 = _mm256_load_ps(from + 80), c32 = _mm256_load_ps(from + 88);
+    c00 = _mm256_load_ps(st + 0), c01 = _mm256_load_ps(st + 8), c02 = _mm256_load_ps(st + 16);
+    c10 = _mm256_load_ps(st + 24), c11 = _mm256_load_ps(st + 32), c12 = _mm256_load_ps(st + 40);
+    c20 = _mm256_load_ps(st + 48), c21 = _mm256_load_ps(st + 56), c22 = _mm256_load_ps(st + 64);
+    c30 = _mm256_load_ps(st + 72), c31 = _mm256_load_ps(st + 80), c32 = _mm256_load_ps(st + 88);
   } else {
     c00 = c01 = c02 = c10 = c11 = c12 = c20 = c21 = c22 = c30 = c31 = c32 = _mm256_setzero_ps();
   }
@@ -431,30 +448,23 @@ template <bool From_state, class W>
     in_register(a);
     c30 = _mm256_fmadd_ps(a, v0, c30), c31 = _mm256_fmadd_ps(a, v1, c31), c32 = _mm256_fmadd_ps(a, v2, c32);
   }
-  _mm256_store_ps(to + 0, c00), _mm256_store_ps(to + 8, c01), _mm256_store_ps(to + 16, c02);
-  _mm256_store_ps(to + 24, c10), _mm256_store_ps(to + 32, c11), _mm256_store_ps(to + 40, c12);
-  _mm256_store_ps(to + 48, c20), _mm256_store_ps(to + 56, c21), _mm256_store_ps(to + 64, c22);
-  _mm256_store_ps(to + 72, c30), _mm256_store_ps(to + 80, c31), _mm256_store_ps(to + 88, c32);
+  _mm256_store_ps(st + 0, c00), _mm256_store_ps(st + 8, c01), _mm256_store_ps(st + 16, c02);
+  _mm256_store_ps(st + 24, c10), _mm256_store_ps(st + 32, c11), _mm256_store_ps(st + 40, c12);
+  _mm256_store_ps(st + 48, c20), _mm256_store_ps(st + 56, c21), _mm256_store_ps(st + 64, c22);
+  _mm256_store_ps(st + 72, c30), _mm256_store_ps(st + 80, c31), _mm256_store_ps(st + 88, c32);
 }
 
-// The prefill tile: 4 rows of x by 3 f32 weight rows, whole 16-lane steps k in [k_begin, k_end), lanes
-// 0-7 then lanes 8-15 (panel_half). The sums start from zero or, From_state, from `state` (192 floats,
-// 32-byte aligned); To_state they go back there, else the tail past k_end is added and they are reduced
-// into out[3 i + j].
-template <bool From_state, bool To_state, class W>
-inline void panel_tile(const float* const (&x)[4], const W* const (&w)[3], std::size_t n, std::size_t k_begin,
-                       std::size_t k_end, float* state, float* out) noexcept {
-  alignas(32) float sums[192];
-  float* const to = To_state ? state : sums;
-  panel_half<From_state>(x, w, 0, k_begin, k_end, state, to);
-  panel_half<From_state>(x, w, 8, k_begin, k_end, state + 96, to + 96);
-  if constexpr (!To_state) {
-    for (std::size_t t = 0; t < 12; ++t) {
-      const std::size_t i = t / 3, j = t % 3;
-      float tail = 0;
-      for (std::size_t k = k_end; k < n; ++k) tail = fma(x[i][k], to_f32(w[j][k]), tail);
-      out[t] = reduce8x2(_mm256_load_ps(sums + 8 * t), _mm256_load_ps(sums + 96 + 8 * t), tail);
-    }
+// The weight rows [0, nc) of a panel (row stride ld) by 4 rows of x, in tiles of 3 weight rows, over
+// k in [k_begin, k_end): tile t's 24 lane-sum vectors (lanes 0-7 of its 12 sums, then lanes 8-15) in
+// state + 192 t, 32-byte aligned. Out of line, one call for the strip.
+template <bool From_state, class W>
+[[gnu::noinline]] void panel_strip(const float* const (&x)[4], const W* panel, std::size_t ld, std::size_t nc,
+                                   std::size_t k_begin, std::size_t k_end, float* state) noexcept {
+  for (std::size_t j0 = 0; j0 < nc; j0 += 3, state += 192) {
+    const W* const w[3] = {panel + j0 * ld, panel + std::min(j0 + 1, nc - 1) * ld,
+                           panel + std::min(j0 + 2, nc - 1) * ld};  // past nc: repeat
+    panel_half<From_state>(x, w, 0, k_begin, k_end, state);
+    panel_half<From_state>(x, w, 8, k_begin, k_end, state + 96);
   }
 }
 
@@ -659,24 +669,21 @@ inline void panel_rows(const float* x, std::size_t m, const weight_view& w, std:
       for (std::size_t i = 0; i < MR; ++i) xs[i] = x + std::min(i0 + i, m - 1) * n;  // past m: repeat, not stored
       for (std::size_t r = 0; r < ranges; ++r) {
         const std::size_t k0 = r * range, k1 = r + 1 == ranges ? full : k0 + range;
-        for (std::size_t j0 = 0; j0 < nc; j0 += NR) {
-          const W* ws[NR];
-          for (std::size_t j = 0; j < NR; ++j) ws[j] = panel + std::min(j0 + j, nc - 1) * ld;  // past nc: repeat
-          float* const st = state + j0 / NR * tile_floats;
-          float out[MR * NR];
-          if (ranges == 1) {
-            panel_tile<false, false>(xs, ws, n, k0, k1, st, out);
-          } else if (r == 0) {
-            panel_tile<false, true>(xs, ws, n, k0, k1, st, out);
-            continue;
-          } else if (r + 1 < ranges) {
-            panel_tile<true, true>(xs, ws, n, k0, k1, st, out);
-            continue;
-          } else {
-            panel_tile<true, false>(xs, ws, n, k0, k1, st, out);
-          }
-          store_tile(out, NR, y + i0 * ldy + p0 + j0, ldy, std::min(MR, m - i0), std::min(NR, nc - j0), acc);
+        if (r == 0)
+          panel_strip<false>(xs, panel, ld, nc, k0, k1, state);
+        else
+          panel_strip<true>(xs, panel, ld, nc, k0, k1, state);
+      }
+      // Each sum: its two halves and the tail past `full`, in reduce_lanes' order.
+      for (std::size_t j0 = 0; j0 < nc; j0 += NR) {
+        const float* const st = state + j0 / NR * tile_floats;
+        alignas(16) float tail[MR * NR] = {}, out[MR * NR];
+        for (std::size_t t = 0; t < MR * NR && full < n; ++t) {
+          const W* const wr = panel + std::min(j0 + t % NR, nc - 1) * ld;
+          for (std::size_t k = full; k < n; ++k) tail[t] = fma(xs[t / NR][k], to_f32(wr[k]), tail[t]);
         }
+        for (std::size_t t = 0; t < MR * NR; t += 4) reduce8x2_4(st + 8 * t, st + 96 + 8 * t, tail + t, out + t);
+        store_tile(out, NR, y + i0 * ldy + p0 + j0, ldy, std::min(MR, m - i0), std::min(NR, nc - j0), acc);
       }
     }
   }
