@@ -2,6 +2,7 @@
 // Everything in efim, layer by layer.
 #include "efim/version.hpp"
 
+#include "efim/core/aligned.hpp"
 #include "efim/core/config.hpp"
 #include "efim/core/dtype.hpp"
 #include "efim/core/error.hpp"

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "efim/core/aligned.hpp"
 #include "efim/core/config.hpp"
 #include "efim/core/dtype.hpp"
 #include "efim/core/error.hpp"
@@ -199,11 +200,12 @@ class transformer<kernels::host> {
   }
 
   const weights* w_;
-  std::vector<float> x_, xb_, branch_;  // (tokens, hidden): residual stream, normed input, a biased branch
-  std::vector<float> q_, att_;          // (tokens, heads, head_dim)
-  std::vector<float> k_, v_;            // (tokens, kv_heads, head_dim)
-  std::vector<float> gate_, up_;        // (tokens, ffn)
-  std::vector<float> cos_, sin_;        // (tokens, head_dim / 2)
+  // Cache-line aligned: the matrix products read these rows with vector loads.
+  aligned_vector<float> x_, xb_, branch_;  // (tokens, hidden): residual stream, normed input, a biased branch
+  aligned_vector<float> q_, att_;          // (tokens, heads, head_dim)
+  aligned_vector<float> k_, v_;            // (tokens, kv_heads, head_dim)
+  aligned_vector<float> gate_, up_;        // (tokens, ffn)
+  std::vector<float> cos_, sin_;           // (tokens, head_dim / 2)
   std::vector<position> positions_;
   std::vector<kernels::token_slot> slots_;
 };
