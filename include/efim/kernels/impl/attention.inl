@@ -64,6 +64,23 @@ inline void block_scores(const attention_row* rows, const E* keys, std::size_t b
     }
 }
 
+// Key j's value row (dimensions [d0, d0 + 8 C) at v) into the G x C sums; Causal: only for the rows
+// that attend to j.
+template <bool Causal, std::size_t G, std::size_t C, class E>
+[[gnu::always_inline]] inline void weighted_slot(__m256 (&acc)[G][C], const E* v, const attention_row* rows,
+                                                 float* const* scores, std::size_t j) noexcept {
+  __m256 vv[C];
+#pragma GCC unroll 16
+  for (std::size_t c = 0; c < C; ++c) vv[c] = load8_lanes(v + c * 8);
+#pragma GCC unroll 16
+  for (std::size_t r = 0; r < G; ++r) {
+    if (Causal && j >= rows[r].keys) continue;
+    const __m256 p = _mm256_broadcast_ss(scores[r] + j);
+#pragma GCC unroll 16
+    for (std::size_t c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(p, vv[c], acc[r][c]);
+  }
+}
+
 // Dimensions [d0, d0 + 8 C) of the weighted sum for G rows, keys walked block by block: first the keys
 // every row attends to, with no test, then the few past the shortest row's causal end. Every loop is
 // unrolled so that the G x C sums stay in registers.
@@ -84,29 +101,8 @@ template <std::size_t G, std::size_t C, class E>
     const E* v = v_cache + l.offset(table[b], kv_head, 0) + d0;
     const std::size_t end = std::min(bs, most - j0), common = least > j0 ? std::min(end, least - j0) : 0;
     std::size_t slot = 0;
-    for (; slot < common; ++slot, v += l.head_dim) {
-      __m256 vv[C];
-#pragma GCC unroll 16
-      for (std::size_t c = 0; c < C; ++c) vv[c] = load8_lanes(v + c * 8);
-#pragma GCC unroll 16
-      for (std::size_t r = 0; r < G; ++r) {
-        const __m256 p = _mm256_broadcast_ss(scores[r] + j0 + slot);
-#pragma GCC unroll 16
-        for (std::size_t c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(p, vv[c], acc[r][c]);
-      }
-    }
-    for (; slot < end; ++slot, v += l.head_dim) {
-      __m256 vv[C];
-#pragma GCC unroll 16
-      for (std::size_t c = 0; c < C; ++c) vv[c] = load8_lanes(v + c * 8);
-#pragma GCC unroll 16
-      for (std::size_t r = 0; r < G; ++r) {
-        if (j0 + slot >= rows[r].keys) continue;
-        const __m256 p = _mm256_broadcast_ss(scores[r] + j0 + slot);
-#pragma GCC unroll 16
-        for (std::size_t c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(p, vv[c], acc[r][c]);
-      }
-    }
+    for (; slot < common; ++slot, v += l.head_dim) weighted_slot<false>(acc, v, rows, scores, j0 + slot);
+    for (; slot < end; ++slot, v += l.head_dim) weighted_slot<true>(acc, v, rows, scores, j0 + slot);
   }
 #pragma GCC unroll 16
   for (std::size_t r = 0; r < G; ++r)
@@ -224,16 +220,16 @@ inline void attend_rows(const kv::paged_layout& l, const E* k_cache, const E* v_
     const std::size_t n = rows[r].keys;
     // The largest scaled score (a maximum: the same in any order), 16 lanes at a time.
     vfloat tops = vfloat{} - INFINITY;
-    std::size_t j = 0;
-    for (; j + lanes <= n; j += lanes) {
+    std::size_t k = 0;
+    for (; k + lanes <= n; k += lanes) {
       vfloat v;
-      std::memcpy(&v, s + j, sizeof v);
+      std::memcpy(&v, s + k, sizeof v);
       v = v * scale;
       max_into(tops, v);
     }
     float top = -INFINITY;
     for (std::size_t i = 0; i < lanes; ++i) top = std::max(top, tops[i]);
-    for (; j < n; ++j) top = std::max(top, s[j] * scale);
+    for (; k < n; ++k) top = std::max(top, s[k] * scale);
     const std::size_t padded = (n + lanes - 1) / lanes * lanes;
     const vfloat scales = vfloat{} + scale, shift = vfloat{} - top;
     vfloat sum{};

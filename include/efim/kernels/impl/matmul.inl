@@ -616,7 +616,7 @@ inline void panel_rows(const float* x, std::size_t m, const weight_view& w, std:
 
 #elif EFIM_K_AVX2
 // Decode (m <= 8): weight rows [r0, r1) in blocks of 16, each read from memory once (the next block
-// prefetched meanwhile) and reused from cache by the 2 x 2 and 1 x 4 tiles of x that cover m.
+// prefetched meanwhile) and reused from cache by the 2 x 2 and 1-row tiles of x that cover m.
 template <dtype T>
 inline void stream_rows(const float* x, std::size_t m, const weight_view& w, std::size_t r0, std::size_t r1, float* y,
                         accumulate acc) noexcept {
@@ -629,8 +629,13 @@ inline void stream_rows(const float* x, std::size_t m, const weight_view& w, std
       if (m - i0 >= 2) {
         stream_block<T, 2, 2>(x, i0, w, rb, j0, nj, y, acc, pf_begin, pf_end);
         i0 += 2;
+      } else if constexpr (T == dtype::q4_0) {
+        stream_block<T, 1, 4>(x, i0, w, rb, j0, nj, y, acc, pf_begin, pf_end);  // unpacking-bound: 4 rows share x
+        i0 += 1;
       } else {
-        stream_block<T, 1, 4>(x, i0, w, rb, j0, nj, y, acc, pf_begin, pf_end);
+        // One row after another, no software prefetch: the hardware prefetchers follow a single
+        // sequential stream best (f16 decode 1.1-1.2x the 1 x 4 tile's speed on Zen 4, and steadier).
+        stream_block<T, 1, 1>(x, i0, w, rb, j0, nj, y, acc, pf_begin, pf_begin);
         i0 += 1;
       }
       pf_begin = pf_end;  // the first tile of x prefetched it all
