@@ -196,6 +196,71 @@ inline std::size_t weighted_sum(const kv::paged_layout& l, const E* v_cache, std
 
 #endif
 
+// One row's scores s[0, n) -> e^(scale s - the largest), zeros past n up to a whole vector; returns 1 /
+// their sum (reduce_lanes of 16 lane sums). The maximum is the same in any order; everything else goes
+// lane by lane in key order.
+inline float softmax_row(float* s, std::size_t n, float scale) noexcept {
+  const std::size_t padded = (n + lanes - 1) / lanes * lanes;
+#if EFIM_K_AVX2 && !EFIM_K_AVX512
+  // In ymm registers: as 16-lane GCC vectors the running maximum went through the stack every step.
+  const __m256 sc = _mm256_set1_ps(scale);
+  __m256 top0 = _mm256_set1_ps(-INFINITY), top1 = top0;
+  std::size_t k = 0;
+  for (; k + lanes <= n; k += lanes) {
+    top0 = _mm256_max_ps(_mm256_mul_ps(_mm256_loadu_ps(s + k), sc), top0);  // v > top ? v : top
+    top1 = _mm256_max_ps(_mm256_mul_ps(_mm256_loadu_ps(s + k + 8), sc), top1);
+  }
+  alignas(32) float tops[lanes];
+  _mm256_store_ps(tops, top0);
+  _mm256_store_ps(tops + 8, top1);
+  float top = -INFINITY;
+  for (const float t : tops) top = std::max(top, t);
+  for (; k < n; ++k) top = std::max(top, s[k] * scale);
+  const __m256 shift = _mm256_set1_ps(-top);
+  __m256 sum0 = _mm256_setzero_ps(), sum1 = sum0;
+  for (std::size_t j = 0; j < padded; j += lanes) {
+    __m256 e0 = exp8(_mm256_fmadd_ps(_mm256_loadu_ps(s + j), sc, shift));
+    __m256 e1 = exp8(_mm256_fmadd_ps(_mm256_loadu_ps(s + j + 8), sc, shift));
+    _mm256_storeu_ps(s + j, e0);
+    _mm256_storeu_ps(s + j + 8, e1);
+    if (j + lanes > n) {  // past the causal end
+      for (std::size_t i = n; i < j + lanes; ++i) s[i] = 0.0f;
+      e0 = _mm256_loadu_ps(s + j), e1 = _mm256_loadu_ps(s + j + 8);
+    }
+    sum0 = _mm256_add_ps(sum0, e0), sum1 = _mm256_add_ps(sum1, e1);
+  }
+  return 1.0f / reduce8x2(sum0, sum1, 0.0f);
+#else
+  vfloat tops = vfloat{} - INFINITY;
+  std::size_t k = 0;
+  for (; k + lanes <= n; k += lanes) {
+    vfloat v;
+    std::memcpy(&v, s + k, sizeof v);
+    v = v * scale;
+    tops = v > tops ? v : tops;
+  }
+  float top = -INFINITY;
+  for (std::size_t i = 0; i < lanes; ++i) top = std::max(top, tops[i]);
+  for (; k < n; ++k) top = std::max(top, s[k] * scale);
+  const vfloat scales = vfloat{} + scale, shift = vfloat{} - top;
+  vfloat sum{};
+  for (std::size_t j = 0; j < padded; j += lanes) {
+    vfloat v, t = shift;
+    std::memcpy(&v, s + j, sizeof v);
+    fma_into(t, v, scales);  // fma(s, scale, -top), lane by lane
+    std::memcpy(s + j, &t, sizeof t);
+    exp16(s + j);
+    for (std::size_t i = std::max(j, n); i < j + lanes; ++i) s[i] = 0.0f;  // past the causal end
+    vfloat e;
+    std::memcpy(&e, s + j, sizeof e);
+    sum = sum + e;
+  }
+  float lanes_sum[lanes];
+  std::memcpy(lanes_sum, &sum, sizeof lanes_sum);
+  return 1.0f / reduce_lanes(lanes_sum, 0.0f);
+#endif
+}
+
 // Rows of the same sequence and KV head: scores, softmax, and the weighted sum of values.
 // `scratch` holds R rows of `stride` floats, stride >= every row's keys rounded up to blocks and lanes.
 template <std::size_t R, class E>
@@ -215,39 +280,7 @@ inline void attend_rows(const kv::paged_layout& l, const E* k_cache, const E* v_
   }
 
   float inv_sum[R];
-  for (std::size_t r = 0; r < R; ++r) {
-    float* s = scores[r];
-    const std::size_t n = rows[r].keys;
-    // The largest scaled score (a maximum: the same in any order), 16 lanes at a time.
-    vfloat tops = vfloat{} - INFINITY;
-    std::size_t k = 0;
-    for (; k + lanes <= n; k += lanes) {
-      vfloat v;
-      std::memcpy(&v, s + k, sizeof v);
-      v = v * scale;
-      max_into(tops, v);
-    }
-    float top = -INFINITY;
-    for (std::size_t i = 0; i < lanes; ++i) top = std::max(top, tops[i]);
-    for (; k < n; ++k) top = std::max(top, s[k] * scale);
-    const std::size_t padded = (n + lanes - 1) / lanes * lanes;
-    const vfloat scales = vfloat{} + scale, shift = vfloat{} - top;
-    vfloat sum{};
-    for (std::size_t j = 0; j < padded; j += lanes) {
-      vfloat v, t = shift;
-      std::memcpy(&v, s + j, sizeof v);
-      fma_into(t, v, scales);  // fma(s, scale, -top), lane by lane
-      std::memcpy(s + j, &t, sizeof t);
-      exp16(s + j);
-      for (std::size_t i = std::max(j, n); i < j + lanes; ++i) s[i] = 0.0f;  // past the causal end
-      vfloat e;
-      std::memcpy(&e, s + j, sizeof e);
-      sum = sum + e;
-    }
-    float lanes_sum[lanes];
-    std::memcpy(lanes_sum, &sum, sizeof lanes_sum);
-    inv_sum[r] = 1.0f / reduce_lanes(lanes_sum, 0.0f);
-  }
+  for (std::size_t r = 0; r < R; ++r) inv_sum[r] = softmax_row(scores[r], rows[r].keys, scale);
 
   // The weighted sum of values, keys in order for every output element, held in registers a few
   // vectors of dimensions at a time, each value row read (and widened) once for all the rows.

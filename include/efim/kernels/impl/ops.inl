@@ -35,7 +35,7 @@ inline void swiglu(const float* gate, const float* up, float* out, std::size_t n
     exp16(e);
     std::memcpy(&r, e, sizeof r);
     r = g / (1.0f + r) * u;
-    zero_below(r, g, -88.0f);
+    r = g < -88.0f ? vfloat{} : r;
     std::memcpy(out + i, &r, sizeof r);
   }
   for (; i < n; i += lanes) {

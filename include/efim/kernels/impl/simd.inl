@@ -48,53 +48,6 @@ inline void fma_into(vfloat& acc, const vfloat& a, const vfloat& b) noexcept {
 #endif
 }
 
-// Lane-wise selections, written per path: GCC 12 compiles a ?: on 16-lane vectors wider than the
-// registers (AVX2) one lane at a time.
-// a = b > a ? b : a.
-inline void max_into(vfloat& a, const vfloat& b) noexcept {
-#if EFIM_K_AVX2 && !EFIM_K_AVX512
-  for (std::size_t h = 0; h < 2; ++h) {
-    __m256 x, y;
-    std::memcpy(&x, reinterpret_cast<const float*>(&a) + 8 * h, sizeof x);
-    std::memcpy(&y, reinterpret_cast<const float*>(&b) + 8 * h, sizeof y);
-    x = _mm256_max_ps(y, x);  // y > x ? y : x
-    std::memcpy(reinterpret_cast<float*>(&a) + 8 * h, &x, sizeof x);
-  }
-#else
-  a = b > a ? b : a;
-#endif
-}
-
-// a = b < a ? b : a.
-inline void min_into(vfloat& a, const vfloat& b) noexcept {
-#if EFIM_K_AVX2 && !EFIM_K_AVX512
-  for (std::size_t h = 0; h < 2; ++h) {
-    __m256 x, y;
-    std::memcpy(&x, reinterpret_cast<const float*>(&a) + 8 * h, sizeof x);
-    std::memcpy(&y, reinterpret_cast<const float*>(&b) + 8 * h, sizeof y);
-    x = _mm256_min_ps(y, x);  // y < x ? y : x
-    std::memcpy(reinterpret_cast<float*>(&a) + 8 * h, &x, sizeof x);
-  }
-#else
-  a = b < a ? b : a;
-#endif
-}
-
-// a = x < limit ? 0 : a.
-inline void zero_below(vfloat& a, const vfloat& x, float limit) noexcept {
-#if EFIM_K_AVX2 && !EFIM_K_AVX512
-  for (std::size_t h = 0; h < 2; ++h) {
-    __m256 y, v;
-    std::memcpy(&y, reinterpret_cast<const float*>(&a) + 8 * h, sizeof y);
-    std::memcpy(&v, reinterpret_cast<const float*>(&x) + 8 * h, sizeof v);
-    y = _mm256_andnot_ps(_mm256_cmp_ps(v, _mm256_set1_ps(limit), _CMP_LT_OQ), y);
-    std::memcpy(reinterpret_cast<float*>(&a) + 8 * h, &y, sizeof y);
-  }
-#else
-  a = x < limit ? vfloat{} : a;
-#endif
-}
-
 // v = 16 IEEE halves from p, widened to f32 with F16C where the target has it: the values of
 // f16_to_f32 (a signaling NaN comes out quiet, as any arithmetic on it would make it).
 inline void widen_f16(vfloat& v, const std::byte* p) noexcept {
@@ -211,15 +164,14 @@ inline void exp16(float* x) noexcept {
 #if EFIM_K_AVX2 && !EFIM_K_AVX512
   _mm256_storeu_ps(x, exp8(_mm256_loadu_ps(x)));
   _mm256_storeu_ps(x + 8, exp8(_mm256_loadu_ps(x + 8)));
-  return;
-#endif
+#else
   // Constants as vectors (vfloat{} + c broadcasts c); no helper returns a vector, see above.
   const vfloat lowest = vfloat{} + -87.3f, highest = vfloat{} + 88.3f;
   const vfloat shifter = vfloat{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
   vfloat v;
   std::memcpy(&v, x, sizeof v);
-  max_into(v, lowest);  // v < lowest ? lowest : v
-  min_into(v, highest);
+  v = v < lowest ? lowest : v;
+  v = v > highest ? highest : v;
   // x = n ln2 + r with |r| <= ln2 / 2; e^x = 2^n e^r.
   const vfloat log2e = vfloat{} + 1.44269504f;
   vfloat n = shifter;
@@ -240,4 +192,5 @@ inline void exp16(float* x) noexcept {
   std::memcpy(&scale, &bits, sizeof scale);
   v = p * scale;
   std::memcpy(x, &v, sizeof v);
+#endif
 }
