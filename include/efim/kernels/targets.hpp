@@ -55,18 +55,21 @@
 #else
 #define EFIM_K_F16C 0
 #endif
-#define EFIM_K_NAMESPACE isa_generic
-#include "efim/kernels/impl/path.inl"
-
 #if EFIM_KERNELS_X86
 // GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which its -W(maybe-)uninitialized
-// reports once they are inlined (GCC bug 105593, fixed in 13).
+// reports once they are inlined (GCC bug 105593, fixed in 13): in the AVX-512 path, and in the
+// generic one where the flags have AVX-512 (-march=native on such a CPU).
 #pragma GCC diagnostic push
 #if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 
+#define EFIM_K_NAMESPACE isa_generic
+#include "efim/kernels/impl/path.inl"
+
+#if EFIM_KERNELS_X86
 // ---- AVX2 + FMA + F16C ----
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx2,fma,f16c,bmi,bmi2,lzcnt,popcnt"))), apply_to = function)
@@ -85,6 +88,8 @@
 #else
 #pragma GCC pop_options
 #endif
+// The AVX-512 path below borrows some of these kernels (the generic path, compiled before, cannot).
+#define EFIM_K_AVX2_PATH_DEFINED 1
 
 // ---- AVX-512 ----
 #if defined(__clang__)
@@ -106,6 +111,7 @@
 #else
 #pragma GCC pop_options
 #endif
+#undef EFIM_K_AVX2_PATH_DEFINED
 
 #pragma GCC diagnostic pop
 
