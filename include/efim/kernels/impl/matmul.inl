@@ -712,14 +712,15 @@ inline void matmul_typed(thread_pool& pool, const float* x, const weight_view& w
         (units + pool.size() - 1) / pool.size());
     return;
   }
-  // At least 64 rows a task where there are enough for every thread: each task reads all of x.
+  // At least 16 tiles' rows a task where there are enough for every thread (each task reads all of x),
+  // and a small matrix in one equal share per thread (128 rows: 22 and 21 tiles, not 16, 16 and 11).
   const std::size_t units = (w.rows + panel_nr - 1) / panel_nr;
   pool.parallel_for(
       units,
       [&](std::size_t b, std::size_t e) {
         panel_rows<T>(x, m, w, b * panel_nr, std::min(e * panel_nr, w.rows), y, acc);
       },
-      std::min<std::size_t>(16, units / pool.size()));
+      std::min<std::size_t>(16, (units + pool.size() - 1) / pool.size()));
 }
 
 #endif
