@@ -4,7 +4,8 @@
 // difference printed (llama.cpp's correctness is the business of tests/reference/llama_cpp_test.cpp).
 //
 // Like llama-bench's pp512 / tg128: prefill is one batch of --prompt tokens from an empty cache; decode is
-// --decode single-token steps from an empty cache.
+// --decode single-token steps from an empty cache; both sides time them after one untimed warm-up (a
+// prompt batch and a decode step) in the same process.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -30,9 +31,10 @@ namespace {
 const char* const usage = R"(usage: efim-model-bench [options]
 
 Times prefill (one batch of --prompt tokens) and decode (--decode single-token steps), both from an empty
-cache, on each model: the host backend on --threads threads, the plain f32 reference decoder on one
-thread, and llama.cpp on the same file: its prebuilt CPU libraries (efim-llama-reference) and, once
-bench/build_llama_cpp.sh has built it, llama.cpp compiled here with GGML_NATIVE=ON (efim-llama-native).
+cache and after one untimed warm-up of each (as llama-bench), on each model: the host backend on
+--threads threads, the plain f32 reference decoder on one thread, and llama.cpp on the same file: its
+prebuilt CPU libraries (efim-llama-reference) and, once bench/build_llama_cpp.sh has built it, llama.cpp
+compiled here with GGML_NATIVE=ON (efim-llama-native).
 Prints the CPU and its vector extensions, the kernels' instruction-set path, the memory copy bandwidth,
 tokens/s and ratios, and the weight bytes decode reads per second as a share of the copy bandwidth.
   --model FILE        a GGUF model (repeatable). Default: the Qwen2-shaped model of hidden 768, 12 layers,
@@ -83,10 +85,17 @@ timing time_host(const model::weights& w, std::size_t threads, dtype kv_type, co
   const auto steps = bench_tokens(decode, w.cfg.vocab);
   timing t;
   const model::batch_item all{prompt, 0, table, true};
+  // The warm-up llama-bench (and the llama.cpp program here) makes before its timed runs: one prompt
+  // batch and one decode step, so that threads, activations and caches are as a running server has them.
+  std::vector<float> logits;
+  m.forward(ctx, kv, std::span(&all, 1), logits);
+  if (decode > 0) {
+    const model::batch_item first{std::span(steps).first(1), 0, table, true};
+    m.forward(ctx, kv, std::span(&first, 1), logits);
+  }
   double t0 = now();
   m.forward(ctx, kv, std::span(&all, 1), prefill_logits);
   t.prefill_tps = static_cast<double>(prompt.size()) / (now() - t0);
-  std::vector<float> logits;
   t0 = now();
   for (std::size_t i = 0; i < decode; ++i) {
     const model::batch_item one{std::span(steps).subspan(i, 1), static_cast<position>(i), table, true};
