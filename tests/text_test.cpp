@@ -589,6 +589,64 @@ TEST_CASE("tokenizer.json loading: a small file works, and mutations give efim::
   refuse(bad, "tokenizer.json");
 }
 
+TEST_CASE("added tokens are found in text as Hugging Face finds them", "[text][bpe]") {
+  // The small tokenizer (byte ids are the bytes, "ab" 256, "abc" 257, " a" 258, NFC) with added tokens
+  // that are not special, each with the options of Hugging Face's AddedToken.
+  auto j = nlohmann::json::parse(small_tokenizer_json());
+  const auto added = [&](int id, const char* content, bool lstrip, bool rstrip, bool single_word, bool normalized) {
+    j["added_tokens"].push_back({{"id", id},
+                                 {"content", content},
+                                 {"special", false},
+                                 {"lstrip", lstrip},
+                                 {"rstrip", rstrip},
+                                 {"single_word", single_word},
+                                 {"normalized", normalized}});
+  };
+  added(261, "<m>", true, true, true, false);
+  added(262, "\xC3\xA9", false, false, false, true);  // é, matched after NFC
+  added(263, "<e", false, false, false, true);
+  added(264, "\xC3\xBC", false, false, false, false);  // ü, matched in the text as given
+  const auto tok = text::load_bpe_json(j.dump());
+  const auto ids = [&](std::string_view s) {
+    std::vector<token_id> out;
+    tok.encode(s, out);
+    return out;
+  };
+  using v = std::vector<token_id>;
+  // Anywhere in a word, the longest at the leftmost place ("<extra>" over "<e").
+  CHECK(ids("ab<extra>c") == v{256, 260, 'c'});
+  CHECK(ids("x<extra") == v{'x', 263, 'x', 't', 'r', 'a'});
+  // lstrip and rstrip take the white space around <m>; single_word drops it next to a word character
+  // (a letter, a digit, '_', a combining mark), not next to punctuation or space.
+  CHECK(ids("ab  <m>\tc") == v{256, 261, 'c'});
+  CHECK(ids("a<m>b") == v{'a', '<', 'm', '>', 'b'});
+  CHECK(ids("<m>_") == v{'<', 'm', '>', '_'});
+  CHECK(ids("(<m>)") == v{'(', 261, ')'});
+  CHECK(ids("x\xCC\x81<m>") == v{'x', 0xCC, 0x81, '<', 'm', '>'});
+  // A match takes no white space before the previous match's end.
+  CHECK(ids("<m> <m>") == v{261, 261});
+  // normalized: é matches "e" + U+0301 after NFC; ü (not normalized) only as written.
+  CHECK(ids("cafe\xCC\x81") == v{'c', 'a', 'f', 262});
+  CHECK(ids("\xC3\xBC"
+            "ber") == v{264, 'b', 'e', 'r'});
+  CHECK(ids("u\xCC\x88"
+            "ber") == v{0xC3, 0xBC, 'b', 'e', 'r'});
+  // Special tokens' text stays text in encode, and is found by encode_special with the others.
+  CHECK(ids("<|fim_prefix|>").front() != 259);
+  std::vector<token_id> parsed;
+  tok.encode_special("<|fim_prefix|>ab <m> ", parsed);
+  CHECK(parsed == v{259, 256, 261});
+  // A user-defined token is text to a detokenizer; a special one is not.
+  CHECK_FALSE(tok.is_special(261));
+  CHECK(tok.is_special(259));
+  // The options' defaults, as Hugging Face's: a token that is not special is normalized.
+  auto k = nlohmann::json::parse(small_tokenizer_json());
+  k["added_tokens"].push_back({{"id", 261}, {"content", "\xC3\xA9"}, {"special", false}});
+  std::vector<token_id> out;
+  text::load_bpe_json(k.dump()).encode("e\xCC\x81", out);
+  CHECK(out == v{261});
+}
+
 TEST_CASE("GGUF tokenizer metadata: mutations give efim::error or a working tokenizer", "[text][bpe][fuzz]") {
   const auto json_tok = nlohmann::json::parse(small_tokenizer_json());
   std::vector<std::string> tokens(261);
@@ -661,7 +719,8 @@ TEST_CASE("on 2 MB of code and Unicode text, ids equal the reference tokenizer's
     if (e.path().extension() == ".txt") files.push_back(e.path());
   std::sort(files.begin(), files.end());
   std::size_t bytes = 0, tokens = 0;
-  bool has_combining = false, has_cjk = false, has_emoji = false;
+  bool has_combining = false, has_cjk = false, has_emoji = false, has_user_defined = false;
+  std::size_t plain_files = 0;
   for (const auto& f : files) {
     std::ifstream in(f, std::ios::binary);
     std::stringstream ss;
@@ -676,11 +735,21 @@ TEST_CASE("on 2 MB of code and Unicode text, ids equal the reference tokenizer's
     has_combining = has_combining || input.find("\xCC\x81") != std::string::npos;  // U+0301
     has_cjk = has_cjk || input.find("\xE4\xB8") != std::string::npos;              // U+4E00 block
     has_emoji = has_emoji || input.find("\xF0\x9F\x98") != std::string::npos;      // U+1F600 block
+    has_user_defined = has_user_defined || input.find("<tool_call>") != std::string::npos;
+    // Text with no control token's text in it (<|...|>): efim's encode, which finds only the
+    // user-defined added tokens, is Hugging Face's encode there.
+    const bool plain = input.find("<|") == std::string::npos;
+    plain_files += plain;
     for (const auto& [name, tok] : tokenizers) {
-      // Hugging Face's encode matches added tokens in text, so the reference is compared with the
-      // mode that does (this repository's own sources hold FIM tokens' text).
-      std::vector<token_id> got;
+      // Hugging Face's encode matches every added token in text, so the reference is compared with
+      // the mode that does (this repository's own sources hold FIM tokens' text), and with encode
+      // where the two agree.
+      std::vector<token_id> got, got_plain;
       tok.encode_special(input, got);
+      if (plain) {
+        tok.encode(input, got_plain);
+        CHECK(got_plain == want);
+      }
       if (got != want) {
         std::size_t i = 0;
         while (i < got.size() && i < want.size() && got[i] == want[i]) ++i;
@@ -699,6 +768,8 @@ TEST_CASE("on 2 MB of code and Unicode text, ids equal the reference tokenizer's
   CHECK(has_combining);
   CHECK(has_cjk);
   CHECK(has_emoji);
+  CHECK(has_user_defined);
+  CHECK(plain_files >= files.size() / 2);
   WARN("compared " << files.size() << " files, " << bytes << " bytes, " << tokens << " tokens with "
                    << tokenizers.size() << " tokenizers");
 }

@@ -3,10 +3,12 @@
 // in llama.cpp and give the logits efim gives. llama.cpp runs as a process (efim-llama-reference).
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -214,4 +216,56 @@ TEST_CASE("models efim-model writes load in llama.cpp and give the logits efim g
     }
     CHECK(got == want);
   }
+}
+
+TEST_CASE("user-defined tokens are found in plain text as llama.cpp finds them", "[llama_cpp]") {
+  if (!ready()) return;
+  // DeepSeek-Coder's added tokens 32000-32012 are single Latin-1 letters (GGUF type 4, user-defined),
+  // as in Swedish, Vietnamese or a keyboard table; its FIM sentinels are user-defined in this file too,
+  // and both programs keep them text (llama.cpp makes FIM tokens control tokens on loading). Left out:
+  // "<|User|>"-style markers, which efim treats as control (looks_like_control) and llama.cpp finds,
+  // and the "[PAD32022]" fillers, which Hugging Face's tokenizer does not have.
+  const fs::path vocab = vocab_dir / "ggml-vocab-deepseek-coder.gguf";
+  const std::string text =
+      "\xC3\x85ngstr\xC3\xB6m \xC3\xBC"
+      "ber fa\xC3\xA7"
+      "ade na\xC3\xAFve: \xC3\xB7 \xC3\xB5 \xC3\xBD \xC3\x81 \xC3\x80 "
+      "\xC3\xBF \xC3\xB8 \xC3\xBA \xC3\xBE \xC3\xBC \xC3\xB9 \xC3\xB6 \xC3\xBB\n"
+      "G\xC3\xB6teborg, V\xC3\xA4ster\xC3\xA5s, Ti\xE1\xBA\xBFng Vi\xE1\xBB\x87t, ph\xE1\xBB\x9F\n"
+      "\xC3\x80\xC3\x81\xC3\x82\xC3\x83 \xC3\xB9\xC3\xBA\xC3\xBB\xC3\xBC \xC3\xBF\xC3\xBD\xC3\xBE\xC3\xB8 "
+      "\xC3\xB5\xC3\xB6\xC3\xB7\n"
+      "def half(x):\n    return x\xC3\xB7"
+      "2  # \xC3\xB6\xC3\xB6\xC3\xB6 <pad>\n"
+      "<\xEF\xBD\x9C"
+      "fim\xE2\x96\x81"
+      "begin\xEF\xBD\x9C>int f() {<\xEF\xBD\x9C"
+      "fim\xE2\x96\x81"
+      "hole\xEF\xBD\x9C>}\n";
+  const fs::path file = work / "user_defined_tokens.txt";
+  {
+    std::ofstream out(file, std::ios::binary);
+    out << text;
+  }
+  const auto r = run(std::string(EFIM_LLAMA_REFERENCE) + " tokenize " + vocab.string() + " " + file.string());
+  INFO(r.output.substr(0, 2000));
+  REQUIRE(r.exit_code == 0);
+  std::vector<token_id> theirs;
+  std::istringstream in(r.output);
+  for (long v; in >> v;) theirs.push_back(static_cast<token_id>(v));
+  const auto tok = text::load_bpe(vocab.string());
+  std::vector<token_id> mine;
+  tok.encode(text, mine);
+  CHECK(mine == theirs);
+  // The letters are found (each of the 13 at least once), the sentinels are not.
+  for (token_id id = 32000; id <= 32012; ++id) {
+    INFO(id);
+    CHECK(std::count(mine.begin(), mine.end(), id) > 0);
+  }
+  for (token_id id = 32013; id <= 32021; ++id) {
+    INFO(id);
+    CHECK(std::count(mine.begin(), mine.end(), id) == (id == 32018 ? 1 : 0));  // 32018 is <pad>
+  }
+  // Decoding gives the text back: a user-defined token is text, not a special token to drop.
+  CHECK_FALSE(tok.is_special(32000));
+  CHECK(tok.decode(mine) == text);
 }

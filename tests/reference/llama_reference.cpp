@@ -53,6 +53,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <random>
@@ -82,6 +84,7 @@ constexpr const char* usage_text =
     "  generate MODEL --ids \"i j ...\" --n N [--threads N] [--kv f32|f16]\n"
     "  bench MODEL [--pp 512] [--tg 128] [--threads N] [--reps 3] [--kv f16|f32] [--fa auto|on|off] [--ubatch 512]\n"
     "  info MODEL\n"
+    "  tokenize VOCAB TEXT_FILE                       llama.cpp's ids for the file's text\n"
     "  smoke --make-model SCRIPT --vocab-dir DIR --work DIR [--python PY]... [--threads N]\n"
     "every command also takes --verbose (llama.cpp's log on stderr)\n";
 
@@ -604,6 +607,47 @@ int cmd_bench(int argc, char** argv) {
   return 0;
 }
 
+// llama.cpp's tokenizer on the text of a file: llama_tokenize with nothing added (no BOS) and
+// special-token text left as text (parse_special off: llama.cpp still finds its user-defined tokens),
+// the ids on one line. VOCAB may be a vocabulary-only GGUF file.
+int cmd_tokenize(int argc, char** argv) {
+  const arguments args = parse_arguments(argc, argv, 2, 2, {}, {});
+  start_llama(args.has("--verbose"));
+  llama_model_params params = llama_model_default_params();
+  params.vocab_only = true;
+  const model_ptr model(llama_model_load_from_file(args.positional[0].c_str(), params));
+  if (!model) {
+    throw std::runtime_error(args.positional[0] + ": llama.cpp could not load the vocabulary");
+  }
+  std::ifstream in(args.positional[1], std::ios::binary);
+  if (!in) {
+    throw std::runtime_error(args.positional[1] + ": cannot read");
+  }
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (text.size() > (1u << 30)) {
+    throw std::runtime_error(args.positional[1] + ": larger than 1 GiB");
+  }
+  const llama_vocab* vocab = llama_model_get_vocab(model.get());
+  std::vector<llama_token> ids(text.size() + 16);
+  const auto tokenize = [&] {
+    return llama_tokenize(vocab, text.data(), static_cast<int32_t>(text.size()), ids.data(),
+                          static_cast<int32_t>(ids.size()), false, false);
+  };
+  int32_t n = tokenize();
+  if (n < 0) {
+    ids.resize(static_cast<std::size_t>(-n));
+    n = tokenize();
+  }
+  if (n < 0) {
+    throw std::runtime_error("llama_tokenize failed");
+  }
+  for (int32_t i = 0; i < n; ++i) {
+    std::printf(i == 0 ? "%d" : " %d", ids[static_cast<std::size_t>(i)]);
+  }
+  std::printf("\n");
+  return 0;
+}
+
 // The model as llama.cpp loaded it, plus the file's float metadata read exactly (llama.cpp's
 // metadata strings print floats with %f) and the tensor types (what llama_model_quantize chose).
 int cmd_info(int argc, char** argv) {
@@ -1086,8 +1130,8 @@ int main(int argc, char** argv) {
   }
   const std::string command = argv[1];
   static const std::pair<std::string_view, int (*)(int, char**)> commands[] = {
-      {"quantize", cmd_quantize}, {"logits", cmd_logits}, {"generate", cmd_generate},
-      {"bench", cmd_bench},       {"info", cmd_info},     {"smoke", cmd_smoke}};
+      {"quantize", cmd_quantize}, {"logits", cmd_logits}, {"generate", cmd_generate}, {"bench", cmd_bench},
+      {"info", cmd_info},         {"smoke", cmd_smoke},   {"tokenize", cmd_tokenize}};
   try {
     for (const auto& [name, run] : commands) {
       if (command == name) {

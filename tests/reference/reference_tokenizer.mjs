@@ -9,7 +9,8 @@
 // The corpus is made from files a fresh Debian machine with the set-up packages has (this
 // repository's sources, the C++ standard library headers, Python sources where present) and from
 // generated text that exercises Unicode: accents composed and combining (NFC changes them), Hangul
-// jamo, CJK, emoji with ZWJ and skin tones, other scripts and digits, long whitespace runs.
+// jamo, CJK, emoji with ZWJ and skin tones, other scripts and digits, long whitespace runs, and the
+// tokenizer's user-defined added tokens.
 import { createRequire } from "node:module";
 import fs from "node:fs";
 import path from "node:path";
@@ -80,6 +81,8 @@ function unicodeText(seed, bytes) {
     () => pick(["'s", "'LL", "'ve", "I'm", "don't", "\"quoted\"", "(x)", "[]", "{}", "->", "::", "==", "!=", "...",
                 "¿Qué?", "«citation»", "—", "…", "§3", "€5", "±1", "×", "½"]),
     () => word(() => range(0x61, 0x7a), 10),
+    // Qwen's user-defined added tokens (not special): found in plain text, inside words too.
+    () => pick(["<tool_call>", "</tool_call>", "x<tool_call>y", " <tool_call>\n", "\n</tool_call>", "<tool_call></tool_call>"]),
   ];
   let s = "";
   while (Buffer.byteLength(s) < bytes) s += pick(pieces)() + (rand() < 0.5 ? " " : "");

@@ -3,6 +3,8 @@
 // Llama 3), loaded from a Hugging Face tokenizer.json or from the tokenizer.ggml.* metadata of a
 // GGUF file, with Hugging Face's semantics: normalize (NFC where asked), pre-tokenize (split
 // regexes), map bytes to the byte-level alphabet, merge by rank (lowest rank, then leftmost, first).
+// Added tokens are found in the text first, as Hugging Face's AddedVocabulary finds them: `encode`
+// finds the user-defined ones (not special), `encode_special` every added token.
 #include <algorithm>
 #include <array>
 #include <cstddef>
@@ -32,14 +34,35 @@
 namespace efim::text {
 
 // What a token is, as GGUF's token_type says (tokenizer.json: added tokens are `control` when
-// marked special, `user_defined` otherwise).
+// marked special, `user_defined` otherwise; either way an added token written like a sentinel is
+// `control`, see looks_like_control).
 enum class token_kind : std::uint8_t { normal, control, user_defined, unused };
+
+// How an added token is found in text, as Hugging Face's AddedToken says. GGUF keeps none of it:
+// there all are false, and the token is matched in the text as given, as llama.cpp does.
+struct added_token_options {
+  bool lstrip = false;       // the match takes the white space before it
+  bool rstrip = false;       // and the white space after it
+  bool single_word = false;  // no match where a word character touches it
+  bool normalized = false;   // matched in the normalized text (NFC), not in the text as given
+};
+
+// Added-token text written like a sentinel: <|...|>, or DeepSeek's <｜...｜>. Files mark FIM
+// sentinels and chat markers "not special" (DeepSeek-Coder's <｜fim▁begin｜>, user-defined in its
+// GGUF), and llama.cpp makes them control tokens all the same; so does efim, so that `encode` never
+// turns text from a user into a sentinel.
+inline bool looks_like_control(std::string_view t) noexcept {
+  constexpr std::string_view open_wide = "<\xEF\xBD\x9C", close_wide = "\xEF\xBD\x9C>";
+  return (t.size() >= 4 && t.starts_with("<|") && t.ends_with("|>")) ||
+         (t.size() >= 8 && t.starts_with(open_wide) && t.ends_with(close_wide));
+}
 
 // Everything a byte-level BPE tokenizer is built from.
 struct bpe_config {
   std::vector<std::string> tokens;  // by id: normal tokens in byte-level form, added tokens as text
   std::vector<token_kind> kinds;    // by id (empty: all normal)
-  std::vector<std::pair<std::string, std::string>> merges;  // by rank
+  std::vector<std::pair<token_id, added_token_options>> added_options;  // added tokens not all false
+  std::vector<std::pair<std::string, std::string>> merges;              // by rank
   pre_tokenizer pre;
   bool nfc = false;               // normalize to NFC first
   bool ignore_merges = false;     // a word that is a whole token is that token (Llama 3)
@@ -143,11 +166,25 @@ class bpe_tokenizer {
         if (kinds_[id] != token_kind::unused && !text.empty()) specials_.try_emplace(text, tid);
       }
     }
-    for (const auto& [text, tid] : specials_)
-      by_first_byte_[static_cast<unsigned char>(text[0])].emplace_back(text, tid);
-    for (auto& candidates : by_first_byte_)
-      std::sort(candidates.begin(), candidates.end(),
-                [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+    std::unordered_map<token_id, added_token_options> options;
+    for (const auto& [tid, o] : c.added_options) {
+      require(tid >= 0 && static_cast<std::size_t>(tid) < n, errc::invalid_argument,
+              "bpe_tokenizer: options for token " + std::to_string(tid) + ", outside the vocabulary");
+      options[tid] = o;
+    }
+    for (const auto& [text, tid] : specials_) {
+      const auto it = options.find(tid);
+      const added_token_options o = it == options.end() ? added_token_options{} : it->second;
+      // Text that is not UTF-8 (a hostile file) never matches: a match must start on a character.
+      if (!utf8::is_valid(text)) continue;
+      // A normalized token is looked for in normalized text, as its normalized form.
+      const std::string pattern = o.normalized && nfc_ ? nfc(text) : text;
+      if (pattern.empty()) continue;
+      const added_token entry{pattern, tid, o};
+      (o.normalized ? all_.normalized : all_.raw).add(entry);
+      if (kinds_[static_cast<std::size_t>(tid)] == token_kind::user_defined)
+        (o.normalized ? user_.normalized : user_.raw).add(entry);
+    }
     merges_.reserve(c.merges.size());
     for (std::size_t rank = 0; rank < c.merges.size(); ++rank) {
       const auto& [left, right] = c.merges[rank];
@@ -159,48 +196,17 @@ class bpe_tokenizer {
     }
   }
 
-  // Plain text: special-token text is tokenized as text.
+  // Plain text: user-defined added tokens (not special) are found in it as Hugging Face finds them;
+  // control tokens' text (sentinels, EOS) is tokenized as text.
   void encode(std::string_view s, std::vector<token_id>& out) const {
     utf8::require_valid(s, "the text");
-    std::string normalized;
-    std::string_view text = s;
-    if (nfc_) {
-      append_nfc(s, normalized);
-      text = normalized;
-    }
-    std::string prefixed;
-    if (add_prefix_space_ && !text.empty() && text.front() != ' ') {
-      prefixed = " ";
-      prefixed += text;
-      text = prefixed;
-    }
-    pre_.for_each_word(text, [&](std::string_view word) { encode_word(word, out); });
+    encode_added(s, user_, out);
   }
 
-  // Text in which special tokens' text stands for those tokens (the longest match wins).
+  // Text in which every added token's text stands for that token (control tokens included).
   void encode_special(std::string_view s, std::vector<token_id>& out) const {
     utf8::require_valid(s, "the text");
-    std::size_t start = 0, pos = 0;
-    while (pos < s.size()) {
-      std::size_t best = 0;
-      token_id id = 0;
-      // Candidates by first byte, longest first.
-      for (const auto& [text, tid] : by_first_byte_[static_cast<unsigned char>(s[pos])])
-        if (s.compare(pos, text.size(), text) == 0) {
-          best = text.size();
-          id = tid;
-          break;
-        }
-      if (best == 0) {
-        ++pos;
-        continue;
-      }
-      encode(s.substr(start, pos - start), out);
-      out.push_back(id);
-      pos += best;
-      start = pos;
-    }
-    encode(s.substr(start), out);
+    encode_added(s, all_, out);
   }
 
   [[nodiscard]] std::optional<token_id> special_id(std::string_view s) const {
@@ -216,9 +222,12 @@ class bpe_tokenizer {
     return bytes_[static_cast<std::size_t>(id)];
   }
 
+  // Control and unused tokens: a detokenizer leaves them out of text. A user-defined token is text
+  // (DeepSeek-Coder's õ is one), as `encode` finds it.
   [[nodiscard]] bool is_special(token_id id) const noexcept {
-    return id >= 0 && static_cast<std::size_t>(id) < kinds_.size() &&
-           kinds_[static_cast<std::size_t>(id)] != token_kind::normal;
+    if (id < 0 || static_cast<std::size_t>(id) >= kinds_.size()) return false;
+    const token_kind k = kinds_[static_cast<std::size_t>(id)];
+    return k == token_kind::control || k == token_kind::unused;
   }
   [[nodiscard]] std::size_t vocab_size() const noexcept { return bytes_.size(); }
   [[nodiscard]] const std::string& description() const noexcept { return description_; }
@@ -245,6 +254,106 @@ class bpe_tokenizer {
     std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
   };
   using string_map = std::unordered_map<std::string, token_id, string_hash, std::equal_to<>>;
+
+  struct added_token {
+    std::string text;
+    token_id id;
+    added_token_options options;
+  };
+  // Added tokens by first byte, longest first: the leftmost match, and at it the longest
+  // (Aho-Corasick's leftmost-longest, as Hugging Face builds its matchers).
+  struct added_set {
+    std::array<std::vector<added_token>, 256> by_first_byte;
+    bool empty = true;
+
+    void add(const added_token& t) {
+      auto& v = by_first_byte[static_cast<unsigned char>(t.text[0])];
+      v.insert(std::upper_bound(v.begin(), v.end(), t,
+                                [](const auto& a, const auto& b) { return a.text.size() > b.text.size(); }),
+               t);
+      empty = false;
+    }
+    [[nodiscard]] const added_token* longest_at(std::string_view s, std::size_t pos) const noexcept {
+      for (const auto& t : by_first_byte[static_cast<unsigned char>(s[pos])])
+        if (s.compare(pos, t.text.size(), t.text) == 0) return &t;
+      return nullptr;
+    }
+  };
+  // The tokens matched in the text as given, and those matched in its normalized pieces.
+  struct added_sets {
+    added_set raw, normalized;
+  };
+
+  // Hugging Face's AddedVocabulary::find_matches over `s`: the text between matches goes to
+  // text(piece), each match to token(id). Matches do not overlap, and a match dropped for
+  // single_word is passed over, not searched again one character on. lstrip takes the white space
+  // before a match (not past the previous match's end), rstrip the white space after it.
+  template <class Text, class Token>
+  static void split_added(std::string_view s, const added_set& set, Text&& text, Token&& token) {
+    if (set.empty) {
+      if (!s.empty()) text(s);
+      return;
+    }
+    std::size_t done = 0, pos = 0;
+    while (pos < s.size()) {
+      const added_token* t = set.longest_at(s, pos);
+      if (t == nullptr) {
+        ++pos;  // a token starts with a lead byte, which no character has inside it
+        continue;
+      }
+      std::size_t start = pos, stop = pos + t->text.size();
+      pos = stop;
+      if (t->options.single_word && ((start > 0 && is_word_character(code_point_before(s, start))) ||
+                                     (stop < s.size() && is_word_character(code_point_at(s, stop)))))
+        continue;
+      if (t->options.lstrip)
+        while (start > done) {
+          const char32_t c = code_point_before(s, start);
+          if (!is_white_space(c)) break;
+          start -= U8_LENGTH(static_cast<UChar32>(c));
+        }
+      if (t->options.rstrip) {
+        while (stop < s.size()) {
+          const char32_t c = code_point_at(s, stop);
+          if (!is_white_space(c)) break;
+          stop += U8_LENGTH(static_cast<UChar32>(c));
+        }
+        pos = stop;
+      }
+      if (done < start) text(s.substr(done, start - done));
+      token(t->id);
+      done = stop;
+    }
+    if (done < s.size()) text(s.substr(done));
+  }
+
+  // Added tokens found in the text as given; the pieces between normalized (NFC where the tokenizer
+  // asks) and searched for the normalized added tokens; what is left pre-tokenized and merged.
+  void encode_added(std::string_view s, const added_sets& sets, std::vector<token_id>& out) const {
+    const auto push = [&](token_id id) { out.push_back(id); };
+    split_added(
+        s, sets.raw,
+        [&](std::string_view piece) {
+          std::string normalized;
+          if (nfc_) append_nfc(piece, normalized);
+          split_added(
+              nfc_ ? std::string_view(normalized) : piece, sets.normalized,
+              [&](std::string_view text) { encode_text(text, out); }, push);
+        },
+        push);
+  }
+
+  // Normalized text with no added tokens: pre-tokenized (after ByteLevel's prefix space, where
+  // asked), each word merged.
+  void encode_text(std::string_view text, std::vector<token_id>& out) const {
+    std::string prefixed;
+    if (add_prefix_space_ && text.front() != ' ') {
+      prefixed = " ";
+      prefixed += text;
+      text = prefixed;
+    }
+    pre_.for_each_word(text, [&](std::string_view word) { encode_word(word, out); });
+  }
 
   void encode_word(std::string_view word, std::vector<token_id>& out) const {
     if (ignore_merges_) {
@@ -303,8 +412,8 @@ class bpe_tokenizer {
   std::vector<token_kind> kinds_;
   std::vector<std::string> bytes_;  // by id: the bytes a token stands for
   string_map ids_;                  // byte-level token string -> id (normal tokens)
-  string_map specials_;             // added-token text -> id
-  std::array<std::vector<std::pair<std::string, token_id>>, 256> by_first_byte_;  // specials by first byte
+  string_map specials_;             // added-token text -> id (control and user-defined)
+  added_sets user_, all_;           // what encode finds (user-defined), what encode_special finds (all)
   std::array<token_id, 256> byte_id_{};
   std::unordered_map<std::uint64_t, merge> merges_;
 };
@@ -332,11 +441,20 @@ inline bpe_tokenizer load_bpe_gguf(const gguf::file& f) {
             "tokenizer: " + std::to_string(types.size()) + " token types for " + std::to_string(c.tokens.size()) +
                 " tokens");
     c.kinds.reserve(types.size());
-    for (const auto t : types)
-      c.kinds.push_back(t == 3   ? token_kind::control
-                        : t == 4 ? token_kind::user_defined
-                        : t == 5 ? token_kind::unused
-                                 : token_kind::normal);  // 1 normal, 2 unknown, 6 byte
+    for (std::size_t id = 0; id < types.size(); ++id) {
+      const auto t = types[id];
+      const std::string& text = c.tokens[id];
+      token_kind k = t == 3   ? token_kind::control
+                     : t == 5 ? token_kind::unused
+                              : token_kind::normal;  // 1 normal, 2 unknown, 6 byte
+      // User-defined: found in plain text, unless written like a sentinel (looks_like_control), or
+      // the "[PAD<id>]" filler a converter writes for ids the tokenizer does not have.
+      if (t == 4)
+        k = looks_like_control(text)                    ? token_kind::control
+            : text == "[PAD" + std::to_string(id) + "]" ? token_kind::unused
+                                                        : token_kind::user_defined;
+      c.kinds.push_back(k);
+    }
   }
   if (f.find("tokenizer.ggml.merges")) {
     const auto& merges = f.array<std::string>("tokenizer.ggml.merges");
@@ -437,9 +555,18 @@ inline bpe_tokenizer load_bpe_json(std::string_view json_text) {
     };
     for (const auto& [text, id] : model.at("vocab").items()) place(id.get<std::size_t>(), text, token_kind::normal);
     if (j.contains("added_tokens"))
-      for (const auto& a : j.at("added_tokens"))
-        place(a.at("id").get<std::size_t>(), a.at("content").get<std::string>(),
-              a.value("special", false) ? token_kind::control : token_kind::user_defined);
+      for (const auto& a : j.at("added_tokens")) {
+        const auto id = a.at("id").get<std::size_t>();
+        std::string text = a.at("content").get<std::string>();
+        const bool special = a.value("special", false);
+        // Hugging Face's defaults: a special token is not normalized, any other is.
+        const added_token_options o{a.value("lstrip", false), a.value("rstrip", false), a.value("single_word", false),
+                                    a.value("normalized", !special)};
+        const bool control = special || looks_like_control(text);
+        place(id, std::move(text), control ? token_kind::control : token_kind::user_defined);
+        if (o.lstrip || o.rstrip || o.single_word || o.normalized)
+          c.added_options.emplace_back(static_cast<token_id>(id), o);
+      }
     for (const auto& m : model.at("merges")) {
       if (m.is_string()) {
         c.merges.push_back(split_merge(m.get<std::string>()));
@@ -485,16 +612,11 @@ inline std::map<std::string, gguf::value, std::less<>> gguf_vocabulary(std::stri
     };
     for (const auto& [text, id] : model.at("vocab").items()) place(id.get<std::size_t>(), text, 1);
     // An added token is a control token if the file says it is special or it is written like one
-    // (<|...|>, or DeepSeek's <｜...｜>): files mark FIM sentinels "not special", and llama.cpp's
-    // converters make them control tokens all the same.
-    const auto looks_special = [](std::string_view t) {
-      constexpr std::string_view open_wide = "<\xEF\xBD\x9C", close_wide = "\xEF\xBD\x9C>";
-      return (t.starts_with("<|") && t.ends_with("|>")) || (t.starts_with(open_wide) && t.ends_with(close_wide));
-    };
+    // (looks_like_control).
     if (j.contains("added_tokens"))
       for (const auto& a : j.at("added_tokens")) {
         std::string text = a.at("content").get<std::string>();
-        const bool control = a.value("special", false) || looks_special(text);
+        const bool control = a.value("special", false) || looks_like_control(text);
         place(a.at("id").get<std::size_t>(), std::move(text), control ? 3 : 4);
       }
     std::vector<std::string> merges;

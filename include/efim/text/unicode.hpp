@@ -3,6 +3,8 @@
 // engine Hugging Face tokenizers run their split patterns on) over UTF-8.
 #include <unicode/bytestream.h>
 #include <unicode/normalizer2.h>
+#include <unicode/uchar.h>
+#include <unicode/utf8.h>
 #include <unicode/utypes.h>
 // Oniguruma would otherwise #define UChar, which is ICU's UTF-16 code unit type.
 #ifndef ONIG_ESCAPE_UCHAR_COLLISION
@@ -11,6 +13,7 @@
 #include <oniguruma.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -46,6 +49,35 @@ inline std::string nfc(std::string_view s) {
   std::string out;
   append_nfc(s, out);
   return out;
+}
+
+// What Hugging Face's added tokens test around a match (Rust regex classes, Unicode): \w, a word
+// character (alphabetic, a mark, a decimal digit, connector punctuation, a join control), and \s,
+// White_Space.
+inline bool is_word_character(char32_t c) noexcept {
+  const auto cp = static_cast<UChar32>(c);
+  return u_hasBinaryProperty(cp, UCHAR_ALPHABETIC) || u_hasBinaryProperty(cp, UCHAR_JOIN_CONTROL) ||
+         (U_GET_GC_MASK(cp) & (U_GC_M_MASK | U_GC_ND_MASK | U_GC_PC_MASK)) != 0;
+}
+inline bool is_white_space(char32_t c) noexcept { return u_isUWhiteSpace(static_cast<UChar32>(c)); }
+
+// The code point that ends at byte `end` of valid UTF-8 `s` (end > 0), and the one that starts at
+// `begin` (begin < s.size()). Only the (at most 4) bytes of that character are looked at.
+inline char32_t code_point_before(std::string_view s, std::size_t end) noexcept {
+  const std::size_t back = end < 4 ? end : 4;
+  const auto* p = reinterpret_cast<const std::uint8_t*>(s.data() + (end - back));
+  auto i = static_cast<std::int32_t>(back);
+  UChar32 c = 0;
+  U8_PREV(p, 0, i, c);
+  return static_cast<char32_t>(c);
+}
+inline char32_t code_point_at(std::string_view s, std::size_t begin) noexcept {
+  const std::size_t ahead = s.size() - begin < 4 ? s.size() - begin : 4;
+  const auto* p = reinterpret_cast<const std::uint8_t*>(s.data() + begin);
+  std::int32_t i = 0;
+  UChar32 c = 0;
+  U8_NEXT(p, i, static_cast<std::int32_t>(ahead), c);
+  return static_cast<char32_t>(c);
 }
 
 // A compiled Oniguruma pattern (Oniguruma syntax, UTF-8). Searching is thread-safe.
