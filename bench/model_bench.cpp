@@ -4,8 +4,8 @@
 // difference printed (llama.cpp's correctness is the business of tests/reference/llama_cpp_test.cpp).
 //
 // Like llama-bench's pp512 / tg128: prefill is one batch of --prompt tokens from an empty cache; decode is
-// --decode single-token steps from an empty cache; both sides time them after one untimed warm-up (a
-// prompt batch and a decode step) in the same process.
+// --decode single-token steps from an empty cache; efim and llama.cpp time them after one untimed
+// warm-up (a prompt batch and a decode step) in the same process.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -31,10 +31,10 @@ namespace {
 const char* const usage = R"(usage: efim-model-bench [options]
 
 Times prefill (one batch of --prompt tokens) and decode (--decode single-token steps), both from an empty
-cache and after one untimed warm-up of each (as llama-bench), on each model: the host backend on
---threads threads, the plain f32 reference decoder on one thread, and llama.cpp on the same file: its
-prebuilt CPU libraries (efim-llama-reference) and, once bench/build_llama_cpp.sh has built it, llama.cpp
-compiled here with GGML_NATIVE=ON (efim-llama-native).
+cache, on each model: the host backend on --threads threads, the plain f32 reference decoder on one
+thread, and llama.cpp on the same file: its prebuilt CPU libraries (efim-llama-reference) and, once
+bench/build_llama_cpp.sh has built it, llama.cpp compiled here with GGML_NATIVE=ON (efim-llama-native).
+The host backend and llama.cpp are timed after one untimed warm-up of each (as llama-bench does).
 Prints the CPU and its vector extensions, the kernels' instruction-set path, the memory copy bandwidth,
 tokens/s and ratios, and the weight bytes decode reads per second as a share of the copy bandwidth.
   --model FILE        a GGUF model (repeatable). Default: the Qwen2-shaped model of hidden 768, 12 layers,

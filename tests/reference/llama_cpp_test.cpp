@@ -36,6 +36,14 @@ fs::path gguf_py_model(const std::string& name, const std::string& args) {
   return out;
 }
 
+// The ids a reference command printed, separated by white space.
+std::vector<token_id> ids_from(const std::string& output) {
+  std::vector<token_id> ids;
+  std::istringstream in(output);
+  for (long v; in >> v;) ids.push_back(static_cast<token_id>(v));
+  return ids;
+}
+
 std::string ids_text(const std::vector<token_id>& ids) {
   std::string s;
   for (const auto id : ids) {
@@ -196,9 +204,7 @@ TEST_CASE("models efim-model writes load in llama.cpp and give the logits efim g
     const auto theirs = run(std::string(EFIM_LLAMA_REFERENCE) + " generate " + path.string() +
                             " --threads 1 --n 16 --ids '" + ids_text(tokens) + "'");
     REQUIRE(theirs.exit_code == 0);
-    std::vector<token_id> want;
-    std::istringstream in(theirs.output);
-    for (long v; in >> v;) want.push_back(static_cast<token_id>(v));
+    const std::vector<token_id> want = ids_from(theirs.output);
     thread_pool pool(2);
     kernels::host::context ctx{pool};
     model::transformer<kernels::host> m(w);
@@ -249,9 +255,7 @@ TEST_CASE("user-defined tokens are found in plain text as llama.cpp finds them",
   const auto r = run(std::string(EFIM_LLAMA_REFERENCE) + " tokenize " + vocab.string() + " " + file.string());
   INFO(r.output.substr(0, 2000));
   REQUIRE(r.exit_code == 0);
-  std::vector<token_id> theirs;
-  std::istringstream in(r.output);
-  for (long v; in >> v;) theirs.push_back(static_cast<token_id>(v));
+  const std::vector<token_id> theirs = ids_from(r.output);
   const auto tok = text::load_bpe(vocab.string());
   std::vector<token_id> mine;
   tok.encode(text, mine);
