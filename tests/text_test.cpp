@@ -825,6 +825,81 @@ TEST_CASE("pre-tokenizer presets split as their regexes say", "[text][pretokeniz
   CHECK_THROWS_WITH(text::pre_tokenizer::preset("nope"), Catch::Contains("'nope' is not known"));
 }
 
+TEST_CASE("hand-written splitters split as the Oniguruma regexes they stand for", "[text][pretokenizer][fuzz]") {
+  const auto words = [](const text::pre_tokenizer& p, std::string_view s) {
+    std::vector<std::string> out;
+    p.for_each_word(s, [&](std::string_view w) { out.emplace_back(w); });
+    return out;
+  };
+  struct pair {
+    std::string name;
+    text::pre_tokenizer native, oracle;
+  };
+  std::vector<pair> presets;
+  for (const auto& p : text::pre_tokenizer::presets()) {
+    auto native = text::pre_tokenizer::preset(p.name);
+    REQUIRE(native.native());
+    auto oracle = native.on_regex();
+    REQUIRE_FALSE(oracle.native());
+    presets.push_back({std::string(p.name), std::move(native), std::move(oracle)});
+  }
+  // Tokenizer.json's Digits, individual or in runs, have splitters too.
+  for (const char* digits : {R"(\p{N})", R"(\p{N}+)"}) {
+    text::pre_tokenizer p;
+    p.split(digits);
+    REQUIRE(p.native());
+    presets.push_back({digits, p, p.on_regex()});
+  }
+  const auto compare = [&](std::string_view s, std::string_view where) {
+    for (const auto& p : presets) {
+      INFO(p.name << " on " << where << ": '" << s << "'");
+      REQUIRE(words(p.native, s) == words(p.oracle, s));
+    }
+  };
+  // Characters at the edges of the patterns' classes: contractions in any case (U+017F long s folds
+  // to s), white space of every kind and line breaks, letters, marks and digits of other scripts,
+  // number-like symbols (Roman numerals, fractions), the CJK and Hangul ranges DeepSeek isolates.
+  const std::vector<std::string> pool = {
+      "'",  "s",  "S",  "t",  "re", "rE", "ve", "m",  "ll", "lL", "d",  "D",  "e",  "l",  "r",  "v",  " ",
+      "  ", "\t", "\r", "\n", "\r\n", "\v", "\f", "a",  "Z",  "_",  "0",  "7",  "123", "-",  "+=", "(",
+      ")",  "{",  ".",  ",",  "\"", "#",  "$",  "\xC5\xBF" /* U+017F */, "\xE2\x84\xAA" /* Kelvin */,
+      "\xE1\xBA\x9E" /* U+1E9E */, "\xEF\xAC\x85" /* U+FB05 */, "\xC2\xA0", "\xC2\x85", "\xE3\x80\x80",
+      "\xE2\x80\xA8", "\xE2\x80\x8B" /* zero width space */, "\xE1\xA0\x8E" /* U+180E */, "\xC3\xA9",
+      "e\xCC\x81", "\xCC\x81", "\xD9\xA3" /* Arabic-Indic 3 */, "\xE2\x85\xAB" /* Roman XII */,
+      "\xC2\xBD" /* 1/2 */, "\xC2\xB2", "\xE4\xB8\xAD", "\xE9\xBE\xA5" /* U+9FA5 */, "\xE9\xBE\xA6",
+      "\xED\x95\x9C" /* Hangul */, "\xE0\xA4\x95" /* Devanagari */, "\xE0\xA0\x80" /* U+0800 */,
+      "\xDF\xBF" /* U+07FF */, "\xE3\x80\x81" /* ideographic comma */, "\xEF\xBC\x81", "\xF0\x9F\x98\x80",
+      "\xF0\x9D\x90\x80" /* math bold A */, "\xF0\x9D\x9F\x8E" /* math bold 0 */, "\xC2\xAB", "\xE2\x80\x94",
+      "\x01", "\x7F", "\xEF\xBF\xBD"};
+  rng r(2024);
+  for (int i = 0; i < 6000; ++i) {
+    std::string s;
+    for (std::size_t n = r.below(i < 3000 ? 6 : 40); n > 0; --n) s += pool[r.below(pool.size())];
+    compare(s, "random text");
+  }
+  // Real text: llama.cpp's tokenizer test strings, and this repository's own sources.
+  if (std::filesystem::is_directory(vocab_dir))
+    for (const auto& e : std::filesystem::directory_iterator(vocab_dir))
+      if (e.path().extension() == ".inp") {
+        std::ifstream in(e.path(), std::ios::binary);
+        std::stringstream ss;
+        ss << in.rdbuf();
+        compare(ss.str(), e.path().filename().string());
+      }
+  const auto root = std::filesystem::path(__FILE__).parent_path().parent_path();
+  std::size_t sources = 0;
+  for (const auto* dir : {"include/efim/text", "tests"})
+    for (const auto& e : std::filesystem::directory_iterator(root / dir))
+      if (e.path().extension() == ".hpp" || e.path().extension() == ".cpp") {
+        std::ifstream in(e.path(), std::ios::binary);
+        std::stringstream ss;
+        ss << in.rdbuf();
+        compare(ss.str(), e.path().filename().string());
+        ++sources;
+      }
+  CHECK(sources > 10);
+}
+
 TEST_CASE("split behaviors follow Hugging Face's definitions", "[text][pretokenizer]") {
   // The example of the Hugging Face tokenizers documentation for Split.
   const auto words = [](text::split_behavior b, bool invert = false) {

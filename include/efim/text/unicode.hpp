@@ -19,6 +19,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "efim/core/error.hpp"
 
@@ -80,15 +81,85 @@ inline char32_t code_point_at(std::string_view s, std::size_t begin) noexcept {
   return static_cast<char32_t>(c);
 }
 
+namespace detail {
+inline void onig_init() {
+  static std::once_flag init;
+  std::call_once(init, [] {
+    OnigEncoding encodings[] = {ONIG_ENCODING_UTF8};
+    onig_initialize(encodings, 1);
+  });
+}
+}  // namespace detail
+
+// The classes of code points that the pre-tokenizers' patterns test, as Oniguruma (the regex
+// engine of Hugging Face tokenizers) defines them: \p{L}, \p{N}, \p{P} and \s. A hand-written
+// splitter that asks these matches what the regex matches, to the Unicode version.
+enum char_class : std::uint8_t { cc_letter = 1, cc_number = 2, cc_punct = 4, cc_space = 8 };
+
+// The class bits of every code point, one byte each (0x110000 of them), from Oniguruma's tables.
+inline const std::uint8_t* char_classes() {
+  static const std::vector<std::uint8_t> table = [] {
+    detail::onig_init();
+    std::vector<std::uint8_t> t(0x110000, 0);
+    const OnigEncoding enc = ONIG_ENCODING_UTF8;
+    const auto mark = [&](int ctype, std::uint8_t bit) {
+      OnigCodePoint sb_out = 0;
+      const OnigCodePoint* ranges = nullptr;
+      require(enc->get_ctype_code_range(static_cast<OnigCtype>(ctype), &sb_out, &ranges) == 0 && ranges != nullptr,
+              errc::invalid_argument, "Oniguruma: no code point ranges for a character class");
+      for (OnigCodePoint i = 0; i < ranges[0]; ++i)
+        for (OnigCodePoint cp = ranges[1 + 2 * i]; cp <= ranges[2 + 2 * i] && cp < 0x110000; ++cp) t[cp] |= bit;
+    };
+    const auto property = [&](std::string_view name) {
+      auto* p = reinterpret_cast<OnigUChar*>(const_cast<char*>(name.data()));
+      const int ctype = ONIGENC_PROPERTY_NAME_TO_CTYPE(enc, p, p + name.size());
+      require(ctype >= 0, errc::invalid_argument, "Oniguruma: no property " + std::string(name));
+      return ctype;
+    };
+    mark(property("L"), cc_letter);
+    mark(property("N"), cc_number);
+    mark(property("P"), cc_punct);
+    mark(ONIGENC_CTYPE_SPACE, cc_space);
+    return t;
+  }();
+  return table.data();
+}
+
+// One character of UTF-8 text: its code point, class bits and length in bytes. Bytes that do not
+// start a whole sequence read as one character of no class (callers validate text first).
+struct character {
+  char32_t cp;
+  std::uint8_t cls;
+  std::uint8_t len;
+};
+inline character character_at(std::string_view s, std::size_t i) noexcept {
+  static const std::uint8_t* classes = char_classes();
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data()) + i;
+  const unsigned b0 = p[0];
+  if (b0 < 0x80) return {b0, classes[b0], 1};
+  const std::size_t left = s.size() - i;
+  char32_t cp = 0;
+  std::uint8_t len = 0;
+  if (b0 >= 0xC0 && b0 < 0xE0 && left >= 2) {
+    cp = ((b0 & 0x1Fu) << 6) | (p[1] & 0x3Fu);
+    len = 2;
+  } else if (b0 >= 0xE0 && b0 < 0xF0 && left >= 3) {
+    cp = ((b0 & 0x0Fu) << 12) | ((p[1] & 0x3Fu) << 6) | (p[2] & 0x3Fu);
+    len = 3;
+  } else if (b0 >= 0xF0 && left >= 4) {
+    cp = ((b0 & 0x07u) << 18) | ((p[1] & 0x3Fu) << 12) | ((p[2] & 0x3Fu) << 6) | (p[3] & 0x3Fu);
+    len = 4;
+  } else {
+    return {b0, 0, 1};
+  }
+  return {cp, cp < 0x110000 ? classes[cp] : std::uint8_t{0}, len};
+}
+
 // A compiled Oniguruma pattern (Oniguruma syntax, UTF-8). Searching is thread-safe.
 class regex {
  public:
   explicit regex(std::string_view pattern) : pattern_(pattern) {
-    static std::once_flag init;
-    std::call_once(init, [] {
-      OnigEncoding encodings[] = {ONIG_ENCODING_UTF8};
-      onig_initialize(encodings, 1);
-    });
+    detail::onig_init();
     OnigErrorInfo info{};
     OnigRegex re = nullptr;
     const auto* p = reinterpret_cast<const OnigUChar*>(pattern_.data());
@@ -103,31 +174,32 @@ class regex {
     re_.reset(re);
   }
 
-  // Calls f(begin, end) for each non-overlapping match in `s`, left to right (byte offsets). `f` may
-  // search again (the region is read before each call and refilled after it).
-  template <class F>
-  void for_each_match(std::string_view s, F&& f) const {
+  // The first non-empty match at or after byte `at` of `s`, as [b, e); false if there is none. An
+  // empty match is stepped over by one character, as a split does.
+  bool search(std::string_view s, std::size_t at, std::size_t& b, std::size_t& e) const {
     thread_local const std::unique_ptr<OnigRegion, region_free> region(onig_region_new());
     const auto* begin = reinterpret_cast<const OnigUChar*>(s.data());
     const auto* end = begin + s.size();
-    std::size_t at = 0;
     while (at <= s.size()) {
       const int r = onig_search(re_.get(), begin, end, begin + at, end, region.get(), ONIG_OPTION_NONE);
-      if (r == ONIG_MISMATCH) return;
+      if (r == ONIG_MISMATCH) return false;
       require(r >= 0, errc::invalid_argument, "regex '" + pattern_ + "': search failed");
-      const auto b = static_cast<std::size_t>(region->beg[0]);
-      const auto e = static_cast<std::size_t>(region->end[0]);
-      if (e > b) {
-        f(b, e);
-        at = e;
-      } else {
-        // An empty match: no piece, step over one character.
-        if (b >= s.size()) return;
-        std::size_t n = 1;
-        while (b + n < s.size() && (static_cast<unsigned char>(s[b + n]) & 0xC0) == 0x80) ++n;
-        at = b + n;
-      }
+      b = static_cast<std::size_t>(region->beg[0]);
+      e = static_cast<std::size_t>(region->end[0]);
+      if (e > b) return true;
+      if (b >= s.size()) return false;
+      std::size_t n = 1;
+      while (b + n < s.size() && (static_cast<unsigned char>(s[b + n]) & 0xC0) == 0x80) ++n;
+      at = b + n;
     }
+    return false;
+  }
+
+  // Calls f(begin, end) for each non-overlapping non-empty match in `s`, left to right (byte
+  // offsets). `f` may search again.
+  template <class F>
+  void for_each_match(std::string_view s, F&& f) const {
+    for (std::size_t at = 0, b = 0, e = 0; search(s, at, b, e); at = e) f(b, e);
   }
 
   [[nodiscard]] const std::string& pattern() const noexcept { return pattern_; }
