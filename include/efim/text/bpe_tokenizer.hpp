@@ -29,6 +29,7 @@
 #include "efim/core/utf8.hpp"
 #include "efim/text/concepts.hpp"
 #include "efim/text/pre_tokenizer.hpp"
+#include "efim/text/tables.hpp"
 #include "efim/text/unicode.hpp"
 
 namespace efim::text {
@@ -59,10 +60,10 @@ inline bool looks_like_control(std::string_view t) noexcept {
 
 // Everything a byte-level BPE tokenizer is built from.
 struct bpe_config {
-  std::vector<std::string> tokens;  // by id: normal tokens in byte-level form, added tokens as text
-  std::vector<token_kind> kinds;    // by id (empty: all normal)
+  string_table tokens;            // by id: normal tokens in byte-level form, added tokens as text
+  std::vector<token_kind> kinds;  // by id (empty: all normal)
   std::vector<std::pair<token_id, added_token_options>> added_options;  // added tokens not all false
-  std::vector<std::pair<std::string, std::string>> merges;              // by rank
+  string_table merges;  // by rank, two entries each: the left token, then the right one (byte-level)
   pre_tokenizer pre;
   bool nfc = false;               // normalize to NFC first
   bool ignore_merges = false;     // a word that is a whole token is that token (Llama 3)
@@ -105,29 +106,44 @@ inline void append_utf8(char32_t cp, std::string& out) {
   }
 }
 
-// The bytes a byte-level token string stands for; nullopt if it is not in the alphabet.
-inline std::optional<std::string> decode(std::string_view s) {
+// Appends the bytes a byte-level token string stands for to `out`; false (and `out` as it was) if
+// the string is not in the alphabet. The alphabet's code points are below 324: one or two bytes of
+// UTF-8 each.
+inline bool decode_into(std::string_view s, std::string& out) {
   static const auto from = [] {
-    std::array<int, 324> t{};
+    std::array<std::int16_t, 324> t{};
     t.fill(-1);
     const auto& to = to_code_point();
-    for (unsigned b = 0; b < 256; ++b) t[to[b]] = static_cast<int>(b);
+    for (unsigned b = 0; b < 256; ++b) t[to[b]] = static_cast<std::int16_t>(b);
     return t;
   }();
-  std::string out;
-  std::size_t pos = 0;
-  while (pos < s.size()) {
-    const std::size_t n = utf8::valid_sequence_at(s, pos);
-    if (n == 0) return std::nullopt;
-    char32_t cp = static_cast<unsigned char>(s[pos]);
-    if (n > 1) {
-      cp &= 0x7F >> n;
-      for (std::size_t i = 1; i < n; ++i) cp = (cp << 6) | (static_cast<unsigned char>(s[pos + i]) & 0x3F);
+  const std::size_t size = out.size();
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  for (std::size_t pos = 0; pos < s.size();) {
+    unsigned cp = p[pos];
+    if (cp >= 0x80) {
+      if (cp < 0xC2 || cp > 0xC5 || pos + 1 >= s.size() || (p[pos + 1] & 0xC0) != 0x80) {
+        out.resize(size);
+        return false;
+      }
+      cp = ((cp & 0x1Fu) << 6) | (p[pos + 1] & 0x3Fu);
+      pos += 2;
+    } else {
+      ++pos;
     }
-    if (cp >= from.size() || from[cp] < 0) return std::nullopt;
+    if (cp >= from.size() || from[cp] < 0) {
+      out.resize(size);
+      return false;
+    }
     out += static_cast<char>(from[cp]);
-    pos += n;
   }
+  return true;
+}
+
+// The bytes a byte-level token string stands for; nullopt if it is not in the alphabet.
+inline std::optional<std::string> decode(std::string_view s) {
+  std::string out;
+  if (!decode_into(s, out)) return std::nullopt;
   return out;
 }
 
@@ -147,23 +163,28 @@ class bpe_tokenizer {
     require(c.kinds.empty() || c.kinds.size() == n, errc::invalid_argument,
             "bpe_tokenizer: " + std::to_string(c.kinds.size()) + " token kinds for " + std::to_string(n) + " tokens");
     kinds_ = c.kinds.empty() ? std::vector<token_kind>(n, token_kind::normal) : std::move(c.kinds);
-    bytes_.resize(n);
-    ids_.reserve(n);
+    // Normal tokens as the bytes they stand for, indexed by those bytes (a normal token outside the
+    // byte-level alphabet keeps its text and is never found: no merge of bytes can make it).
+    bytes_.reserve(n, c.tokens.bytes());
+    index_ = string_index(n);
     byte_id_.fill(-1);
     for (std::size_t id = 0; id < n; ++id) {
       const auto tid = static_cast<token_id>(id);
-      std::string& text = c.tokens[id];
+      const std::string_view text = c.tokens[id];
       if (kinds_[id] == token_kind::normal) {
-        auto decoded = byte_level::decode(text);
-        bytes_[id] = decoded ? std::move(*decoded) : text;
-        ids_.try_emplace(text, tid);
-        if (bytes_[id].size() == 1 && decoded) {
-          const auto b = static_cast<unsigned char>(bytes_[id][0]);
-          if (byte_id_[b] < 0) byte_id_[b] = tid;
-        }
+        bool decoded = false;
+        bytes_.push_back_with([&](std::string& out) {
+          decoded = byte_level::decode_into(text, out);
+          if (!decoded) out += text;
+        });
+        if (!decoded) continue;
+        index_.insert(bytes_, tid);
+        const std::string_view b = bytes_[id];
+        if (b.size() == 1 && byte_id_[static_cast<unsigned char>(b[0])] < 0)
+          byte_id_[static_cast<unsigned char>(b[0])] = tid;
       } else {
-        bytes_[id] = text;
-        if (kinds_[id] != token_kind::unused && !text.empty()) specials_.try_emplace(text, tid);
+        bytes_.push_back(text);
+        if (kinds_[id] != token_kind::unused && !text.empty()) specials_.try_emplace(std::string(text), tid);
       }
     }
     std::unordered_map<token_id, added_token_options> options;
@@ -185,14 +206,26 @@ class bpe_tokenizer {
       if (kinds_[static_cast<std::size_t>(tid)] == token_kind::user_defined)
         (o.normalized ? user_.normalized : user_.raw).add(entry);
     }
-    merges_.reserve(c.merges.size());
-    for (std::size_t rank = 0; rank < c.merges.size(); ++rank) {
-      const auto& [left, right] = c.merges[rank];
-      const auto l = ids_.find(left), r = ids_.find(right), m = ids_.find(left + right);
-      require(l != ids_.end() && r != ids_.end() && m != ids_.end(), errc::invalid_argument,
-              "bpe_tokenizer: merge " + std::to_string(rank) + " ('" + left + "' '" + right +
-                  "') names a token the vocabulary lacks");
-      merges_.try_emplace(pair_key(l->second, r->second), merge{static_cast<std::uint32_t>(rank), m->second});
+    // Each merge's sides and result, by their bytes.
+    require(c.merges.size() % 2 == 0, errc::invalid_argument, "bpe_tokenizer: a merge without its right side");
+    merges_ = merge_table(c.merges.size() / 2);
+    std::string buf;
+    for (std::size_t rank = 0; rank < c.merges.size() / 2; ++rank) {
+      const std::string_view left = c.merges[2 * rank], right = c.merges[2 * rank + 1];
+      buf.clear();
+      const bool decoded = byte_level::decode_into(left, buf);
+      const std::size_t split = buf.size();
+      const auto missing = [&] {
+        return error(errc::invalid_argument, "bpe_tokenizer: merge " + std::to_string(rank) + " ('" +
+                                                 std::string(left) + "' '" + std::string(right) +
+                                                 "') names a token the vocabulary lacks");
+      };
+      if (!decoded || !byte_level::decode_into(right, buf)) throw missing();
+      const std::string_view all = buf;
+      const token_id l = index_.find(bytes_, all.substr(0, split)), r = index_.find(bytes_, all.substr(split)),
+                     m = index_.find(bytes_, all);
+      if (l < 0 || r < 0 || m < 0) throw missing();
+      merges_.insert(l, r, {static_cast<std::uint32_t>(rank), m});
     }
   }
 
@@ -240,14 +273,6 @@ class bpe_tokenizer {
   }
 
  private:
-  struct merge {
-    std::uint32_t rank;
-    token_id id;
-  };
-  static constexpr std::uint64_t pair_key(token_id a, token_id b) noexcept {
-    return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(a)) << 32) | static_cast<std::uint32_t>(b);
-  }
-
   // Hashing for string keys that accepts string_view lookups.
   struct string_hash {
     using is_transparent = void;
@@ -335,9 +360,10 @@ class bpe_tokenizer {
         s, sets.raw,
         [&](std::string_view piece) {
           std::string normalized;
-          if (nfc_) append_nfc(piece, normalized);
+          const bool copy = nfc_ && !is_nfc(piece);
+          if (copy) append_nfc(piece, normalized);
           split_added(
-              nfc_ ? std::string_view(normalized) : piece, sets.normalized,
+              copy ? std::string_view(normalized) : piece, sets.normalized,
               [&](std::string_view text) { encode_text(text, out); }, push);
         },
         push);
@@ -355,36 +381,75 @@ class bpe_tokenizer {
     pre_.for_each_word(text, [&](std::string_view word) { encode_word(word, out); });
   }
 
+  // The token of one byte.
+  [[nodiscard]] token_id byte_token(char c) const {
+    const token_id id = byte_id_[static_cast<unsigned char>(c)];
+    require(id >= 0, errc::unknown_token,
+            "bpe_tokenizer: the vocabulary has no token for byte " + std::to_string(static_cast<unsigned char>(c)));
+    return id;
+  }
+
+  // One word merged: the pair of lowest rank first, the leftmost of equal ones, until no pair has a
+  // merge. Words of up to 64 bytes keep each pair's rank in an array and look up only the pairs a
+  // merge makes; longer ones take a heap.
+  static constexpr std::size_t short_word = 64;
   void encode_word(std::string_view word, std::vector<token_id>& out) const {
-    if (ignore_merges_) {
-      std::string mapped;
-      const auto& to_cp = byte_level::to_code_point();
-      for (const char c : word) byte_level::append_utf8(to_cp[static_cast<unsigned char>(c)], mapped);
-      if (const auto it = ids_.find(mapped); it != ids_.end()) {
-        out.push_back(it->second);
+    if (ignore_merges_)
+      if (const token_id id = index_.find(bytes_, word); id >= 0) {
+        out.push_back(id);
         return;
       }
+    if (word.size() > short_word) {
+      encode_long_word(word, out);
+      return;
     }
+    constexpr std::uint32_t none = ~std::uint32_t{0};
+    std::array<token_id, short_word> ids;
+    std::array<std::uint32_t, short_word> ranks;  // ranks[i]: of the merge of ids[i] and ids[i + 1]
+    std::array<token_id, short_word> merged;      // and what it makes
+    std::size_t n = word.size();
+    for (std::size_t i = 0; i < n; ++i) ids[i] = byte_token(word[i]);
+    const auto look = [&](std::size_t i) {
+      const merge_table::merge* m = merges_.find(ids[i], ids[i + 1]);
+      ranks[i] = m != nullptr ? m->rank : none;
+      merged[i] = m != nullptr ? m->id : -1;
+    };
+    for (std::size_t i = 0; i + 1 < n; ++i) look(i);
+    while (n > 1) {
+      std::size_t best = 0;
+      for (std::size_t i = 1; i + 1 < n; ++i)
+        if (ranks[i] < ranks[best]) best = i;
+      if (ranks[best] == none) break;
+      ids[best] = merged[best];
+      std::copy(ids.begin() + static_cast<std::ptrdiff_t>(best + 2), ids.begin() + static_cast<std::ptrdiff_t>(n),
+                ids.begin() + static_cast<std::ptrdiff_t>(best + 1));
+      std::copy(ranks.begin() + static_cast<std::ptrdiff_t>(best + 1),
+                ranks.begin() + static_cast<std::ptrdiff_t>(n - 1), ranks.begin() + static_cast<std::ptrdiff_t>(best));
+      std::copy(merged.begin() + static_cast<std::ptrdiff_t>(best + 1),
+                merged.begin() + static_cast<std::ptrdiff_t>(n - 1), merged.begin() + static_cast<std::ptrdiff_t>(best));
+      --n;
+      if (best + 1 < n) look(best);
+      if (best > 0) look(best - 1);
+    }
+    out.insert(out.end(), ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n));
+  }
+
+  void encode_long_word(std::string_view word, std::vector<token_id>& out) const {
     struct symbol {
       token_id id;
       int prev, next;
     };
     std::vector<symbol> syms(word.size());
-    for (std::size_t i = 0; i < word.size(); ++i) {
-      const auto b = static_cast<unsigned char>(word[i]);
-      require(byte_id_[b] >= 0, errc::unknown_token,
-              "bpe_tokenizer: the vocabulary has no token for byte " + std::to_string(b));
-      syms[i] = {byte_id_[b], static_cast<int>(i) - 1, i + 1 < word.size() ? static_cast<int>(i) + 1 : -1};
-    }
+    for (std::size_t i = 0; i < word.size(); ++i)
+      syms[i] = {byte_token(word[i]), static_cast<int>(i) - 1, i + 1 < word.size() ? static_cast<int>(i) + 1 : -1};
     // Candidate merges: lowest rank first, then leftmost.
     using candidate = std::pair<std::uint64_t, int>;  // (rank << 32 | position, position)
     std::priority_queue<candidate, std::vector<candidate>, std::greater<>> heap;
     const auto consider = [&](int left) {
       if (left < 0 || syms[static_cast<std::size_t>(left)].next < 0) return;
       const auto& l = syms[static_cast<std::size_t>(left)];
-      const auto it = merges_.find(pair_key(l.id, syms[static_cast<std::size_t>(l.next)].id));
-      if (it != merges_.end())
-        heap.push({(static_cast<std::uint64_t>(it->second.rank) << 32) | static_cast<std::uint32_t>(left), left});
+      const merge_table::merge* m = merges_.find(l.id, syms[static_cast<std::size_t>(l.next)].id);
+      if (m != nullptr) heap.push({(static_cast<std::uint64_t>(m->rank) << 32) | static_cast<std::uint32_t>(left), left});
     };
     for (int i = 0; i + 1 < static_cast<int>(syms.size()); ++i) consider(i);
     while (!heap.empty()) {
@@ -393,9 +458,9 @@ class bpe_tokenizer {
       auto& l = syms[static_cast<std::size_t>(left)];
       if (l.id < 0 || l.next < 0) continue;  // merged into its left neighbour, or last
       auto& r = syms[static_cast<std::size_t>(l.next)];
-      const auto it = merges_.find(pair_key(l.id, r.id));
-      if (it == merges_.end() || it->second.rank != static_cast<std::uint32_t>(key >> 32)) continue;  // stale
-      l.id = it->second.id;
+      const merge_table::merge* m = merges_.find(l.id, r.id);
+      if (m == nullptr || m->rank != static_cast<std::uint32_t>(key >> 32)) continue;  // stale
+      l.id = m->id;
       r.id = -1;
       l.next = r.next;
       if (l.next >= 0) syms[static_cast<std::size_t>(l.next)].prev = left;
@@ -410,22 +475,24 @@ class bpe_tokenizer {
   bool nfc_, ignore_merges_, add_prefix_space_;
   std::string description_;
   std::vector<token_kind> kinds_;
-  std::vector<std::string> bytes_;  // by id: the bytes a token stands for
-  string_map ids_;                  // byte-level token string -> id (normal tokens)
-  string_map specials_;             // added-token text -> id (control and user-defined)
-  added_sets user_, all_;           // what encode finds (user-defined), what encode_special finds (all)
+  string_table bytes_;     // by id: the bytes a token stands for
+  string_index index_;     // the bytes of a normal token -> its id
+  string_map specials_;    // added-token text -> id (control and user-defined)
+  added_sets user_, all_;  // what encode finds (user-defined), what encode_special finds (all)
   std::array<token_id, 256> byte_id_{};
-  std::unordered_map<std::uint64_t, merge> merges_;
+  merge_table merges_;
 };
 
 static_assert(tokenizer<bpe_tokenizer>);
 
-// A merge written as one string, "left right" (a token's byte-level form holds no space).
-inline std::pair<std::string, std::string> split_merge(std::string_view m) {
+// Adds a merge written as one string, "left right" (a token's byte-level form holds no space), to
+// a table of merges.
+inline void add_merge(std::string_view m, string_table& merges) {
   const auto space = m.find(' ', 1);
   require(space != std::string_view::npos, errc::invalid_argument,
           "tokenizer: merge '" + std::string(m) + "' has no space");
-  return {std::string(m.substr(0, space)), std::string(m.substr(space + 1))};
+  merges.push_back(m.substr(0, space));
+  merges.push_back(m.substr(space + 1));
 }
 
 // From the tokenizer.ggml.* metadata of a GGUF file (tokenizer.ggml.model must be "gpt2").
@@ -434,7 +501,13 @@ inline bpe_tokenizer load_bpe_gguf(const gguf::file& f) {
   require(model == "gpt2", errc::invalid_argument,
           "tokenizer: GGUF tokenizer model '" + std::string(model) + "' is not byte-level BPE ('gpt2')");
   bpe_config c;
-  c.tokens = f.array<std::string>("tokenizer.ggml.tokens");
+  {
+    const auto& tokens = f.array<std::string>("tokenizer.ggml.tokens");
+    std::size_t bytes = 0;
+    for (const auto& t : tokens) bytes += t.size();
+    c.tokens.reserve(tokens.size(), bytes);
+    for (const auto& t : tokens) c.tokens.push_back(t);
+  }
   if (f.find("tokenizer.ggml.token_type")) {
     const auto& types = f.array<std::int64_t>("tokenizer.ggml.token_type");
     require(types.size() == c.tokens.size(), errc::invalid_argument,
@@ -443,7 +516,7 @@ inline bpe_tokenizer load_bpe_gguf(const gguf::file& f) {
     c.kinds.reserve(types.size());
     for (std::size_t id = 0; id < types.size(); ++id) {
       const auto t = types[id];
-      const std::string& text = c.tokens[id];
+      const std::string_view text = c.tokens[id];
       token_kind k = t == 3   ? token_kind::control
                      : t == 5 ? token_kind::unused
                               : token_kind::normal;  // 1 normal, 2 unknown, 6 byte
@@ -458,8 +531,10 @@ inline bpe_tokenizer load_bpe_gguf(const gguf::file& f) {
   }
   if (f.find("tokenizer.ggml.merges")) {
     const auto& merges = f.array<std::string>("tokenizer.ggml.merges");
-    c.merges.reserve(merges.size());
-    for (const auto& m : merges) c.merges.push_back(split_merge(m));
+    std::size_t bytes = 0;
+    for (const auto& m : merges) bytes += m.size();
+    c.merges.reserve(2 * merges.size(), bytes);
+    for (const auto& m : merges) add_merge(m, c.merges);
   }
   const std::string pre = f.find("tokenizer.ggml.pre") ? std::string(f.string("tokenizer.ggml.pre")) : "default";
   c.pre = pre_tokenizer::preset(pre);
@@ -543,14 +618,11 @@ inline bpe_tokenizer load_bpe_json(std::string_view json_text) {
     require(!model.value("byte_fallback", false), errc::invalid_argument,
             "tokenizer.json: byte_fallback BPE is not byte-level BPE");
     bpe_config c;
-    const auto place = [&](std::size_t id, std::string text, token_kind kind) {
+    const auto place = [&](std::size_t id, std::string_view text, token_kind kind) {
       require(id < (std::size_t{1} << 24), errc::invalid_argument,
               "tokenizer.json: token id " + std::to_string(id) + " is too large");
-      if (id >= c.tokens.size()) {
-        c.tokens.resize(id + 1);
-        c.kinds.resize(id + 1, token_kind::unused);
-      }
-      c.tokens[id] = std::move(text);
+      if (id >= c.kinds.size()) c.kinds.resize(id + 1, token_kind::unused);
+      c.tokens.set(id, text);
       c.kinds[id] = kind;
     };
     for (const auto& [text, id] : model.at("vocab").items()) place(id.get<std::size_t>(), text, token_kind::normal);
@@ -563,15 +635,16 @@ inline bpe_tokenizer load_bpe_json(std::string_view json_text) {
         const added_token_options o{a.value("lstrip", false), a.value("rstrip", false), a.value("single_word", false),
                                     a.value("normalized", !special)};
         const bool control = special || looks_like_control(text);
-        place(id, std::move(text), control ? token_kind::control : token_kind::user_defined);
+        place(id, text, control ? token_kind::control : token_kind::user_defined);
         if (o.lstrip || o.rstrip || o.single_word || o.normalized)
           c.added_options.emplace_back(static_cast<token_id>(id), o);
       }
     for (const auto& m : model.at("merges")) {
       if (m.is_string()) {
-        c.merges.push_back(split_merge(m.get<std::string>()));
+        add_merge(m.get<std::string>(), c.merges);
       } else {
-        c.merges.emplace_back(m.at(0).get<std::string>(), m.at(1).get<std::string>());
+        c.merges.push_back(m.at(0).get<std::string>());
+        c.merges.push_back(m.at(1).get<std::string>());
       }
     }
     c.ignore_merges = model.value("ignore_merges", false);

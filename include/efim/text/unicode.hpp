@@ -46,6 +46,21 @@ inline void append_nfc(std::string_view s, std::string& out) {
   require(U_SUCCESS(status), errc::invalid_argument, std::string("ICU: NFC failed: ") + u_errorName(status));
 }
 
+// Whether valid UTF-8 `s` is in NFC already (ASCII always is).
+inline bool is_nfc(std::string_view s) {
+  std::size_t i = 0;
+  while (i < s.size() && static_cast<unsigned char>(s[i]) < 0x80) ++i;
+  if (i == s.size()) return true;
+  UErrorCode status = U_ZERO_ERROR;
+  const icu::Normalizer2* nfc = icu::Normalizer2::getNFCInstance(status);
+  require(U_SUCCESS(status), errc::invalid_argument, std::string("ICU: no NFC data: ") + u_errorName(status));
+  // From the character before the first non-ASCII one, which a combining mark would change.
+  const std::string_view rest = s.substr(i - (i > 0 ? 1 : 0));
+  const bool yes = nfc->isNormalizedUTF8(icu::StringPiece(rest.data(), static_cast<std::int32_t>(rest.size())), status);
+  require(U_SUCCESS(status), errc::invalid_argument, std::string("ICU: NFC check failed: ") + u_errorName(status));
+  return yes;
+}
+
 inline std::string nfc(std::string_view s) {
   std::string out;
   append_nfc(s, out);
