@@ -184,14 +184,16 @@ class reader {
   // A count of items of at least `min_bytes` each must fit in what is left.
   std::uint64_t count(std::uint64_t min_bytes, const char* what) {
     const auto n = scalar<std::uint64_t>(what);
-    require(min_bytes == 0 || n <= left() / min_bytes, errc::invalid_argument,
-            std::string("gguf: ") + what + " count " + std::to_string(n) + " does not fit in the file");
+    if (min_bytes != 0 && n > left() / min_bytes)  // (the message only when it fails: this runs per item)
+      throw error(errc::invalid_argument,
+                  std::string("gguf: ") + what + " count " + std::to_string(n) + " does not fit in the file");
     return n;
   }
 
   void need(std::uint64_t n, const char* what) const {
-    require(n <= left(), errc::invalid_argument,
-            std::string("gguf: file ends inside ") + what + " (at byte " + std::to_string(pos_) + ")");
+    if (n > left())
+      throw error(errc::invalid_argument,
+                  std::string("gguf: file ends inside ") + what + " (at byte " + std::to_string(pos_) + ")");
   }
 
  private:
@@ -225,7 +227,7 @@ inline std::uint64_t min_size(value_type t) {
 
 inline value_type read_type(reader& r) {
   const auto t = r.scalar<std::uint32_t>("a value type");
-  require(t <= 12, errc::invalid_argument, "gguf: unknown value type " + std::to_string(t));
+  if (t > 12) throw error(errc::invalid_argument, "gguf: unknown value type " + std::to_string(t));
   return static_cast<value_type>(t);
 }
 

@@ -249,9 +249,9 @@ class bpe_tokenizer {
   }
 
   [[nodiscard]] std::string_view token_bytes(token_id id) const {
-    require(id >= 0 && static_cast<std::size_t>(id) < bytes_.size(), errc::unknown_token,
-            "bpe_tokenizer: token id " + std::to_string(id) + " is outside the vocabulary of " +
-                std::to_string(bytes_.size()));
+    if (id < 0 || static_cast<std::size_t>(id) >= bytes_.size())  // (a message only on failure: a hot path)
+      throw error(errc::unknown_token, "bpe_tokenizer: token id " + std::to_string(id) +
+                                           " is outside the vocabulary of " + std::to_string(bytes_.size()));
     return bytes_[static_cast<std::size_t>(id)];
   }
 
@@ -384,8 +384,9 @@ class bpe_tokenizer {
   // The token of one byte.
   [[nodiscard]] token_id byte_token(char c) const {
     const token_id id = byte_id_[static_cast<unsigned char>(c)];
-    require(id >= 0, errc::unknown_token,
-            "bpe_tokenizer: the vocabulary has no token for byte " + std::to_string(static_cast<unsigned char>(c)));
+    if (id < 0)
+      throw error(errc::unknown_token, "bpe_tokenizer: the vocabulary has no token for byte " +
+                                           std::to_string(static_cast<unsigned char>(c)));
     return id;
   }
 
@@ -489,8 +490,8 @@ static_assert(tokenizer<bpe_tokenizer>);
 // a table of merges.
 inline void add_merge(std::string_view m, string_table& merges) {
   const auto space = m.find(' ', 1);
-  require(space != std::string_view::npos, errc::invalid_argument,
-          "tokenizer: merge '" + std::string(m) + "' has no space");
+  if (space == std::string_view::npos)
+    throw error(errc::invalid_argument, "tokenizer: merge '" + std::string(m) + "' has no space");
   merges.push_back(m.substr(0, space));
   merges.push_back(m.substr(space + 1));
 }
@@ -619,8 +620,8 @@ inline bpe_tokenizer load_bpe_json(std::string_view json_text) {
             "tokenizer.json: byte_fallback BPE is not byte-level BPE");
     bpe_config c;
     const auto place = [&](std::size_t id, std::string_view text, token_kind kind) {
-      require(id < (std::size_t{1} << 24), errc::invalid_argument,
-              "tokenizer.json: token id " + std::to_string(id) + " is too large");
+      if (id >= (std::size_t{1} << 24))
+        throw error(errc::invalid_argument, "tokenizer.json: token id " + std::to_string(id) + " is too large");
       if (id >= c.kinds.size()) c.kinds.resize(id + 1, token_kind::unused);
       c.tokens.set(id, text);
       c.kinds[id] = kind;
