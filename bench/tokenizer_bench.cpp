@@ -1,10 +1,14 @@
 // Tokenizer speed: efim's byte-level BPE against the reference tokenizer (Hugging Face semantics
-// in JavaScript, @lenml/tokenizers) on the same files, single thread, measured in one run. The ids
-// are checked equal before anything is timed.
+// in JavaScript, @lenml/tokenizers) and against llama.cpp's llama_tokenize (through
+// efim-llama-reference, where it is built) on the same files, single thread, measured in one run;
+// and the time to load the tokenizer from tokenizer.json and from GGUF. The ids are checked equal
+// before anything is timed: the reference's on every file; llama.cpp's on every file whose text is
+// in NFC (llama.cpp does not normalize, as Hugging Face does for Qwen2).
 //
-//   efim-tokenizer-bench [--corpus DIR] [--tokenizer PATH] [--repeat N]
+//   efim-tokenizer-bench [--corpus DIR] [--tokenizer PATH] [--gguf PATH] [--repeat N]
 //
 // Without --corpus the reference script makes its test corpus (2 MB of code and Unicode text).
+// --gguf is the same tokenizer as a GGUF vocabulary (default: Qwen2.5-Coder's in the shared data).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -40,12 +44,12 @@ std::string run(const std::string& command) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string corpus, tokenizer = EFIM_TOKENIZER_JSON;
+  std::string corpus, tokenizer = EFIM_TOKENIZER_JSON, gguf = EFIM_DEFAULT_GGUF;
   int repeat = 3;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help") {
-      std::cout << "usage: efim-tokenizer-bench [--corpus DIR] [--tokenizer PATH] [--repeat N]\n";
+      std::cout << "usage: efim-tokenizer-bench [--corpus DIR] [--tokenizer PATH] [--gguf PATH] [--repeat N]\n";
       return 0;
     }
     if (i + 1 >= argc) fail("missing value for " + a);
@@ -53,6 +57,8 @@ int main(int argc, char** argv) {
       corpus = argv[++i];
     else if (a == "--tokenizer")
       tokenizer = argv[++i];
+    else if (a == "--gguf")
+      gguf = argv[++i];
     else if (a == "--repeat")
       repeat = std::max(1, std::atoi(argv[++i]));
     else
@@ -81,9 +87,22 @@ int main(int argc, char** argv) {
   }
   if (texts.empty()) fail("no .txt files in " + corpus);
 
+  // Load times, best of five, from each kind of file.
+  const auto load_seconds = [](const std::string& path) {
+    double best = 1e30;
+    for (int r = 0; r < 5; ++r) {
+      const auto start = std::chrono::steady_clock::now();
+      const auto t = efim::text::load_bpe(path);
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    return best;
+  };
+  const double json_load = load_seconds(tokenizer);
+  const bool have_gguf = fs::exists(gguf);
+  const double gguf_load = have_gguf ? load_seconds(gguf) : 0;
+
   const auto tok = efim::text::load_bpe(tokenizer);
   std::vector<efim::token_id> ids;
-  std::size_t tokens = 0;
   if (have_reference) {  // the same ids as the reference, before timing
     run("node " + script + " ids " + node_modules + " " + corpus);
     for (std::size_t i = 0; i < files.size(); ++i) {
@@ -95,21 +114,68 @@ int main(int argc, char** argv) {
       if (ids != want) fail("ids differ from the reference on " + files[i].string());
     }
   }
-  double best = 1e30;
-  for (int r = 0; r < repeat; ++r) {
-    tokens = 0;
-    const auto start = std::chrono::steady_clock::now();
-    for (const auto& t : texts) {
+  // llama.cpp's ids on the same files (its plain-text mode: encode's), then its time.
+  const std::string llama = EFIM_LLAMA_REFERENCE;
+  const bool have_llama = !llama.empty() && fs::exists(llama) && have_gguf;
+  nlohmann::json llama_result;
+  std::size_t llama_checked = 0;
+  if (have_llama) {
+    const std::string ids_path = (fs::temp_directory_path() / "efim-tokenizer-bench-llama.ids").string();
+    llama_result = nlohmann::json::parse(run(llama + " tokenize-bench " + gguf + " " + corpus + " --repeat " +
+                                             std::to_string(repeat) + " --ids " + ids_path));
+    std::ifstream in(ids_path);
+    std::string line;
+    for (std::size_t i = 0; i < files.size(); ++i) {
+      if (!std::getline(in, line)) fail("llama.cpp wrote ids for fewer files than there are");
+      std::istringstream words(line);
+      std::vector<efim::token_id> want;
+      for (efim::token_id id = 0; words >> id;) want.push_back(id);
       ids.clear();
-      tok.encode_special(t, ids);
-      tokens += ids.size();
+      tok.encode(texts[i], ids);
+      if (!efim::text::is_nfc(texts[i])) continue;  // llama.cpp skips Qwen2's NFC step
+      if (ids != want) fail("ids differ from llama.cpp's on " + files[i].string() + " (text in NFC)");
+      ++llama_checked;
     }
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    fs::remove(ids_path);
   }
+
+  const auto time_encode = [&](bool special) {
+    double best = 1e30;
+    std::size_t tokens = 0;
+    for (int r = 0; r < repeat; ++r) {
+      tokens = 0;
+      const auto start = std::chrono::steady_clock::now();
+      for (const auto& t : texts) {
+        ids.clear();
+        special ? tok.encode_special(t, ids) : tok.encode(t, ids);
+        tokens += ids.size();
+      }
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    return std::pair{best, tokens};
+  };
+  const auto [best, tokens] = time_encode(false);
+  const auto [best_special, tokens_special] = time_encode(true);
   const double efim_mb = static_cast<double>(bytes) / best / 1e6;
+  const double efim_special_mb = static_cast<double>(bytes) / best_special / 1e6;
   std::printf("corpus: %zu files, %zu bytes, %zu tokens (%s)\n", files.size(), bytes, tokens, corpus.c_str());
-  std::printf("%-28s %10s %14s\n", "tokenizer", "MB/s", "tokens/s");
-  std::printf("%-28s %10.2f %14.0f\n", "efim (C++, 1 thread)", efim_mb, static_cast<double>(tokens) / best);
+  std::printf("%-34s %10s %14s %12s\n", "tokenizer", "MB/s", "tokens/s", "load (ms)");
+  std::printf("%-34s %10.2f %14.0f %12.1f\n", "efim encode (C++, 1 thread)", efim_mb,
+              static_cast<double>(tokens) / best, json_load * 1e3);
+  std::printf("%-34s %10.2f %14.0f %12s\n", "efim encode_special", efim_special_mb,
+              static_cast<double>(tokens_special) / best_special, "");
+  if (have_gguf) std::printf("%-34s %10s %14s %12.1f\n", "efim from GGUF", "", "", gguf_load * 1e3);
+  if (have_llama) {
+    const double llama_mb = static_cast<double>(bytes) / llama_result["seconds"].get<double>() / 1e6;
+    std::printf("%-34s %10.2f %14.0f %12.1f\n", "llama.cpp llama_tokenize (GGUF)", llama_mb,
+                llama_result["tokens"].get<double>() / llama_result["seconds"].get<double>(),
+                llama_result["load_seconds"].get<double>() * 1e3);
+    std::printf("llama.cpp: %s; ids equal efim's encode on the %zu of %zu files in NFC\n",
+                llama_result["llama_cpp"].get<std::string>().c_str(), llama_checked, files.size());
+    std::printf("efim / llama.cpp: %.2fx MB/s\n", efim_mb / llama_mb);
+  } else {
+    std::printf("llama.cpp: not built (efim-llama-reference) or no GGUF at %s\n", gguf.c_str());
+  }
   if (!have_reference) {
     std::printf("reference: not installed (run .ci/setup)\n");
     return 0;
@@ -122,7 +188,7 @@ int main(int argc, char** argv) {
       ref_tokens_per_s = j["tokens"].get<double>() / j["seconds"].get<double>();
     }
   }
-  std::printf("%-28s %10.2f %14.0f\n", "reference (@lenml/tokenizers)", ref_mb, ref_tokens_per_s);
-  std::printf("efim / reference: %.2fx MB/s\n", efim_mb / ref_mb);
+  std::printf("%-34s %10.2f %14.0f\n", "reference (@lenml/tokenizers)", ref_mb, ref_tokens_per_s);
+  std::printf("efim encode_special / reference: %.2fx MB/s\n", efim_special_mb / ref_mb);
   return 0;
 }

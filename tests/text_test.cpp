@@ -483,7 +483,7 @@ std::string small_tokenizer_json() {
   const auto& to_cp = text::byte_level::to_code_point();
   for (unsigned b = 0; b < 256; ++b) {
     std::string s;
-    text::byte_level::append_utf8(to_cp[b], s);
+    utf8::append(to_cp[b], s);
     vocab[s] = b;
   }
   vocab["ab"] = 256;

@@ -85,6 +85,7 @@ constexpr const char* usage_text =
     "  bench MODEL [--pp 512] [--tg 128] [--threads N] [--reps 3] [--kv f16|f32] [--fa auto|on|off] [--ubatch 512]\n"
     "  info MODEL\n"
     "  tokenize VOCAB TEXT_FILE                       llama.cpp's ids for the file's text\n"
+    "  tokenize-bench VOCAB DIR [--repeat 3] [--ids OUT]  llama_tokenize on every DIR/*.txt, timed (JSON)\n"
     "  smoke --make-model SCRIPT --vocab-dir DIR --work DIR [--python PY]... [--threads N]\n"
     "every command also takes --verbose (llama.cpp's log on stderr)\n";
 
@@ -648,6 +649,87 @@ int cmd_tokenize(int argc, char** argv) {
   return 0;
 }
 
+// llama.cpp's tokenizer timed on every .txt file of a directory (in name order), as efim's
+// tokenizer benchmark times efim's: the best of --repeat passes over all files, one thread, and the
+// vocabulary's load time. --ids writes each file's ids, one line per file, for the caller to check.
+int cmd_tokenize_bench(int argc, char** argv) {
+  const arguments args = parse_arguments(argc, argv, 2, 2, {"--repeat", "--ids"}, {});
+  start_llama(args.has("--verbose"));
+  const int repeat = static_cast<int>(integer_option(args, "--repeat", 3, 1, 1000));
+  std::vector<std::filesystem::path> files;
+  for (const auto& e : std::filesystem::directory_iterator(args.positional[1])) {
+    if (e.path().extension() == ".txt") {
+      files.push_back(e.path());
+    }
+  }
+  std::sort(files.begin(), files.end());
+  std::vector<std::string> texts;
+  std::size_t bytes = 0;
+  for (const auto& f : files) {
+    std::ifstream in(f, std::ios::binary);
+    texts.emplace_back((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (texts.back().size() > (1u << 30)) {
+      throw std::runtime_error(f.string() + ": larger than 1 GiB");
+    }
+    bytes += texts.back().size();
+  }
+  if (texts.empty()) {
+    throw std::runtime_error(args.positional[1] + ": no .txt files");
+  }
+  llama_model_params params = llama_model_default_params();
+  params.vocab_only = true;
+  const auto load_start = std::chrono::steady_clock::now();
+  const model_ptr model(llama_model_load_from_file(args.positional[0].c_str(), params));
+  const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+  if (!model) {
+    throw std::runtime_error(args.positional[0] + ": llama.cpp could not load the vocabulary");
+  }
+  const llama_vocab* vocab = llama_model_get_vocab(model.get());
+  std::vector<llama_token> ids;
+  const auto tokenize = [&](const std::string& text) {
+    ids.resize(text.size() + 16);
+    const int32_t n = llama_tokenize(vocab, text.data(), static_cast<int32_t>(text.size()), ids.data(),
+                                     static_cast<int32_t>(ids.size()), false, false);
+    if (n < 0) {
+      throw std::runtime_error("llama_tokenize failed");
+    }
+    ids.resize(static_cast<std::size_t>(n));
+  };
+  std::size_t tokens = 0;
+  std::FILE* out = nullptr;
+  if (const std::string* path = args.value("--ids")) {
+    out = std::fopen(path->c_str(), "w");
+    if (out == nullptr) {
+      throw std::runtime_error(*path + ": cannot write");
+    }
+  }
+  for (const auto& t : texts) {
+    tokenize(t);
+    tokens += ids.size();
+    if (out != nullptr) {
+      for (std::size_t i = 0; i < ids.size(); ++i) {
+        std::fprintf(out, i == 0 ? "%d" : " %d", ids[i]);
+      }
+      std::fprintf(out, "\n");
+    }
+  }
+  if (out != nullptr) {
+    std::fclose(out);
+  }
+  double best_seconds = 1e30;
+  for (int r = 0; r < repeat; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    for (const auto& t : texts) {
+      tokenize(t);
+    }
+    best_seconds = std::min(best_seconds, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::printf("{\"files\":%zu,\"bytes\":%zu,\"tokens\":%zu,\"seconds\":%s,\"load_seconds\":%s,\"llama_cpp\":%s}\n",
+              texts.size(), bytes, tokens, json_number(best_seconds).c_str(), json_number(load_seconds).c_str(),
+              json_string(llama_version()).c_str());
+  return 0;
+}
+
 // The model as llama.cpp loaded it, plus the file's float metadata read exactly (llama.cpp's
 // metadata strings print floats with %f) and the tensor types (what llama_model_quantize chose).
 int cmd_info(int argc, char** argv) {
@@ -1131,7 +1213,8 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   static const std::pair<std::string_view, int (*)(int, char**)> commands[] = {
       {"quantize", cmd_quantize}, {"logits", cmd_logits}, {"generate", cmd_generate}, {"bench", cmd_bench},
-      {"info", cmd_info},         {"smoke", cmd_smoke},   {"tokenize", cmd_tokenize}};
+      {"info", cmd_info},         {"smoke", cmd_smoke},   {"tokenize", cmd_tokenize},
+      {"tokenize-bench", cmd_tokenize_bench}};
   try {
     for (const auto& [name, run] : commands) {
       if (command == name) {

@@ -1,5 +1,5 @@
 #pragma once
-// UTF-8 helpers: validation, character boundaries.
+// UTF-8 helpers: validation, character boundaries, encoding.
 #include <cstddef>
 #include <string>
 #include <string_view>
@@ -72,6 +72,25 @@ constexpr std::size_t common_prefix(std::string_view a, std::string_view b) noex
   while (n < limit && a[n] == b[n]) ++n;
   if (n == limit) return n;  // the shorter string is whole characters
   return floor_boundary(a, n);
+}
+
+// Appends the UTF-8 encoding of code point `cp` (below 0x110000) to `out`.
+inline void append(char32_t cp, std::string& out) {
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    out += static_cast<char>(0xE0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (cp >> 18));
+    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
 }
 
 }  // namespace efim::utf8

@@ -25,6 +25,7 @@
 
 #include "efim/core/error.hpp"
 #include "efim/core/gguf.hpp"
+#include "efim/core/json_reader.hpp"
 #include "efim/core/types.hpp"
 #include "efim/core/utf8.hpp"
 #include "efim/text/concepts.hpp"
@@ -86,24 +87,6 @@ inline const std::array<char32_t, 256>& to_code_point() {
     return t;
   }();
   return table;
-}
-
-inline void append_utf8(char32_t cp, std::string& out) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
 }
 
 // Appends the bytes a byte-level token string stands for to `out`; false (and `out` as it was) if
@@ -611,26 +594,85 @@ inline void add_normalizer(const nlohmann::json& j, bpe_config& c) {
 
 // From the text of a Hugging Face tokenizer.json (model type BPE, byte-level).
 inline bpe_tokenizer load_bpe_json(std::string_view json_text) {
+  // The vocabulary and the merges are read as they stream past (views into the text, one buffer for
+  // all tokens); the small parts (added tokens, normalizer, pre-tokenizer) are parsed into trees.
+  json::reader r(json_text, "tokenizer.json");
+  bpe_config c;
+  const auto place = [&](std::int64_t id, std::string_view text, token_kind kind) {
+    if (id < 0 || id >= (std::int64_t{1} << 24))
+      throw error(errc::invalid_argument, "tokenizer.json: token id " + std::to_string(id) + " is too large");
+    const auto at = static_cast<std::size_t>(id);
+    if (at >= c.kinds.size()) c.kinds.resize(at + 1, token_kind::unused);
+    c.tokens.set(at, text);
+    c.kinds[at] = kind;
+  };
+  std::string scratch, side;
+  std::string_view added, normalizer, pre;
+  bool have_model = false, have_vocab = false, have_merges = false;
+  std::string type = "BPE";
+  bool byte_fallback = false;
+  r.open('{');
+  for (bool first = true; r.more('}', first);) {
+    const std::string k(r.key(scratch));
+    if (k == "added_tokens") {
+      added = r.skip();
+    } else if (k == "normalizer") {
+      normalizer = r.skip();
+    } else if (k == "pre_tokenizer") {
+      pre = r.skip();
+    } else if (k == "model") {
+      have_model = true;
+      r.open('{');
+      for (bool first_in_model = true; r.more('}', first_in_model);) {
+        const std::string mk(r.key(scratch));
+        if (mk == "type") {
+          type = r.string(scratch);
+        } else if (mk == "byte_fallback") {
+          byte_fallback = r.boolean();
+        } else if (mk == "ignore_merges") {
+          c.ignore_merges = r.boolean();
+        } else if (mk == "vocab") {
+          have_vocab = true;
+          r.open('{');
+          for (bool first_token = true; r.more('}', first_token);) {
+            const std::string_view text = r.key(scratch);
+            place(r.integer(), text, token_kind::normal);
+          }
+        } else if (mk == "merges") {
+          have_merges = true;
+          r.open('[');
+          for (bool first_merge = true; r.more(']', first_merge);) {
+            if (r.peek() == '"') {
+              add_merge(r.string(scratch), c.merges);
+              continue;
+            }
+            r.open('[');  // ["left", "right"]
+            bool first_side = true;
+            for (int i = 0; i < 2; ++i) {
+              if (!r.more(']', first_side)) r.fail("a merge without two sides");
+              c.merges.push_back(r.string(side));
+            }
+            if (r.more(']', first_side)) r.fail("a merge with more than two sides");
+          }
+        } else {
+          r.skip();
+        }
+      }
+    } else {
+      r.skip();
+    }
+  }
+  r.finish();
+  if (!have_model || !have_vocab || !have_merges)
+    throw error(errc::invalid_argument, std::string("tokenizer.json: no ") +
+                                            (!have_model ? "model" : !have_vocab ? "model.vocab" : "model.merges"));
+  if (type != "BPE") throw error(errc::invalid_argument, "tokenizer.json: model type '" + type + "' is not BPE");
+  require(!byte_fallback, errc::invalid_argument, "tokenizer.json: byte_fallback BPE is not byte-level BPE");
   try {
-    const auto j = nlohmann::json::parse(json_text);
-    const auto& model = j.at("model");
-    require(model.value("type", std::string("BPE")) == "BPE", errc::invalid_argument,
-            "tokenizer.json: model type '" + model.value("type", std::string()) + "' is not BPE");
-    require(!model.value("byte_fallback", false), errc::invalid_argument,
-            "tokenizer.json: byte_fallback BPE is not byte-level BPE");
-    bpe_config c;
-    const auto place = [&](std::size_t id, std::string_view text, token_kind kind) {
-      if (id >= (std::size_t{1} << 24))
-        throw error(errc::invalid_argument, "tokenizer.json: token id " + std::to_string(id) + " is too large");
-      if (id >= c.kinds.size()) c.kinds.resize(id + 1, token_kind::unused);
-      c.tokens.set(id, text);
-      c.kinds[id] = kind;
-    };
-    for (const auto& [text, id] : model.at("vocab").items()) place(id.get<std::size_t>(), text, token_kind::normal);
-    if (j.contains("added_tokens"))
-      for (const auto& a : j.at("added_tokens")) {
-        const auto id = a.at("id").get<std::size_t>();
-        std::string text = a.at("content").get<std::string>();
+    if (!added.empty())
+      for (const auto& a : nlohmann::json::parse(added)) {
+        const auto id = a.at("id").get<std::int64_t>();
+        const std::string text = a.at("content").get<std::string>();
         const bool special = a.value("special", false);
         // Hugging Face's defaults: a special token is not normalized, any other is.
         const added_token_options o{a.value("lstrip", false), a.value("rstrip", false), a.value("single_word", false),
@@ -640,26 +682,17 @@ inline bpe_tokenizer load_bpe_json(std::string_view json_text) {
         if (o.lstrip || o.rstrip || o.single_word || o.normalized)
           c.added_options.emplace_back(static_cast<token_id>(id), o);
       }
-    for (const auto& m : model.at("merges")) {
-      if (m.is_string()) {
-        add_merge(m.get<std::string>(), c.merges);
-      } else {
-        c.merges.push_back(m.at(0).get<std::string>());
-        c.merges.push_back(m.at(1).get<std::string>());
-      }
-    }
-    c.ignore_merges = model.value("ignore_merges", false);
-    if (j.contains("normalizer")) detail::add_normalizer(j.at("normalizer"), c);
-    if (j.contains("pre_tokenizer")) {
+    if (!normalizer.empty()) detail::add_normalizer(nlohmann::json::parse(normalizer), c);
+    if (!pre.empty()) {
       std::vector<detail::split_spec> splits;
-      detail::read_pre_tokenizer(j.at("pre_tokenizer"), splits, c.add_prefix_space);
+      detail::read_pre_tokenizer(nlohmann::json::parse(pre), splits, c.add_prefix_space);
       for (const auto& sp : splits) c.pre.split(sp.pattern, sp.behavior, sp.invert);
     }
-    c.description = "tokenizer.json byte-level BPE, " + std::to_string(c.tokens.size()) + " tokens";
-    return bpe_tokenizer(std::move(c));
   } catch (const nlohmann::json::exception& e) {
     throw error(errc::invalid_argument, std::string("tokenizer.json: ") + e.what());
   }
+  c.description = "tokenizer.json byte-level BPE, " + std::to_string(c.tokens.size()) + " tokens";
+  return bpe_tokenizer(std::move(c));
 }
 
 // The tokenizer.ggml.* metadata of a GGUF vocabulary for a Hugging Face tokenizer.json, as GGUF
