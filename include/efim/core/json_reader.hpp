@@ -67,19 +67,21 @@ class reader {
     expect('"');
     const std::size_t begin = pos_;
     bool escaped = false;
+    unsigned high = 0;  // any byte above 0x7F: only then is UTF-8 checked
     for (;; ++pos_) {
       if (pos_ >= s_.size()) fail("a string is not closed");
       const auto c = static_cast<unsigned char>(s_[pos_]);
-      if (c == '"') break;
-      if (c < 0x20) fail("a control character in a string");
-      if (c == '\\') {
+      high |= c;
+      if (c == '"' || c < 0x20 || c == '\\') {
+        if (c == '"') break;
+        if (c < 0x20) fail("a control character in a string");
         escaped = true;
         ++pos_;  // the escaped character is never the closing quote
       }
     }
     const std::string_view raw = s_.substr(begin, pos_ - begin);
     ++pos_;
-    if (!utf8::is_valid(raw)) fail("a string is not valid UTF-8");
+    if ((high & 0x80) != 0 && !utf8::is_valid(raw)) fail("a string is not valid UTF-8");
     if (!escaped) return raw;
     scratch.clear();
     for (std::size_t i = 0; i < raw.size(); ++i) {

@@ -14,7 +14,6 @@
 #include <optional>
 #include <queue>
 #include <span>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -151,6 +150,8 @@ class bpe_tokenizer {
     bytes_.reserve(n, c.tokens.bytes());
     index_ = string_index(n);
     byte_id_.fill(-1);
+    std::vector<token_id> indexed;  // the normal tokens in the alphabet
+    indexed.reserve(n);
     for (std::size_t id = 0; id < n; ++id) {
       const auto tid = static_cast<token_id>(id);
       const std::string_view text = c.tokens[id];
@@ -161,7 +162,7 @@ class bpe_tokenizer {
           if (!decoded) out += text;
         });
         if (!decoded) continue;
-        index_.insert(bytes_, tid);
+        indexed.push_back(tid);
         const std::string_view b = bytes_[id];
         if (b.size() == 1 && byte_id_[static_cast<unsigned char>(b[0])] < 0)
           byte_id_[static_cast<unsigned char>(b[0])] = tid;
@@ -169,6 +170,13 @@ class bpe_tokenizer {
         bytes_.push_back(text);
         if (kinds_[id] != token_kind::unused && !text.empty()) specials_.try_emplace(std::string(text), tid);
       }
+    }
+    // Indexed in id order (the first of equal strings stays), a slot prefetched a batch ahead.
+    constexpr std::size_t ahead = 16;
+    for (std::size_t i = 0; i < indexed.size(); ++i) {
+      if (i + ahead < indexed.size())
+        index_.prefetch(string_index::hash(bytes_[static_cast<std::size_t>(indexed[i + ahead])]));
+      index_.insert(bytes_, indexed[i]);
     }
     std::unordered_map<token_id, added_token_options> options;
     for (const auto& [tid, o] : c.added_options) {
@@ -192,23 +200,54 @@ class bpe_tokenizer {
     // Each merge's sides and result, by their bytes.
     require(c.merges.size() % 2 == 0, errc::invalid_argument, "bpe_tokenizer: a merge without its right side");
     merges_ = merge_table(c.merges.size() / 2);
+    // In batches: decode and hash the strings of a batch of merges and prefetch their index slots,
+    // find them, prefetch the merge table's slots, insert (the tables are larger than the caches).
+    const auto missing = [&](std::size_t rank) {
+      return error(errc::invalid_argument, "bpe_tokenizer: merge " + std::to_string(rank) + " ('" +
+                                               std::string(c.merges[2 * rank]) + "' '" +
+                                               std::string(c.merges[2 * rank + 1]) +
+                                               "') names a token the vocabulary lacks");
+    };
+    constexpr std::size_t batch = 32;
+    struct pending {
+      std::size_t begin, split, end;  // in buf: the left side's bytes, then the right side's
+      std::uint64_t hl, hr, hm;
+      token_id l, r, m;
+    };
+    std::array<pending, batch> p{};
     std::string buf;
-    for (std::size_t rank = 0; rank < c.merges.size() / 2; ++rank) {
-      const std::string_view left = c.merges[2 * rank], right = c.merges[2 * rank + 1];
+    const std::size_t count = c.merges.size() / 2;
+    for (std::size_t base = 0; base < count; base += batch) {
+      const std::size_t k = std::min(batch, count - base);
       buf.clear();
-      const bool decoded = byte_level::decode_into(left, buf);
-      const std::size_t split = buf.size();
-      const auto missing = [&] {
-        return error(errc::invalid_argument, "bpe_tokenizer: merge " + std::to_string(rank) + " ('" +
-                                                 std::string(left) + "' '" + std::string(right) +
-                                                 "') names a token the vocabulary lacks");
-      };
-      if (!decoded || !byte_level::decode_into(right, buf)) throw missing();
+      for (std::size_t j = 0; j < k; ++j) {
+        auto& q = p[j];
+        q.begin = buf.size();
+        const bool left = byte_level::decode_into(c.merges[2 * (base + j)], buf);
+        q.split = buf.size();
+        if (!left || !byte_level::decode_into(c.merges[2 * (base + j) + 1], buf)) throw missing(base + j);
+        q.end = buf.size();
+      }
       const std::string_view all = buf;
-      const token_id l = index_.find(bytes_, all.substr(0, split)), r = index_.find(bytes_, all.substr(split)),
-                     m = index_.find(bytes_, all);
-      if (l < 0 || r < 0 || m < 0) throw missing();
-      merges_.insert(l, r, {static_cast<std::uint32_t>(rank), m});
+      for (std::size_t j = 0; j < k; ++j) {
+        auto& q = p[j];
+        q.hl = string_index::hash(all.substr(q.begin, q.split - q.begin));
+        q.hr = string_index::hash(all.substr(q.split, q.end - q.split));
+        q.hm = string_index::hash(all.substr(q.begin, q.end - q.begin));
+        index_.prefetch(q.hl);
+        index_.prefetch(q.hr);
+        index_.prefetch(q.hm);
+      }
+      for (std::size_t j = 0; j < k; ++j) {
+        auto& q = p[j];
+        q.l = index_.find(bytes_, all.substr(q.begin, q.split - q.begin), q.hl);
+        q.r = index_.find(bytes_, all.substr(q.split, q.end - q.split), q.hr);
+        q.m = index_.find(bytes_, all.substr(q.begin, q.end - q.begin), q.hm);
+        if (q.l < 0 || q.r < 0 || q.m < 0) throw missing(base + j);
+        merges_.prefetch(q.l, q.r);
+      }
+      for (std::size_t j = 0; j < k; ++j)
+        merges_.insert(p[j].l, p[j].r, {static_cast<std::uint32_t>(base + j), p[j].m});
     }
   }
 
@@ -769,11 +808,15 @@ inline bool is_gguf_path(std::string_view path) noexcept { return path.ends_with
 
 // The text of a tokenizer.json file.
 inline std::string read_tokenizer_json(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
   require(in.good(), errc::invalid_argument, "tokenizer: cannot open '" + path + "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  const std::streamoff size = in.tellg();
+  require(size >= 0, errc::invalid_argument, "tokenizer: cannot read '" + path + "'");
+  std::string text(static_cast<std::size_t>(size), '\0');
+  in.seekg(0);
+  in.read(text.data(), size);
+  require(in.gcount() == size, errc::invalid_argument, "tokenizer: cannot read '" + path + "'");
+  return text;
 }
 
 // From a file: a .gguf file's metadata, or a tokenizer.json.

@@ -71,35 +71,49 @@ inline std::size_t table_slots(std::size_t entries) {
 }
 
 // From strings to ids, over a string_table the index does not own: insert keeps the first id of a
-// string, find returns it or -1.
+// string, find returns it or -1. Each slot keeps 32 bits of its string's hash, so that a probe reads
+// the string only where those agree. Loaders that look up many strings hash and prefetch a batch
+// before they find it (a vocabulary's index is larger than the caches).
 class string_index {
  public:
   string_index() = default;
-  explicit string_index(std::size_t entries) : slots_(table_slots(entries), 0), mask_(slots_.size() - 1) {}
+  explicit string_index(std::size_t entries) : slots_(table_slots(entries)), mask_(slots_.size() - 1) {}
+
+  static std::uint64_t hash(std::string_view s) noexcept { return XXH3_64bits(s.data(), s.size()); }
+  void prefetch(std::uint64_t h) const noexcept { __builtin_prefetch(slots_.data() + (h & mask_)); }
 
   // Adds table[id] for `id`, unless the string is there already (false).
   bool insert(const string_table& table, token_id id) {
     const std::string_view s = table[static_cast<std::size_t>(id)];
-    for (std::size_t i = hash(s) & mask_;; i = (i + 1) & mask_) {
-      if (slots_[i] == 0) {
-        slots_[i] = static_cast<std::uint32_t>(id) + 1;
+    const std::uint64_t h = hash(s);
+    const auto tag = static_cast<std::uint32_t>(h >> 32);
+    for (std::size_t i = h & mask_;; i = (i + 1) & mask_) {
+      if (slots_[i].id1 == 0) {
+        slots_[i] = {static_cast<std::uint32_t>(id) + 1, tag};
         return true;
       }
-      if (table[slots_[i] - 1] == s) return false;
+      if (slots_[i].tag == tag && table[slots_[i].id1 - 1] == s) return false;
+    }
+  }
+  [[nodiscard]] token_id find(const string_table& table, std::string_view s, std::uint64_t h) const noexcept {
+    if (slots_.empty()) return -1;
+    const auto tag = static_cast<std::uint32_t>(h >> 32);
+    for (std::size_t i = h & mask_;; i = (i + 1) & mask_) {
+      const slot v = slots_[i];
+      if (v.id1 == 0) return -1;
+      if (v.tag == tag && table[v.id1 - 1] == s) return static_cast<token_id>(v.id1 - 1);
     }
   }
   [[nodiscard]] token_id find(const string_table& table, std::string_view s) const noexcept {
-    if (slots_.empty()) return -1;
-    for (std::size_t i = hash(s) & mask_;; i = (i + 1) & mask_) {
-      const std::uint32_t v = slots_[i];
-      if (v == 0) return -1;
-      if (table[v - 1] == s) return static_cast<token_id>(v - 1);
-    }
+    return find(table, s, hash(s));
   }
 
  private:
-  static std::size_t hash(std::string_view s) noexcept { return XXH3_64bits(s.data(), s.size()); }
-  std::vector<std::uint32_t> slots_;  // id + 1, 0 for empty
+  struct slot {
+    std::uint32_t id1 = 0;  // id + 1, 0 for empty
+    std::uint32_t tag = 0;  // the hash's upper half
+  };
+  std::vector<slot> slots_;
   std::size_t mask_ = 0;
 };
 
@@ -113,6 +127,10 @@ class merge_table {
   merge_table() = default;
   explicit merge_table(std::size_t entries) : slots_(table_slots(entries)), mask_(slots_.size() - 1) {
     shift_ = 64 - std::countr_zero(slots_.size());
+  }
+
+  void prefetch(token_id left, token_id right) const noexcept {
+    __builtin_prefetch(slots_.data() + slot_of(key(left, right)));
   }
 
   // Adds a merge unless the pair has one already (the lower rank stays).
