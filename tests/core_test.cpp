@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <span>
 #include <stdexcept>
@@ -20,6 +21,7 @@
 
 #include "efim/core/error.hpp"
 #include "efim/core/gguf.hpp"
+#include "efim/core/json_reader.hpp"
 #include "efim/core/random.hpp"
 #include "efim/core/thread_pool.hpp"
 #include "efim/core/utf8.hpp"
@@ -328,4 +330,105 @@ TEST_CASE("gguf: the real vocabulary files read", "[core][gguf][shared]") {
   CHECK(f.array<std::string>("tokenizer.ggml.merges").size() > 150000);
   const auto s = gguf::read((dir / "ggml-vocab-starcoder.gguf").string());
   CHECK(s.array<std::string>("tokenizer.ggml.tokens").size() == 49152);
+}
+
+namespace {
+// Whether the pull reader takes `s` as one JSON document (skipped whole, nothing after it).
+bool reader_accepts(std::string_view s) {
+  try {
+    json::reader r(s, "test");
+    r.skip();
+    r.finish();
+    return true;
+  } catch (const efim::error&) {
+    return false;
+  }
+}
+}  // namespace
+
+TEST_CASE("json reader: takes exactly the documents a full JSON parser takes", "[core][json][fuzz]") {
+  const std::string seed =
+      R"({"model": {"type": "BPE", "vocab": {"a": 0, "\u00e9\t": 1, "\ud83d\ude00": 2, "x\"y": 3},)"
+      R"( "merges": ["a b", ["c", "d"]], "dropout": null, "f": -0.5e+3, "g": [true, false, 10, 0.25, -0, 1E2]},)"
+      "\n \"added_tokens\": [{\"id\": 7, \"content\": \"<|x|>\", \"special\": true}], \"t\": \"\xC3\xA9\xE4\xB8\xAD\"}";
+  REQUIRE(reader_accepts(seed));
+  REQUIRE(nlohmann::json::accept(seed));
+  // Mutations: characters of JSON's grammar, escapes, bytes that are not UTF-8, control characters.
+  const std::vector<std::string> pieces = {"{", "}", "[", "]", "\"", ",", ":", "\\", "\\u", "\\ud800", "\\udc00",
+                                           "0", "1", "-", "+", ".", "e", "E", "00", "true", "nul", "x", " ",
+                                           "\n", "\t", "\x01", "\xC3", "\xA9", "\xFF", "\xE4\xB8\xAD", "/", "u0041"};
+  rng r(77);
+  std::size_t accepted = 0, refused = 0;
+  for (int trial = 0; trial < 20000; ++trial) {
+    std::string s = seed;
+    for (int edits = 1 + static_cast<int>(r.below(3)); edits > 0; --edits) {
+      const std::size_t at = r.below(s.size() + 1);
+      switch (r.below(3)) {
+        case 0:
+          s.insert(at, pieces[r.below(pieces.size())]);
+          break;
+        case 1:
+          if (at < s.size()) s.erase(at, 1 + r.below(3));
+          break;
+        default:
+          s.resize(at);
+          break;
+      }
+    }
+    INFO(s);
+    const bool want = nlohmann::json::accept(s);
+    REQUIRE(reader_accepts(s) == want);
+    (want ? accepted : refused) += 1;
+  }
+  CHECK(accepted > 1000);
+  CHECK(refused > 1000);
+}
+
+TEST_CASE("json reader: strings, integers, members and errors", "[core][json]") {
+  // Strings decode as a full parser decodes them, escapes and surrogate pairs included.
+  rng r(5);
+  const std::vector<std::string> parts = {"a", "\\n", "\\\"", "\\\\", "\\/", "\\b", "\\f", "\\r", "\\t", "\\u0041",
+                                          "\\u00e9", "\\u4e2d", "\\ud83d\\ude00", "\xC3\xA9", " ", "\xF0\x9F\x98\x80"};
+  for (int trial = 0; trial < 2000; ++trial) {
+    std::string text = "\"";
+    for (std::size_t n = r.below(8); n > 0; --n) text += parts[r.below(parts.size())];
+    text += "\"";
+    std::string scratch;
+    json::reader reader(text, "test");
+    INFO(text);
+    REQUIRE(reader.string(scratch) == nlohmann::json::parse(text).get<std::string>());
+  }
+  std::string scratch;
+  json::reader obj(R"( {"n": -42, "big": 9007199254740993, "b": true, "z": null, "list": [1, [2]], "s": "v"} )", "doc");
+  obj.open('{');
+  std::map<std::string, std::string> seen;
+  for (bool first = true; obj.more('}', first);) {
+    const std::string k(obj.key(scratch));
+    if (k == "n") CHECK(obj.integer() == -42);
+    else if (k == "big") CHECK(obj.integer() == 9007199254740993);
+    else if (k == "b") CHECK(obj.boolean());
+    else if (k == "z") CHECK_FALSE(obj.boolean());
+    else seen[k] = std::string(obj.skip());
+  }
+  obj.finish();
+  CHECK(seen == std::map<std::string, std::string>{{"list", "[1, [2]]"}, {"s", "\"v\""}});
+
+  const auto error_of = [](std::string_view text, auto&& read) -> std::string {
+    try {
+      json::reader reader(text, "doc");
+      read(reader);
+    } catch (const efim::error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  CHECK_THAT(error_of("1.5", [](auto& rd) { rd.integer(); }), Catch::Contains("expected an integer"));
+  CHECK_THAT(error_of("99999999999999999999", [](auto& rd) { rd.integer(); }), Catch::Contains("out of range"));
+  CHECK_THAT(error_of("\"\\ud800\"", [](auto& rd) { std::string s; rd.string(s); }), Catch::Contains("lone surrogate"));
+  CHECK_THAT(error_of("\"a\xFF\"", [](auto& rd) { std::string s; rd.string(s); }), Catch::Contains("not valid UTF-8"));
+  CHECK_THAT(error_of("[1,]", [](auto& rd) { rd.skip(); }), Catch::Contains("trailing ','"));
+  CHECK_THAT(error_of("{} x", [](auto& rd) { rd.skip(); rd.finish(); }), Catch::Contains("text after the document"));
+  CHECK_THAT(error_of("{\"a\" 1}", [](auto& rd) { rd.skip(); }), Catch::Contains("doc: expected ':' (at byte 5)"));
+  // Deep nesting is an error, not a stack overflow.
+  CHECK_THAT(error_of(std::string(100000, '['), [](auto& rd) { rd.skip(); }), Catch::Contains("nested too deep"));
 }

@@ -549,8 +549,11 @@ TEST_CASE("tokenizer.json loading: a small file works, and mutations give efim::
           break;
       }
     }
+    const bool well_formed = nlohmann::json::accept(s);
     try {
       const auto t = text::load_bpe_json(s);
+      INFO(s);
+      REQUIRE(well_formed);  // text that is not JSON never loads
       std::vector<token_id> out;
       const std::string sample = random_text(r, 8);
       t.encode(sample, out);
@@ -587,6 +590,20 @@ TEST_CASE("tokenizer.json loading: a small file works, and mutations give efim::
   bad = j;
   bad["model"]["vocab"]["ab"] = "not a number";
   refuse(bad, "tokenizer.json");
+  bad = j;
+  bad["model"].erase("merges");
+  refuse(bad, "no model.merges");
+  bad = j;
+  bad["model"]["merges"].push_back({"a", "b", "c"});
+  refuse(bad, "more than two sides");
+  bad = j;
+  bad["model"]["vocab"]["neg"] = -3;
+  refuse(bad, "too large");
+  // A merge that names a token outside the byte-level alphabet can never apply: refused too.
+  bad = j;
+  bad["model"]["vocab"]["\x01"] = 300;
+  bad["model"]["merges"].push_back("a \x01");
+  refuse(bad, "names a token the vocabulary lacks");
 }
 
 TEST_CASE("added tokens are found in text as Hugging Face finds them", "[text][bpe]") {
