@@ -71,10 +71,11 @@ inline dtype parse_dtype(std::string_view name) {
 // Bytes of a row of n elements; n must be a whole number of blocks.
 inline std::size_t row_bytes(dtype t, std::size_t n) {
   const auto i = info(t);
-  require(i.block != 0, errc::invalid_argument, "not a tensor type: " + std::to_string(static_cast<std::uint32_t>(t)));
-  require(n % i.block == 0, errc::invalid_argument,
-          "a row of " + std::to_string(n) + " elements is not a whole number of " + std::string(i.name) +
-              " blocks of " + std::to_string(i.block));
+  if (i.block == 0)  // (messages only on failure: this runs per matrix product)
+    throw error(errc::invalid_argument, "not a tensor type: " + std::to_string(static_cast<std::uint32_t>(t)));
+  if (n % i.block != 0)
+    throw error(errc::invalid_argument, "a row of " + std::to_string(n) + " elements is not a whole number of " +
+                                            std::string(i.name) + " blocks of " + std::to_string(i.block));
   return n / i.block * i.bytes;
 }
 

@@ -60,9 +60,10 @@ inline void paged_attention(thread_pool& pool, const kv::paged_layout& l, const 
                             const float* q, float* out, std::span<const token_slot> tokens, std::size_t heads,
                             float scale) {
   using detail::max_rows;
-  require(l.kv_heads > 0 && heads >= l.kv_heads && heads % l.kv_heads == 0, errc::invalid_argument,
-          "paged_attention: " + std::to_string(heads) + " query heads do not split into groups over " +
-              std::to_string(l.kv_heads) + " KV heads");
+  if (l.kv_heads == 0 || heads < l.kv_heads || heads % l.kv_heads != 0)  // (the message only on failure)
+    throw error(errc::invalid_argument, "paged_attention: " + std::to_string(heads) +
+                                            " query heads do not split into groups over " +
+                                            std::to_string(l.kv_heads) + " KV heads");
   const std::size_t group = heads / l.kv_heads;
   const std::size_t heads_per_tile = std::min(group, max_rows);
   const std::size_t tokens_per_tile = std::max<std::size_t>(1, max_rows / heads_per_tile);

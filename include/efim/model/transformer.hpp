@@ -69,8 +69,9 @@ class transformer<kernels::host> {
       require(it.table.size() * kv.layout().block_size >= static_cast<std::size_t>(it.start) + it.tokens.size(),
               errc::invalid_argument, "model: a block table does not cover its tokens");
       for (const token_id t : it.tokens)
-        require(t >= 0 && static_cast<std::size_t>(t) < c.vocab, errc::unknown_token,
-                "model: token id " + std::to_string(t) + " is outside the vocabulary of " + std::to_string(c.vocab));
+        if (t < 0 || static_cast<std::size_t>(t) >= c.vocab)  // (the message only on failure: per token)
+          throw error(errc::unknown_token, "model: token id " + std::to_string(t) +
+                                               " is outside the vocabulary of " + std::to_string(c.vocab));
       n += it.tokens.size();
       n_logits += it.want_logits && !it.tokens.empty();
     }

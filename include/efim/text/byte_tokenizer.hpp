@@ -42,9 +42,9 @@ class byte_tokenizer {
 
   // The bytes of a byte token, or the text of a special token.
   [[nodiscard]] std::string_view token_bytes(token_id id) const {
-    require(id >= 0 && static_cast<std::size_t>(id) < vocab_size(), errc::unknown_token,
-            "byte_tokenizer: token id " + std::to_string(id) + " is outside the vocabulary of " +
-                std::to_string(vocab_size()));
+    if (id < 0 || static_cast<std::size_t>(id) >= vocab_size())  // (the message only on failure: per token)
+      throw error(errc::unknown_token, "byte_tokenizer: token id " + std::to_string(id) +
+                                           " is outside the vocabulary of " + std::to_string(vocab_size()));
     if (id < byte_tokens) return {&bytes_[static_cast<std::size_t>(id)], 1};
     return specials_[static_cast<std::size_t>(id - byte_tokens)];
   }

@@ -198,7 +198,7 @@ class regex {
     while (at <= s.size()) {
       const int r = onig_search(re_.get(), begin, end, begin + at, end, region.get(), ONIG_OPTION_NONE);
       if (r == ONIG_MISMATCH) return false;
-      require(r >= 0, errc::invalid_argument, "regex '" + pattern_ + "': search failed");
+      if (r < 0) throw error(errc::invalid_argument, "regex '" + pattern_ + "': search failed");
       b = static_cast<std::size_t>(region->beg[0]);
       e = static_cast<std::size_t>(region->end[0]);
       if (e > b) return true;
