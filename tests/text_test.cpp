@@ -738,6 +738,9 @@ TEST_CASE("on 2 MB of code and Unicode text, ids equal the reference tokenizer's
   std::size_t bytes = 0, tokens = 0;
   bool has_combining = false, has_cjk = false, has_emoji = false, has_user_defined = false;
   std::size_t plain_files = 0;
+  std::vector<std::pair<std::string, text::pre_tokenizer>> splitters;
+  for (const auto& p : text::pre_tokenizer::presets())
+    splitters.emplace_back(std::string(p.name), text::pre_tokenizer::preset(p.name).on_regex());
   for (const auto& f : files) {
     std::ifstream in(f, std::ios::binary);
     std::stringstream ss;
@@ -757,6 +760,14 @@ TEST_CASE("on 2 MB of code and Unicode text, ids equal the reference tokenizer's
     // user-defined added tokens, is Hugging Face's encode there.
     const bool plain = input.find("<|") == std::string::npos;
     plain_files += plain;
+    // Every preset's hand-written splitters cut the file as their regexes do.
+    for (const auto& [preset, oracle] : splitters) {
+      std::vector<std::string_view> native_words, regex_words;
+      text::pre_tokenizer::preset(preset).for_each_word(input, [&](std::string_view w) { native_words.push_back(w); });
+      oracle.for_each_word(input, [&](std::string_view w) { regex_words.push_back(w); });
+      INFO(preset << " on " << f.string());
+      CHECK(native_words == regex_words);
+    }
     for (const auto& [name, tok] : tokenizers) {
       // Hugging Face's encode matches every added token in text, so the reference is compared with
       // the mode that does (this repository's own sources hold FIM tokens' text), and with encode
