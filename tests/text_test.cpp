@@ -9,6 +9,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "efim/core/error.hpp"
@@ -851,6 +852,44 @@ TEST_CASE("pre-tokenizer presets split as their regexes say", "[text][pretokeniz
   // DeepSeek-Coder: newlines alone, letters with one leading space, punctuation, digits alone.
   CHECK(words("deepseek-coder", "if x:\n  y1") == v{"if", " x", ":", "\n", " ", " y", "1"});
   CHECK_THROWS_WITH(text::pre_tokenizer::preset("nope"), Catch::Contains("'nope' is not known"));
+}
+
+TEST_CASE("the word cache gives the ids merging gives, per thread and per tokenizer", "[text][bpe][shared][fuzz]") {
+  if (!std::filesystem::is_directory(vocab_dir)) {
+    WARN("skipped: no shared data at " << vocab_dir.string());
+    return;
+  }
+  std::vector<text::bpe_tokenizer> cached, merged;
+  for (const char* name : {"ggml-vocab-gpt-2.gguf", "ggml-vocab-starcoder.gguf", "ggml-vocab-deepseek-coder.gguf",
+                           "ggml-vocab-qwen2.5-coder.gguf"}) {
+    cached.push_back(text::load_bpe((vocab_dir / name).string()));
+    merged.push_back(cached.back());
+    merged.back().use_word_cache(false);
+    REQUIRE(cached.back().uses_word_cache());
+    REQUIRE_FALSE(merged.back().uses_word_cache());
+  }
+  // The same texts on two threads at once, each thread going round all four tokenizers, so that one
+  // thread's cache holds the same words for different tokenizers.
+  const auto work = [&](std::uint64_t seed, std::size_t& compared) {
+    rng r(seed);
+    std::vector<std::string> texts;
+    for (int i = 0; i < 200; ++i) texts.push_back(random_text(r, 1 + r.below(30)));
+    for (int round = 0; round < 3; ++round)
+      for (const auto& s : texts)
+        for (std::size_t t = 0; t < cached.size(); ++t) {
+          std::vector<token_id> got, want;
+          cached[t].encode(s, got);
+          merged[t].encode(s, want);
+          if (got != want) return;
+          ++compared;
+        }
+  };
+  std::size_t a = 0, b = 0;
+  std::thread other(work, 1, std::ref(b));
+  work(1, a);
+  other.join();
+  CHECK(a == 3 * 200 * cached.size());
+  CHECK(b == a);
 }
 
 TEST_CASE("hand-written splitters split as the Oniguruma regexes they stand for", "[text][pretokenizer][fuzz]") {

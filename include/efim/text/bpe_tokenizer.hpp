@@ -68,6 +68,7 @@ struct bpe_config {
   bool nfc = false;               // normalize to NFC first
   bool ignore_merges = false;     // a word that is a whole token is that token (Llama 3)
   bool add_prefix_space = false;  // ByteLevel's add_prefix_space
+  bool word_cache = true;         // keep recent words' ids (per thread); off, every word is merged
   std::string description;
 };
 
@@ -138,7 +139,8 @@ class bpe_tokenizer {
         nfc_(c.nfc),
         ignore_merges_(c.ignore_merges),
         add_prefix_space_(c.add_prefix_space),
-        description_(std::move(c.description)) {
+        description_(std::move(c.description)),
+        serial_(c.word_cache ? word_cache::next_serial() : 0) {
     const std::size_t n = c.tokens.size();
     require(n > 0 && n < (std::size_t{1} << 31), errc::invalid_argument,
             "bpe_tokenizer: the vocabulary is empty or too large");
@@ -285,6 +287,11 @@ class bpe_tokenizer {
     return k == token_kind::control || k == token_kind::unused;
   }
   [[nodiscard]] std::size_t vocab_size() const noexcept { return bytes_.size(); }
+
+  // Whether recent words' ids are kept (in a cache per thread; on unless the config said otherwise).
+  // Off, every word is merged again. Set it before the tokenizer is shared between threads.
+  void use_word_cache(bool on) noexcept { serial_ = on ? word_cache::next_serial() : 0; }
+  [[nodiscard]] bool uses_word_cache() const noexcept { return serial_ != 0; }
   [[nodiscard]] const std::string& description() const noexcept { return description_; }
 
   // The text of a sequence of ids (special tokens included as their text).
@@ -400,7 +407,22 @@ class bpe_tokenizer {
       prefixed += text;
       text = prefixed;
     }
-    pre_.for_each_word(text, [&](std::string_view word) { encode_word(word, out); });
+    if (serial_ == 0) {
+      pre_.for_each_word(text, [&](std::string_view word) { encode_word(word, out); });
+      return;
+    }
+    word_cache& cache = word_cache::mine();
+    pre_.for_each_word(text, [&](std::string_view word) {
+      if (word.size() == 1 || word.size() > word_cache::max_word) {
+        encode_word(word, out);
+        return;
+      }
+      const std::uint64_t h = string_index::hash(word);
+      if (cache.find(serial_, word, h, out)) return;
+      const std::size_t before = out.size();
+      encode_word(word, out);
+      cache.store(serial_, word, h, std::span<const token_id>(out).subspan(before));
+    });
   }
 
   // The token of one byte.
@@ -497,6 +519,7 @@ class bpe_tokenizer {
   pre_tokenizer pre_;
   bool nfc_, ignore_merges_, add_prefix_space_;
   std::string description_;
+  std::uint64_t serial_;  // this tokenizer's entries in the word cache (0: no cache)
   std::vector<token_kind> kinds_;
   string_table bytes_;     // by id: the bytes a token stands for
   string_index index_;     // the bytes of a normal token -> its id

@@ -1,13 +1,18 @@
 #pragma once
 // Compact tables a tokenizer is built from: strings in one buffer, an index from a string to its
-// id, and the merge table of a BPE vocabulary. Each is one or two flat arrays, so a vocabulary of
+// id, the merge table of a BPE vocabulary, and a per-thread cache of recent words. Each is one or two flat arrays, so a vocabulary of
 // 150,000 tokens loads without a heap string or a hash node per token.
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <atomic>
+#include <cstring>
 #include <limits>
+#include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -168,6 +173,56 @@ class merge_table {
   std::vector<slot> slots_{1};  // one empty slot: find on an empty table returns null
   std::size_t mask_ = 0;
   int shift_ = 63;
+};
+
+// Recent words and their ids, one table per thread (no locks, nothing shared between threads):
+// direct-mapped by the word's hash, each entry marked with the serial number of the tokenizer that
+// wrote it, so that tokenizers never read each other's entries. Words of up to 23 bytes that make
+// up to 7 tokens are kept.
+class word_cache {
+ public:
+  static constexpr std::size_t slots = 4096, max_word = 23, max_ids = 7;
+
+  // A serial number for a new tokenizer (never 0).
+  static std::uint64_t next_serial() noexcept {
+    static std::atomic<std::uint64_t> last{0};
+    return last.fetch_add(1, std::memory_order_relaxed) + 1;
+  }
+  // This thread's cache.
+  static word_cache& mine() {
+    thread_local const std::unique_ptr<word_cache> cache = std::make_unique<word_cache>();
+    return *cache;
+  }
+
+  // Appends the ids kept for `word` (of at most max_word bytes) to `out`; false if there are none.
+  bool find(std::uint64_t serial, std::string_view word, std::uint64_t h, std::vector<token_id>& out) const {
+    const entry& e = entries_[h & (slots - 1)];
+    if (e.serial != serial || e.hash != h || e.word_size != word.size() ||
+        std::memcmp(e.word, word.data(), word.size()) != 0)
+      return false;
+    out.insert(out.end(), e.ids, e.ids + e.id_count);
+    return true;
+  }
+  void store(std::uint64_t serial, std::string_view word, std::uint64_t h, std::span<const token_id> ids) {
+    if (word.size() > max_word || ids.size() > max_ids) return;
+    entry& e = entries_[h & (slots - 1)];
+    e.serial = serial;
+    e.hash = h;
+    e.word_size = static_cast<std::uint8_t>(word.size());
+    e.id_count = static_cast<std::uint8_t>(ids.size());
+    std::memcpy(e.word, word.data(), word.size());
+    std::copy(ids.begin(), ids.end(), e.ids);
+  }
+
+ private:
+  struct entry {
+    std::uint64_t serial = 0;  // 0: empty
+    std::uint64_t hash = 0;
+    std::uint8_t word_size = 0, id_count = 0;
+    char word[max_word] = {};
+    token_id ids[max_ids] = {};
+  };
+  std::array<entry, slots> entries_{};
 };
 
 }  // namespace efim::text
