@@ -953,6 +953,21 @@ TEST_CASE("hand-written splitters split as the Oniguruma regexes they stand for"
         ss << in.rdbuf();
         compare(ss.str(), e.path().filename().string());
       }
+  // Bytes that are not UTF-8 (for_each_word does not check): the words still cover the text, in
+  // order, each non-empty.
+  for (int i = 0; i < 3000; ++i) {
+    std::string s;
+    for (std::size_t n = r.below(24); n > 0; --n)
+      s += r.below(3) == 0 ? pool[r.below(pool.size())] : std::string(1, static_cast<char>(r.below(256)));
+    for (const auto& p : presets) {
+      std::string joined;
+      p.native.for_each_word(s, [&](std::string_view w) {
+        REQUIRE_FALSE(w.empty());
+        joined += w;
+      });
+      REQUIRE(joined == s);
+    }
+  }
   const auto root = std::filesystem::path(__FILE__).parent_path().parent_path();
   std::size_t sources = 0;
   for (const auto* dir : {"include/efim/text", "tests"})
