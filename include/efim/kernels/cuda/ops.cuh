@@ -1,0 +1,138 @@
+#pragma once
+// Row-wise and element-wise ops of the CUDA backend, each in CUB's layers: a tuning policy (plain
+// constexpr data), an agent (what one thread block does), a thin __global__ kernel, a host dispatch
+// that picks the launch shape, and the user-facing function. The contracts are the host kernels'
+// (rmsnorm.hpp, swiglu.hpp, rope.hpp); pointers are device memory, each call is ordered on `stream`
+// and allocates nothing.
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cub/block/block_reduce.cuh>
+
+#include "efim/kernels/common.hpp"
+#include "efim/kernels/cuda/runtime.cuh"
+
+namespace efim::kernels::device {
+
+namespace policy {
+struct rmsnorm {
+  static constexpr int threads = 256;  // one block per row
+};
+struct elementwise {
+  static constexpr int threads = 256;
+  static constexpr int max_blocks = 65535;  // then a grid-stride loop
+};
+}  // namespace policy
+
+namespace agent {
+
+// One row: the sum of squares in a strided pass, a block reduction, then the scaled row. Each
+// thread writes only what it read, so y may alias x.
+template <class Policy>
+struct rmsnorm {
+  using reduce = cub::BlockReduce<float, Policy::threads>;
+  struct storage {
+    typename reduce::TempStorage reduce;
+    float scale;
+  };
+  __device__ static void run(storage& temp, const float* x, const float* weight, float* y, std::size_t n,
+                             float eps) {
+    float sum = 0.0f;
+    for (std::size_t i = threadIdx.x; i < n; i += Policy::threads) sum = fmaf(x[i], x[i], sum);
+    const float total = reduce(temp.reduce).Sum(sum);
+    if (threadIdx.x == 0) temp.scale = 1.0f / sqrtf(total / static_cast<float>(n) + eps);
+    __syncthreads();
+    const float scale = temp.scale;
+    for (std::size_t i = threadIdx.x; i < n; i += Policy::threads) y[i] = x[i] * scale * weight[i];
+  }
+};
+
+}  // namespace agent
+
+namespace detail {
+
+template <class Policy>
+__global__ void __launch_bounds__(Policy::threads)
+    rmsnorm_kernel(const float* x, const float* weight, float* y, std::size_t n, float eps) {
+  __shared__ typename agent::rmsnorm<Policy>::storage temp;
+  const std::size_t row = blockIdx.x;
+  agent::rmsnorm<Policy>::run(temp, x + row * n, weight, y + row * n, n, eps);
+}
+
+template <class Policy>
+__global__ void __launch_bounds__(Policy::threads)
+    swiglu_kernel(const float* gate, const float* up, float* out, std::size_t n) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(Policy::threads) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * Policy::threads) {
+    const float g = gate[i];
+    out[i] = g < -88.0f ? 0.0f : g / (1.0f + expf(-g)) * up[i];  // as the host kernel: 0 below -88
+  }
+}
+
+template <class Policy>
+__global__ void __launch_bounds__(Policy::threads)
+    rope_kernel(float* x, std::size_t tokens, std::size_t heads, std::size_t head_dim, const float* cos_t,
+                const float* sin_t, rope_style style) {
+  const std::size_t pairs = head_dim / 2, total = tokens * heads * pairs;
+  for (std::size_t k = blockIdx.x * static_cast<std::size_t>(Policy::threads) + threadIdx.x; k < total;
+       k += static_cast<std::size_t>(gridDim.x) * Policy::threads) {
+    const std::size_t i = k % pairs, th = k / pairs, t = th / heads;
+    float* v = x + th * head_dim;
+    const std::size_t a = style == rope_style::adjacent ? 2 * i : i;
+    const std::size_t b = style == rope_style::adjacent ? 2 * i + 1 : i + pairs;
+    const float c = cos_t[t * pairs + i], s = sin_t[t * pairs + i];
+    const float x0 = v[a], x1 = v[b];
+    v[a] = fmaf(x0, c, -(x1 * s));
+    v[b] = fmaf(x0, s, x1 * c);
+  }
+}
+
+// Blocks for a grid-stride loop over n items.
+template <class Policy>
+inline unsigned grid_for(std::size_t n) noexcept {
+  const std::size_t blocks = (n + Policy::threads - 1) / Policy::threads;
+  return static_cast<unsigned>(blocks < Policy::max_blocks ? blocks : Policy::max_blocks);
+}
+
+}  // namespace detail
+
+// Dispatch: the launch shape for the policy, then a check that the launch was taken.
+template <class Policy = policy::rmsnorm>
+void dispatch_rmsnorm(const float* x, const float* weight, float* y, std::size_t rows, std::size_t n, float eps,
+                      cudaStream_t stream) {
+  if (rows == 0 || n == 0) return;
+  require(rows <= 0x7FFFFFFFu, errc::invalid_argument, "device::rmsnorm: more than 2^31 - 1 rows");
+  detail::rmsnorm_kernel<Policy><<<static_cast<unsigned>(rows), Policy::threads, 0, stream>>>(x, weight, y, n, eps);
+  check(cudaGetLastError(), "rmsnorm launch");
+}
+template <class Policy = policy::elementwise>
+void dispatch_swiglu(const float* gate, const float* up, float* out, std::size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  detail::swiglu_kernel<Policy><<<detail::grid_for<Policy>(n), Policy::threads, 0, stream>>>(gate, up, out, n);
+  check(cudaGetLastError(), "swiglu launch");
+}
+template <class Policy = policy::elementwise>
+void dispatch_rope(float* x, std::size_t tokens, std::size_t heads, std::size_t head_dim, const float* cos_t,
+                   const float* sin_t, rope_style style, cudaStream_t stream) {
+  const std::size_t total = tokens * heads * (head_dim / 2);
+  if (total == 0) return;
+  detail::rope_kernel<Policy>
+      <<<detail::grid_for<Policy>(total), Policy::threads, 0, stream>>>(x, tokens, heads, head_dim, cos_t, sin_t, style);
+  check(cudaGetLastError(), "rope launch");
+}
+
+// The user-facing functions, with the host kernels' arguments plus a stream.
+inline void rmsnorm(const float* x, const float* weight, float* y, std::size_t rows, std::size_t n, float eps,
+                    cudaStream_t stream = nullptr) {
+  dispatch_rmsnorm<>(x, weight, y, rows, n, eps, stream);
+}
+inline void swiglu(const float* gate, const float* up, float* out, std::size_t n, cudaStream_t stream = nullptr) {
+  dispatch_swiglu<>(gate, up, out, n, stream);
+}
+inline void rope(float* x, std::size_t tokens, std::size_t heads, std::size_t head_dim, const float* cos_t,
+                 const float* sin_t, rope_style style, cudaStream_t stream = nullptr) {
+  dispatch_rope<>(x, tokens, heads, head_dim, cos_t, sin_t, style, stream);
+}
+
+}  // namespace efim::kernels::device

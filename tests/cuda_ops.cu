@@ -1,0 +1,98 @@
+// The CUDA side of the CUDA backend's tests: upload, run the op on a stream, download, synchronize.
+#include "cuda_ops.hpp"
+#include "efim/kernels/cuda/backend.cuh"
+
+namespace efim::test_cuda {
+
+namespace {
+using kernels::device::buffer;
+using kernels::device::check;
+
+template <class T>
+buffer<T> upload(const std::vector<T>& v, cudaStream_t stream) {
+  buffer<T> b(v.size());
+  b.upload(v.data(), v.size(), stream);
+  return b;
+}
+template <class T>
+std::vector<T> download(const buffer<T>& b, std::size_t n, cudaStream_t stream) {
+  std::vector<T> out(n);
+  b.download(out.data(), n, stream);
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  return out;
+}
+struct stream {
+  cudaStream_t s = nullptr;
+  stream() { check(cudaStreamCreate(&s), "cudaStreamCreate"); }
+  ~stream() { (void)cudaStreamDestroy(s); }
+};
+}  // namespace
+
+bool available() { return kernels::device::available(); }
+std::string device_name() { return kernels::device::device_name(); }
+
+std::vector<float> rmsnorm(const std::vector<float>& x, const std::vector<float>& weight, std::size_t rows,
+                           std::size_t n, float eps) {
+  stream st;
+  auto dx = upload(x, st.s), dw = upload(weight, st.s);
+  buffer<float> dy(rows * n);
+  kernels::device::rmsnorm(dx.data(), dw.data(), dy.data(), rows, n, eps, st.s);
+  return download(dy, rows * n, st.s);
+}
+
+std::vector<float> swiglu(const std::vector<float>& gate, const std::vector<float>& up) {
+  stream st;
+  auto dg = upload(gate, st.s), du = upload(up, st.s);
+  buffer<float> out(gate.size());
+  kernels::device::swiglu(dg.data(), du.data(), out.data(), gate.size(), st.s);
+  return download(out, gate.size(), st.s);
+}
+
+std::vector<float> rope(const std::vector<float>& x, std::size_t tokens, std::size_t heads, std::size_t head_dim,
+                        const std::vector<float>& cos_t, const std::vector<float>& sin_t, kernels::rope_style style) {
+  stream st;
+  auto dx = upload(x, st.s), dc = upload(cos_t, st.s), ds = upload(sin_t, st.s);
+  kernels::device::rope(dx.data(), tokens, heads, head_dim, dc.data(), ds.data(), style, st.s);
+  return download(dx, x.size(), st.s);
+}
+
+template <class E>
+void kv_write(const kv::paged_layout& l, std::vector<E>& k_cache, std::vector<E>& v_cache, const std::vector<float>& k,
+              const std::vector<float>& v, const std::vector<kv::slot_ref>& slots) {
+  stream st;
+  auto dkc = upload(k_cache, st.s), dvc = upload(v_cache, st.s);
+  auto dk = upload(k, st.s), dv = upload(v, st.s);
+  auto ds = upload(slots, st.s);
+  kernels::device::kv_write<E>(l, dkc.data(), dvc.data(), dk.data(), dv.data(), ds.data(), slots.size(), st.s);
+  k_cache = download(dkc, k_cache.size(), st.s);
+  v_cache = download(dvc, v_cache.size(), st.s);
+}
+template void kv_write<float>(const kv::paged_layout&, std::vector<float>&, std::vector<float>&,
+                              const std::vector<float>&, const std::vector<float>&, const std::vector<kv::slot_ref>&);
+template void kv_write<half>(const kv::paged_layout&, std::vector<half>&, std::vector<half>&, const std::vector<float>&,
+                             const std::vector<float>&, const std::vector<kv::slot_ref>&);
+
+template <class E>
+void block_copy(const kv::paged_layout& l, std::vector<E>& k_cache, std::vector<E>& v_cache,
+                const std::vector<block_id>& from, const std::vector<block_id>& to) {
+  stream st;
+  auto dkc = upload(k_cache, st.s), dvc = upload(v_cache, st.s);
+  auto df = upload(from, st.s), dt = upload(to, st.s);
+  kernels::device::block_copy<E>(l, dkc.data(), dvc.data(), df.data(), dt.data(), from.size(), st.s);
+  k_cache = download(dkc, k_cache.size(), st.s);
+  v_cache = download(dvc, v_cache.size(), st.s);
+}
+template void block_copy<float>(const kv::paged_layout&, std::vector<float>&, std::vector<float>&,
+                                const std::vector<block_id>&, const std::vector<block_id>&);
+template void block_copy<half>(const kv::paged_layout&, std::vector<half>&, std::vector<half>&,
+                               const std::vector<block_id>&, const std::vector<block_id>&);
+
+std::vector<token_id> argmax(const std::vector<float>& logits, std::size_t rows, std::size_t n) {
+  stream st;
+  auto dl = upload(logits, st.s);
+  buffer<token_id> out(rows);
+  kernels::device::argmax(dl.data(), rows, n, out.data(), st.s);
+  return download(out, rows, st.s);
+}
+
+}  // namespace efim::test_cuda

@@ -1,0 +1,31 @@
+#pragma once
+// The CUDA backend's ops as plain host functions over host vectors (compiled by nvcc in
+// cuda_ops.cu), so that the test bodies, compiled by g++, run them beside the host kernels.
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "efim/core/dtype.hpp"
+#include "efim/kernels/common.hpp"
+#include "efim/kv/layout.hpp"
+
+namespace efim::test_cuda {
+
+bool available();
+std::string device_name();
+std::vector<float> rmsnorm(const std::vector<float>& x, const std::vector<float>& weight, std::size_t rows,
+                           std::size_t n, float eps);
+std::vector<float> swiglu(const std::vector<float>& gate, const std::vector<float>& up);
+std::vector<float> rope(const std::vector<float>& x, std::size_t tokens, std::size_t heads, std::size_t head_dim,
+                        const std::vector<float>& cos_t, const std::vector<float>& sin_t, kernels::rope_style style);
+
+// The caches' K and V arrays of one layer go up, the op runs, and they come back.
+template <class E>
+void kv_write(const kv::paged_layout& l, std::vector<E>& k_cache, std::vector<E>& v_cache, const std::vector<float>& k,
+              const std::vector<float>& v, const std::vector<kv::slot_ref>& slots);
+template <class E>
+void block_copy(const kv::paged_layout& l, std::vector<E>& k_cache, std::vector<E>& v_cache,
+                const std::vector<block_id>& from, const std::vector<block_id>& to);
+std::vector<token_id> argmax(const std::vector<float>& logits, std::size_t rows, std::size_t n);
+
+}  // namespace efim::test_cuda

@@ -1,0 +1,199 @@
+// The CUDA backend against the host backend: one test body per op, run on both, compared within a
+// relative-error bound fit to f32. On a machine without a CUDA device every case says so (ctest
+// reports the suite skipped); nothing is counted as passed there.
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <type_traits>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "cuda_ops.hpp"
+#include "efim/core/random.hpp"
+#include "efim/core/config.hpp"
+#include "efim/kernels/host.hpp"
+
+using namespace efim;
+
+namespace {
+
+#define EFIM_NEED_DEVICE()                                       \
+  do {                                                           \
+    if (!test_cuda::available()) {                               \
+      WARN("skipped: no CUDA device");                           \
+      return;                                                    \
+    }                                                            \
+  } while (0)
+
+std::vector<float> random_floats(rng& r, std::size_t n, float scale = 1.0f) {
+  std::vector<float> v(n);
+  for (auto& x : v) x = (static_cast<float>(r.below(2000001)) / 1e6f - 1.0f) * scale;
+  return v;
+}
+
+// The largest |a - b| / max(|b|, floor) over the elements: f32 sums in another order differ in the
+// last bits, near-zero results are compared against `floor`.
+float max_relative_error(const std::vector<float>& a, const std::vector<float>& b, float floor = 1e-3f) {
+  REQUIRE(a.size() == b.size());
+  float worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    worst = std::max(worst, std::abs(a[i] - b[i]) / std::max(std::abs(b[i]), floor));
+  return worst;
+}
+
+// Each op's test body over a backend: `Ops` is the host kernels or the CUDA ones.
+struct host_ops {
+  static std::vector<float> rmsnorm(std::vector<float> x, const std::vector<float>& w, std::size_t rows,
+                                    std::size_t n, float eps) {
+    kernels::rmsnorm(x.data(), w.data(), x.data(), rows, n, eps);
+    return x;
+  }
+  static std::vector<float> swiglu(const std::vector<float>& g, const std::vector<float>& u) {
+    std::vector<float> out(g.size());
+    kernels::swiglu(g.data(), u.data(), out.data(), g.size());
+    return out;
+  }
+  static std::vector<float> rope(std::vector<float> x, std::size_t t, std::size_t h, std::size_t d,
+                                 const std::vector<float>& c, const std::vector<float>& s, kernels::rope_style st) {
+    kernels::rope(x.data(), t, h, d, c.data(), s.data(), st);
+    return x;
+  }
+};
+struct cuda_ops {
+  static std::vector<float> rmsnorm(const std::vector<float>& x, const std::vector<float>& w, std::size_t rows,
+                                    std::size_t n, float eps) {
+    return test_cuda::rmsnorm(x, w, rows, n, eps);
+  }
+  static std::vector<float> swiglu(const std::vector<float>& g, const std::vector<float>& u) {
+    return test_cuda::swiglu(g, u);
+  }
+  static std::vector<float> rope(const std::vector<float>& x, std::size_t t, std::size_t h, std::size_t d,
+                                 const std::vector<float>& c, const std::vector<float>& s, kernels::rope_style st) {
+    return test_cuda::rope(x, t, h, d, c, s, st);
+  }
+};
+
+template <class Ops>
+std::vector<float> rmsnorm_body(std::size_t rows, std::size_t n) {
+  rng r(rows * 131 + n);
+  const auto x = random_floats(r, rows * n, 3.0f), w = random_floats(r, n);
+  return Ops::rmsnorm(x, w, rows, n, 1e-6f);
+}
+template <class Ops>
+std::vector<float> swiglu_body(std::size_t n) {
+  rng r(n);
+  return Ops::swiglu(random_floats(r, n, 20.0f), random_floats(r, n));
+}
+template <class Ops>
+std::vector<float> rope_body(std::size_t tokens, std::size_t heads, std::size_t head_dim, kernels::rope_style style) {
+  rng r(tokens * 7 + heads);
+  std::vector<position> positions(tokens);
+  for (std::size_t t = 0; t < tokens; ++t) positions[t] = static_cast<position>(r.below(32768));
+  std::vector<float> c(tokens * head_dim / 2), s(c.size());
+  kernels::rope_table(positions, head_dim, 1e6, c.data(), s.data());
+  return Ops::rope(random_floats(r, tokens * heads * head_dim), tokens, heads, head_dim, c, s, style);
+}
+
+}  // namespace
+
+TEST_CASE("cuda: the device is named", "[cuda][gpu]") {
+  EFIM_NEED_DEVICE();
+  INFO(test_cuda::device_name());
+  CHECK_FALSE(test_cuda::device_name().empty());
+}
+
+TEST_CASE("cuda: RMSNorm equals the host kernel", "[cuda][gpu]") {
+  EFIM_NEED_DEVICE();
+  for (const auto& [rows, n] : std::vector<std::pair<std::size_t, std::size_t>>{{1, 1}, {3, 7}, {5, 896}, {64, 4096}}) {
+    INFO(rows << " x " << n);
+    CHECK(max_relative_error(rmsnorm_body<cuda_ops>(rows, n), rmsnorm_body<host_ops>(rows, n)) < 1e-5f);
+  }
+}
+
+TEST_CASE("cuda: SwiGLU equals the host kernel", "[cuda][gpu]") {
+  EFIM_NEED_DEVICE();
+  for (const std::size_t n : {1, 17, 4864, 1 << 20})
+    CHECK(max_relative_error(swiglu_body<cuda_ops>(n), swiglu_body<host_ops>(n)) < 1e-5f);
+}
+
+TEST_CASE("cuda: RoPE equals the host kernel, both layouts", "[cuda][gpu]") {
+  EFIM_NEED_DEVICE();
+  for (const auto style : {kernels::rope_style::adjacent, kernels::rope_style::neox})
+    for (const auto& [tokens, heads] : std::vector<std::pair<std::size_t, std::size_t>>{{1, 1}, {9, 14}, {300, 2}})
+      CHECK(max_relative_error(rope_body<cuda_ops>(tokens, heads, 64, style), rope_body<host_ops>(tokens, heads, 64, style)) <
+            1e-6f);
+}
+
+namespace {
+// A layer's caches with every element distinct, so that a misplaced write shows.
+template <class E>
+std::vector<E> filled(std::size_t n, float start) {
+  std::vector<E> v(n);
+  for (std::size_t i = 0; i < n; ++i) kernels::detail::store(start + static_cast<float>(i) * 1e-3f, v[i]);
+  return v;
+}
+template <class E>
+std::vector<std::uint32_t> raw(const std::vector<E>& v) {  // the bits, for exact comparison
+  std::vector<std::uint32_t> out;
+  for (const E& e : v) {
+    if constexpr (std::is_same_v<E, float>)
+      out.push_back(efim::bit_cast<std::uint32_t>(e));
+    else
+      out.push_back(e.bits);
+  }
+  return out;
+}
+
+template <class E>
+void kv_ops_on_both() {
+  const kv::paged_layout l{9, 2, 16, 64};
+  rng r(3);
+  // 40 tokens of two sequences scattered over the blocks, written on both backends: the same bits.
+  std::vector<block_id> table_a{4, 0, 7}, table_b{2, 8};
+  std::vector<kernels::token_slot> slots;
+  std::vector<kv::slot_ref> refs;
+  for (position p = 5; p < 30; ++p) slots.push_back({table_a, p});
+  for (position p = 0; p < 15; ++p) slots.push_back({table_b, p});
+  for (const auto& s : slots) refs.push_back(kv::locate(s.table, l.block_size, static_cast<std::size_t>(s.pos)));
+  const auto k = random_floats(r, slots.size() * l.kv_heads * l.head_dim);
+  const auto v = random_floats(r, k.size());
+  auto hk = filled<E>(l.elements(), 1.0f), hv = filled<E>(l.elements(), 2.0f);
+  auto dk = hk, dv = hv;
+  kernels::kv_write<E>(l, hk.data(), hv.data(), k.data(), v.data(), slots);
+  test_cuda::kv_write<E>(l, dk, dv, k, v, refs);
+  CHECK(raw(dk) == raw(hk));
+  CHECK(raw(dv) == raw(hv));
+  // Copy-on-write: blocks 4 and 2 into 1 and 3; the reference is a plain copy of each block.
+  const std::vector<block_id> from{4, 2}, to{1, 3};
+  test_cuda::block_copy<E>(l, dk, dv, from, to);
+  for (std::size_t p = 0; p < from.size(); ++p) {
+    const auto src = static_cast<std::size_t>(from[p]) * l.block_stride(), dst = static_cast<std::size_t>(to[p]) * l.block_stride();
+    std::copy_n(hk.begin() + static_cast<std::ptrdiff_t>(src), l.block_stride(), hk.begin() + static_cast<std::ptrdiff_t>(dst));
+    std::copy_n(hv.begin() + static_cast<std::ptrdiff_t>(src), l.block_stride(), hv.begin() + static_cast<std::ptrdiff_t>(dst));
+  }
+  CHECK(raw(dk) == raw(hk));
+  CHECK(raw(dv) == raw(hv));
+}
+}  // namespace
+
+TEST_CASE("cuda: KV writes and block copies give the host's bits (f32 and f16 caches)", "[cuda][gpu]") {
+  EFIM_NEED_DEVICE();
+  kv_ops_on_both<float>();
+  kv_ops_on_both<half>();
+}
+
+TEST_CASE("cuda: greedy sampling picks the host's token, the lowest id of equal logits", "[cuda][gpu]") {
+  EFIM_NEED_DEVICE();
+  rng r(9);
+  const std::size_t rows = 5, n = 151936;
+  auto logits = random_floats(r, rows * n, 10.0f);
+  logits[1 * n + 70000] = logits[1 * n + 90000] = 50.0f;  // a tie: 70000 wins
+  std::fill(logits.begin() + 2 * n, logits.begin() + 3 * n, -3.0f);  // all equal: 0 wins
+  const auto got = test_cuda::argmax(logits, rows, n);
+  for (std::size_t row = 0; row < rows; ++row)
+    CHECK(got[row] == kernels::argmax(std::span<const float>(logits.data() + row * n, n)));
+  CHECK(got[1] == 70000);
+  CHECK(got[2] == 0);
+}
