@@ -89,12 +89,14 @@ class string_index {
 
   // Adds table[id] for `id`, unless the string is there already (false).
   bool insert(const string_table& table, token_id id) {
+    require(2 * (size_ + 1) <= slots_.size(), errc::invalid_argument, "string_index: more strings than it was made for");
     const std::string_view s = table[static_cast<std::size_t>(id)];
     const std::uint64_t h = hash(s);
     const auto tag = static_cast<std::uint32_t>(h >> 32);
     for (std::size_t i = h & mask_;; i = (i + 1) & mask_) {
       if (slots_[i].id1 == 0) {
         slots_[i] = {static_cast<std::uint32_t>(id) + 1, tag};
+        ++size_;
         return true;
       }
       if (slots_[i].tag == tag && table[slots_[i].id1 - 1] == s) return false;
@@ -119,7 +121,7 @@ class string_index {
     std::uint32_t tag = 0;  // the hash's upper half
   };
   std::vector<slot> slots_;
-  std::size_t mask_ = 0;
+  std::size_t mask_ = 0, size_ = 0;
 };
 
 // The merges of a BPE vocabulary: (left id, right id) -> (rank, merged id).
@@ -140,10 +142,12 @@ class merge_table {
 
   // Adds a merge unless the pair has one already (the lower rank stays).
   void insert(token_id left, token_id right, merge m) {
+    require(2 * (size_ + 1) <= slots_.size(), errc::invalid_argument, "merge_table: more merges than it was made for");
     const std::uint64_t k = key(left, right);
     for (std::size_t i = slot_of(k);; i = (i + 1) & mask_) {
       if (slots_[i].key == empty) {
         slots_[i] = {k, m};
+        ++size_;
         return;
       }
       if (slots_[i].key == k) return;
@@ -171,7 +175,7 @@ class merge_table {
     merge value{};
   };
   std::vector<slot> slots_{1};  // one empty slot: find on an empty table returns null
-  std::size_t mask_ = 0;
+  std::size_t mask_ = 0, size_ = 0;
   int shift_ = 63;
 };
 
