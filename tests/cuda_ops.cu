@@ -40,6 +40,33 @@ std::vector<float> rmsnorm(const std::vector<float>& x, const std::vector<float>
   return download(dy, rows * n, st.s);
 }
 
+std::vector<float> layernorm(const std::vector<float>& x, const std::vector<float>& weight,
+                             const std::vector<float>& bias, std::size_t rows, std::size_t n, float eps) {
+  stream st;
+  auto dx = upload(x, st.s), dw = upload(weight, st.s), db = upload(bias, st.s);
+  buffer<float> dy(rows * n);
+  kernels::device::layernorm(dx.data(), dw.data(), db.data(), dy.data(), rows, n, eps, st.s);
+  return download(dy, rows * n, st.s);
+}
+
+std::vector<float> gelu(const std::vector<float>& x) {
+  stream st;
+  auto dx = upload(x, st.s);
+  buffer<float> out(x.size());
+  kernels::device::gelu(dx.data(), out.data(), x.size(), st.s);
+  return download(out, x.size(), st.s);
+}
+
+std::vector<float> embedding(dtype type, const std::vector<std::byte>& table, std::size_t n,
+                             const std::vector<token_id>& ids) {
+  stream st;
+  auto dt = upload(table, st.s);
+  auto di = upload(ids, st.s);
+  buffer<float> out(ids.size() * n);
+  kernels::device::embedding(type, dt.data(), n, di.data(), ids.size(), out.data(), st.s);
+  return download(out, ids.size() * n, st.s);
+}
+
 std::vector<float> swiglu(const std::vector<float>& gate, const std::vector<float>& up) {
   stream st;
   auto dg = upload(gate, st.s), du = upload(up, st.s);

@@ -15,6 +15,11 @@ bool available();
 std::string device_name();
 std::vector<float> rmsnorm(const std::vector<float>& x, const std::vector<float>& weight, std::size_t rows,
                            std::size_t n, float eps);
+std::vector<float> layernorm(const std::vector<float>& x, const std::vector<float>& weight,
+                             const std::vector<float>& bias, std::size_t rows, std::size_t n, float eps);
+std::vector<float> gelu(const std::vector<float>& x);
+std::vector<float> embedding(dtype type, const std::vector<std::byte>& table, std::size_t n,
+                             const std::vector<token_id>& ids);
 std::vector<float> swiglu(const std::vector<float>& gate, const std::vector<float>& up);
 std::vector<float> rope(const std::vector<float>& x, std::size_t tokens, std::size_t heads, std::size_t head_dim,
                         const std::vector<float>& cos_t, const std::vector<float>& sin_t, kernels::rope_style style);

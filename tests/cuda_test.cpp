@@ -1,8 +1,9 @@
 // The CUDA backend against the host backend: one test body per op, run on both, compared within a
-// relative-error bound fit to f32. On a machine without a CUDA device every case says so (ctest
+// relative-error bound fit to f32 (exactly where the op does no arithmetic that could round otherwise). On a machine without a CUDA device every case says so (ctest
 // reports the suite skipped); nothing is counted as passed there.
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <type_traits>
 #include <catch2/catch.hpp>
@@ -13,7 +14,9 @@
 #include "cuda_ops.hpp"
 #include "efim/core/random.hpp"
 #include "efim/core/config.hpp"
+#include "efim/kernels/gelu.hpp"
 #include "efim/kernels/host.hpp"
+#include "efim/kernels/layernorm.hpp"
 
 using namespace efim;
 
@@ -50,6 +53,24 @@ struct host_ops {
     kernels::rmsnorm(x.data(), w.data(), x.data(), rows, n, eps);
     return x;
   }
+  static std::vector<float> layernorm(std::vector<float> x, const std::vector<float>& w, const std::vector<float>& b,
+                                      std::size_t rows, std::size_t n, float eps) {
+    kernels::layernorm(x.data(), w.data(), b.data(), x.data(), rows, n, eps);
+    return x;
+  }
+  static std::vector<float> gelu(const std::vector<float>& x) {
+    std::vector<float> out(x.size());
+    kernels::gelu(x.data(), out.data(), x.size());
+    return out;
+  }
+  static std::vector<float> embedding(dtype type, const std::vector<std::byte>& table, std::size_t n,
+                                      const std::vector<token_id>& ids) {  // as the transformer looks rows up
+    std::vector<float> out(ids.size() * n);
+    const std::size_t row = row_bytes(type, n);
+    for (std::size_t t = 0; t < ids.size(); ++t)
+      dequantize_row(type, table.data() + static_cast<std::size_t>(ids[t]) * row, out.data() + t * n, n);
+    return out;
+  }
   static std::vector<float> swiglu(const std::vector<float>& g, const std::vector<float>& u) {
     std::vector<float> out(g.size());
     kernels::swiglu(g.data(), u.data(), out.data(), g.size());
@@ -62,6 +83,15 @@ struct host_ops {
   }
 };
 struct cuda_ops {
+  static std::vector<float> layernorm(const std::vector<float>& x, const std::vector<float>& w,
+                                      const std::vector<float>& b, std::size_t rows, std::size_t n, float eps) {
+    return test_cuda::layernorm(x, w, b, rows, n, eps);
+  }
+  static std::vector<float> gelu(const std::vector<float>& x) { return test_cuda::gelu(x); }
+  static std::vector<float> embedding(dtype type, const std::vector<std::byte>& table, std::size_t n,
+                                      const std::vector<token_id>& ids) {
+    return test_cuda::embedding(type, table, n, ids);
+  }
   static std::vector<float> rmsnorm(const std::vector<float>& x, const std::vector<float>& w, std::size_t rows,
                                     std::size_t n, float eps) {
     return test_cuda::rmsnorm(x, w, rows, n, eps);
@@ -80,6 +110,35 @@ std::vector<float> rmsnorm_body(std::size_t rows, std::size_t n) {
   rng r(rows * 131 + n);
   const auto x = random_floats(r, rows * n, 3.0f), w = random_floats(r, n);
   return Ops::rmsnorm(x, w, rows, n, 1e-6f);
+}
+template <class Ops>
+std::vector<float> layernorm_body(std::size_t rows, std::size_t n) {
+  rng r(rows * 17 + n);
+  const auto x = random_floats(r, rows * n, 3.0f), w = random_floats(r, n), b = random_floats(r, n);
+  return Ops::layernorm(x, w, b, rows, n, 1e-5f);
+}
+template <class Ops>
+std::vector<float> gelu_body(std::size_t n) {
+  rng r(n + 1);
+  return Ops::gelu(random_floats(r, n, 12.0f));
+}
+// A (rows, n) table of `type` elements (f32 values rounded to the type) and ids that repeat.
+template <class Ops>
+std::vector<float> embedding_body(dtype type, std::size_t rows, std::size_t n) {
+  rng r(rows + n);
+  const auto values = random_floats(r, rows * n, 4.0f);
+  std::vector<std::byte> table(rows * row_bytes(type, n));
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if (type == dtype::f32) {
+      std::memcpy(table.data() + 4 * i, &values[i], 4);
+    } else {
+      const std::uint16_t h = type == dtype::f16 ? f32_to_f16(values[i]) : f32_to_bf16(values[i]);
+      std::memcpy(table.data() + 2 * i, &h, 2);
+    }
+  }
+  std::vector<token_id> ids;
+  for (int i = 0; i < 37; ++i) ids.push_back(static_cast<token_id>(r.below(rows)));
+  return Ops::embedding(type, table, n, ids);
 }
 template <class Ops>
 std::vector<float> swiglu_body(std::size_t n) {
@@ -110,6 +169,24 @@ TEST_CASE("cuda: RMSNorm equals the host kernel", "[cuda][gpu]") {
     INFO(rows << " x " << n);
     CHECK(max_relative_error(rmsnorm_body<cuda_ops>(rows, n), rmsnorm_body<host_ops>(rows, n)) < 1e-5f);
   }
+}
+
+TEST_CASE("cuda: LayerNorm and GELU equal the host kernels", "[cuda][gpu]") {
+  EFIM_NEED_DEVICE();
+  for (const auto& [rows, n] : std::vector<std::pair<std::size_t, std::size_t>>{{1, 1}, {3, 7}, {5, 768}, {64, 3072}}) {
+    INFO(rows << " x " << n);
+    // (x - mean) cancels near the mean: there the bound is absolute, 1e-6.
+    CHECK(max_relative_error(layernorm_body<cuda_ops>(rows, n), layernorm_body<host_ops>(rows, n), 1e-2f) < 1e-4f);
+  }
+  // 1 + tanh(u) cancels for negative x (the host takes tanh from its own exp): an absolute 1e-5 below 1.
+  for (const std::size_t n : {1, 17, 3072, 1 << 20})
+    CHECK(max_relative_error(gelu_body<cuda_ops>(n), gelu_body<host_ops>(n), 1.0f) < 1e-5f);
+}
+
+TEST_CASE("cuda: the embedding lookup gives the host's rows (f32, f16, bf16 tables)", "[cuda][gpu]") {
+  EFIM_NEED_DEVICE();
+  for (const auto type : {dtype::f32, dtype::f16, dtype::bf16})
+    CHECK(embedding_body<cuda_ops>(type, 1000, 896) == embedding_body<host_ops>(type, 1000, 896));
 }
 
 TEST_CASE("cuda: SwiGLU equals the host kernel", "[cuda][gpu]") {

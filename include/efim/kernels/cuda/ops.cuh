@@ -2,14 +2,17 @@
 // Row-wise and element-wise ops of the CUDA backend, each in CUB's layers: a tuning policy (plain
 // constexpr data), an agent (what one thread block does), a thin __global__ kernel, a host dispatch
 // that picks the launch shape, and the user-facing function. The contracts are the host kernels'
-// (rmsnorm.hpp, swiglu.hpp, rope.hpp); pointers are device memory, each call is ordered on `stream`
-// and allocates nothing.
+// (rmsnorm.hpp, layernorm.hpp, swiglu.hpp, gelu.hpp, rope.hpp; the embedding lookup is the
+// transformer's dequantize_row of a token's row); pointers are device memory, each call is ordered on
+// `stream` and allocates nothing.
 #include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <cub/block/block_reduce.cuh>
 
+#include "efim/core/dtype.hpp"
+#include "efim/core/types.hpp"
 #include "efim/kernels/common.hpp"
 #include "efim/kernels/cuda/runtime.cuh"
 
@@ -18,6 +21,12 @@ namespace efim::kernels::device {
 namespace policy {
 struct rmsnorm {
   static constexpr int threads = 256;  // one block per row
+};
+struct layernorm {
+  static constexpr int threads = 256;  // one block per row
+};
+struct embedding {
+  static constexpr int threads = 256;  // one block per token
 };
 struct elementwise {
   static constexpr int threads = 256;
@@ -48,6 +57,33 @@ struct rmsnorm {
   }
 };
 
+// One row: the mean, then the sum of squared deviations (two block reductions), then the scaled,
+// shifted row. As in rmsnorm, y may alias x.
+template <class Policy>
+struct layernorm {
+  using reduce = cub::BlockReduce<float, Policy::threads>;
+  struct storage {
+    typename reduce::TempStorage reduce;
+    float mean, scale;
+  };
+  __device__ static void run(storage& temp, const float* x, const float* weight, const float* bias, float* y,
+                             std::size_t n, float eps) {
+    float sum = 0.0f;
+    for (std::size_t i = threadIdx.x; i < n; i += Policy::threads) sum += x[i];
+    const float total = reduce(temp.reduce).Sum(sum);
+    if (threadIdx.x == 0) temp.mean = total / static_cast<float>(n);
+    __syncthreads();
+    const float mean = temp.mean;
+    float squares = 0.0f;
+    for (std::size_t i = threadIdx.x; i < n; i += Policy::threads) squares = fmaf(x[i] - mean, x[i] - mean, squares);
+    const float all = reduce(temp.reduce).Sum(squares);
+    if (threadIdx.x == 0) temp.scale = 1.0f / sqrtf(all / static_cast<float>(n) + eps);
+    __syncthreads();
+    const float scale = temp.scale;
+    for (std::size_t i = threadIdx.x; i < n; i += Policy::threads) y[i] = fmaf((x[i] - mean) * scale, weight[i], bias[i]);
+  }
+};
+
 }  // namespace agent
 
 namespace detail {
@@ -58,6 +94,41 @@ __global__ void __launch_bounds__(Policy::threads)
   __shared__ typename agent::rmsnorm<Policy>::storage temp;
   const std::size_t row = blockIdx.x;
   agent::rmsnorm<Policy>::run(temp, x + row * n, weight, y + row * n, n, eps);
+}
+
+template <class Policy>
+__global__ void __launch_bounds__(Policy::threads)
+    layernorm_kernel(const float* x, const float* weight, const float* bias, float* y, std::size_t n, float eps) {
+  __shared__ typename agent::layernorm<Policy>::storage temp;
+  const std::size_t row = blockIdx.x;
+  agent::layernorm<Policy>::run(temp, x + row * n, weight, bias, y + row * n, n, eps);
+}
+
+template <class Policy>
+__global__ void __launch_bounds__(Policy::threads) gelu_kernel(const float* x, float* out, std::size_t n) {
+  constexpr float sqrt_2_over_pi = 0.7978845608028654f, cubic = 0.044715f;
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(Policy::threads) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * Policy::threads) {
+    const float v = x[i];
+    out[i] = 0.5f * v * (1.0f + tanhf(sqrt_2_over_pi * fmaf(cubic * v, v * v, v)));
+  }
+}
+
+// Row ids[t] of a (rows, n) table of f32, f16 or bf16 elements, as f32, into row t of out.
+template <class Policy>
+__global__ void __launch_bounds__(Policy::threads)
+    embedding_kernel(dtype type, const void* table, std::size_t n, const token_id* ids, float* out) {
+  const std::size_t t = blockIdx.x, row = static_cast<std::size_t>(ids[t]);
+  for (std::size_t i = threadIdx.x; i < n; i += Policy::threads) {
+    float v;
+    if (type == dtype::f32) {
+      v = static_cast<const float*>(table)[row * n + i];
+    } else {
+      const std::uint16_t h = static_cast<const std::uint16_t*>(table)[row * n + i];
+      v = type == dtype::f16 ? f16_to_f32(h) : bf16_to_f32(h);
+    }
+    out[t * n + i] = v;
+  }
 }
 
 template <class Policy>
@@ -106,6 +177,31 @@ void dispatch_rmsnorm(const float* x, const float* weight, float* y, std::size_t
   detail::rmsnorm_kernel<Policy><<<static_cast<unsigned>(rows), Policy::threads, 0, stream>>>(x, weight, y, n, eps);
   check(cudaGetLastError(), "rmsnorm launch");
 }
+template <class Policy = policy::layernorm>
+void dispatch_layernorm(const float* x, const float* weight, const float* bias, float* y, std::size_t rows,
+                        std::size_t n, float eps, cudaStream_t stream) {
+  if (rows == 0 || n == 0) return;
+  require(rows <= 0x7FFFFFFFu, errc::invalid_argument, "device::layernorm: more than 2^31 - 1 rows");
+  detail::layernorm_kernel<Policy>
+      <<<static_cast<unsigned>(rows), Policy::threads, 0, stream>>>(x, weight, bias, y, n, eps);
+  check(cudaGetLastError(), "layernorm launch");
+}
+template <class Policy = policy::elementwise>
+void dispatch_gelu(const float* x, float* out, std::size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  detail::gelu_kernel<Policy><<<detail::grid_for<Policy>(n), Policy::threads, 0, stream>>>(x, out, n);
+  check(cudaGetLastError(), "gelu launch");
+}
+template <class Policy = policy::embedding>
+void dispatch_embedding(dtype type, const void* table, std::size_t n, const token_id* ids, std::size_t tokens,
+                        float* out, cudaStream_t stream) {
+  require(type == dtype::f32 || type == dtype::f16 || type == dtype::bf16, errc::invalid_argument,
+          "device::embedding: the table must be f32, f16 or bf16");
+  if (tokens == 0 || n == 0) return;
+  require(tokens <= 0x7FFFFFFFu, errc::invalid_argument, "device::embedding: more than 2^31 - 1 tokens");
+  detail::embedding_kernel<Policy><<<static_cast<unsigned>(tokens), Policy::threads, 0, stream>>>(type, table, n, ids, out);
+  check(cudaGetLastError(), "embedding launch");
+}
 template <class Policy = policy::elementwise>
 void dispatch_swiglu(const float* gate, const float* up, float* out, std::size_t n, cudaStream_t stream) {
   if (n == 0) return;
@@ -126,6 +222,18 @@ void dispatch_rope(float* x, std::size_t tokens, std::size_t heads, std::size_t 
 inline void rmsnorm(const float* x, const float* weight, float* y, std::size_t rows, std::size_t n, float eps,
                     cudaStream_t stream = nullptr) {
   dispatch_rmsnorm<>(x, weight, y, rows, n, eps, stream);
+}
+inline void layernorm(const float* x, const float* weight, const float* bias, float* y, std::size_t rows,
+                      std::size_t n, float eps, cudaStream_t stream = nullptr) {
+  dispatch_layernorm<>(x, weight, bias, y, rows, n, eps, stream);
+}
+inline void gelu(const float* x, float* out, std::size_t n, cudaStream_t stream = nullptr) {
+  dispatch_gelu<>(x, out, n, stream);
+}
+// ids (device memory) must lie in the table; the caller checked them on the host.
+inline void embedding(dtype type, const void* table, std::size_t n, const token_id* ids, std::size_t tokens, float* out,
+                      cudaStream_t stream = nullptr) {
+  dispatch_embedding<>(type, table, n, ids, tokens, out, stream);
 }
 inline void swiglu(const float* gate, const float* up, float* out, std::size_t n, cudaStream_t stream = nullptr) {
   dispatch_swiglu<>(gate, up, out, n, stream);
