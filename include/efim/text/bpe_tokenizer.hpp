@@ -123,13 +123,6 @@ inline bool decode_into(std::string_view s, std::string& out) {
   return true;
 }
 
-// The bytes a byte-level token string stands for; nullopt if it is not in the alphabet.
-inline std::optional<std::string> decode(std::string_view s) {
-  std::string out;
-  if (!decode_into(s, out)) return std::nullopt;
-  return out;
-}
-
 }  // namespace byte_level
 
 class bpe_tokenizer {
@@ -175,10 +168,16 @@ class bpe_tokenizer {
     }
     // Indexed in id order (the first of equal strings stays), a slot prefetched a batch ahead.
     constexpr std::size_t ahead = 16;
+    std::array<std::uint64_t, ahead> hashes{};  // of indexed[i], ... indexed[i + ahead - 1], by i % ahead
+    const auto hash_of = [&](std::size_t i) { return string_index::hash(bytes_[static_cast<std::size_t>(indexed[i])]); };
+    for (std::size_t i = 0; i < std::min(ahead, indexed.size()); ++i) hashes[i] = hash_of(i);
     for (std::size_t i = 0; i < indexed.size(); ++i) {
-      if (i + ahead < indexed.size())
-        index_.prefetch(string_index::hash(bytes_[static_cast<std::size_t>(indexed[i + ahead])]));
-      index_.insert(bytes_, indexed[i]);
+      const std::uint64_t h = hashes[i % ahead];
+      if (i + ahead < indexed.size()) {
+        hashes[i % ahead] = hash_of(i + ahead);
+        index_.prefetch(hashes[i % ahead]);
+      }
+      index_.insert(bytes_, indexed[i], h);
     }
     std::unordered_map<token_id, added_token_options> options;
     for (const auto& [tid, o] : c.added_options) {

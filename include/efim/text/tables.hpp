@@ -88,10 +88,10 @@ class string_index {
   void prefetch(std::uint64_t h) const noexcept { __builtin_prefetch(slots_.data() + (h & mask_)); }
 
   // Adds table[id] for `id`, unless the string is there already (false).
-  bool insert(const string_table& table, token_id id) {
+  // `h` is hash(table[id]).
+  bool insert(const string_table& table, token_id id, std::uint64_t h) {
     require(2 * (size_ + 1) <= slots_.size(), errc::invalid_argument, "string_index: more strings than it was made for");
     const std::string_view s = table[static_cast<std::size_t>(id)];
-    const std::uint64_t h = hash(s);
     const auto tag = static_cast<std::uint32_t>(h >> 32);
     for (std::size_t i = h & mask_;; i = (i + 1) & mask_) {
       if (slots_[i].id1 == 0) {

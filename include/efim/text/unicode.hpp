@@ -210,13 +210,6 @@ class regex {
     return false;
   }
 
-  // Calls f(begin, end) for each non-overlapping non-empty match in `s`, left to right (byte
-  // offsets). `f` may search again.
-  template <class F>
-  void for_each_match(std::string_view s, F&& f) const {
-    for (std::size_t at = 0, b = 0, e = 0; search(s, at, b, e); at = e) f(b, e);
-  }
-
   [[nodiscard]] const std::string& pattern() const noexcept { return pattern_; }
 
  private:
