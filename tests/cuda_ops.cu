@@ -114,6 +114,29 @@ template void block_copy<float>(const kv::paged_layout&, std::vector<float>&, st
 template void block_copy<half>(const kv::paged_layout&, std::vector<half>&, std::vector<half>&,
                                const std::vector<block_id>&, const std::vector<block_id>&);
 
+template <class E>
+std::vector<float> paged_attention(const kv::paged_layout& l, const std::vector<E>& k_cache,
+                                   const std::vector<E>& v_cache, const std::vector<float>& q,
+                                   const std::vector<kernels::token_slot>& tokens, std::size_t heads, float scale) {
+  kernels::attention_step step;
+  step.plan(tokens, l.block_size, heads, l.kv_heads, kernels::device::policy::attention::rows);
+  stream st;
+  auto dk = upload(k_cache, st.s), dv = upload(v_cache, st.s);
+  auto dq = upload(q, st.s);
+  auto dtables = upload(step.tables, st.s);
+  auto dtiles = upload(step.tiles, st.s);
+  buffer<float> out(q.size());
+  kernels::device::paged_attention<E>(l, dk.data(), dv.data(), dq.data(), out.data(), dtables.data(), dtiles.data(),
+                                      step.tiles.size(), heads, scale, st.s);
+  return download(out, q.size(), st.s);
+}
+template std::vector<float> paged_attention<float>(const kv::paged_layout&, const std::vector<float>&,
+                                                   const std::vector<float>&, const std::vector<float>&,
+                                                   const std::vector<kernels::token_slot>&, std::size_t, float);
+template std::vector<float> paged_attention<half>(const kv::paged_layout&, const std::vector<half>&,
+                                                  const std::vector<half>&, const std::vector<float>&,
+                                                  const std::vector<kernels::token_slot>&, std::size_t, float);
+
 std::vector<token_id> argmax(const std::vector<float>& logits, std::size_t rows, std::size_t n) {
   stream st;
   auto dl = upload(logits, st.s);

@@ -31,6 +31,11 @@ void kv_write(const kv::paged_layout& l, std::vector<E>& k_cache, std::vector<E>
 template <class E>
 void block_copy(const kv::paged_layout& l, std::vector<E>& k_cache, std::vector<E>& v_cache,
                 const std::vector<block_id>& from, const std::vector<block_id>& to);
+// q (tokens, heads, head_dim) against one layer's caches, planned and uploaded as a step would be.
+template <class E>
+std::vector<float> paged_attention(const kv::paged_layout& l, const std::vector<E>& k_cache,
+                                   const std::vector<E>& v_cache, const std::vector<float>& q,
+                                   const std::vector<kernels::token_slot>& tokens, std::size_t heads, float scale);
 std::vector<token_id> argmax(const std::vector<float>& logits, std::size_t rows, std::size_t n);
 
 }  // namespace efim::test_cuda

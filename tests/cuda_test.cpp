@@ -274,3 +274,55 @@ TEST_CASE("cuda: greedy sampling picks the host's token, the lowest id of equal 
   CHECK(got[1] == 70000);
   CHECK(got[2] == 0);
 }
+
+namespace {
+// Sequences of `lengths` tokens in random pages of a layer's caches (random K and V), and a batch
+// that asks for the last `fresh` positions of each (1: a decode step; more: a prefill chunk over
+// cached context); attention on both backends.
+template <class E>
+void attention_on_both(const kv::paged_layout& l, std::size_t heads, const std::vector<std::size_t>& lengths,
+                       std::size_t fresh) {
+  rng r(l.block_size * 31 + l.head_dim + heads + fresh);
+  std::vector<E> k(l.elements()), v(l.elements());
+  for (std::size_t i = 0; i < k.size(); ++i) {
+    kernels::detail::store(static_cast<float>(r.below(2000001)) / 1e6f - 1.0f, k[i]);
+    kernels::detail::store(static_cast<float>(r.below(2000001)) / 1e6f - 1.0f, v[i]);
+  }
+  std::vector<std::vector<block_id>> tables;
+  for (const std::size_t n : lengths) {
+    std::vector<block_id> t;
+    for (std::size_t b = 0; b < (n + l.block_size - 1) / l.block_size; ++b)
+      t.push_back(static_cast<block_id>(r.below(l.blocks)));  // shared pages are fine for reading
+    tables.push_back(std::move(t));
+  }
+  std::vector<kernels::token_slot> tokens;
+  for (std::size_t s = 0; s < lengths.size(); ++s)
+    for (std::size_t p = lengths[s] - std::min(fresh, lengths[s]); p < lengths[s]; ++p)
+      tokens.push_back({tables[s], static_cast<position>(p)});
+  const auto q = random_floats(r, tokens.size() * heads * l.head_dim, 2.0f);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(l.head_dim));
+  std::vector<float> host(q.size());
+  thread_pool pool(2);
+  kernels::paged_attention<E>(pool, l, k.data(), v.data(), q.data(), host.data(), tokens, heads, scale);
+  const auto device = test_cuda::paged_attention<E>(l, k, v, q, tokens, heads, scale);
+  // Weighted means of values in [-1, 1]: an absolute bound, f32 sums in another order.
+  CHECK(max_relative_error(device, host, 1.0f) < 2e-6f);
+}
+}  // namespace
+
+TEST_CASE("cuda: paged attention equals the host kernel (decode, prefill over cached context, GQA)", "[cuda][gpu]") {
+  EFIM_NEED_DEVICE();
+  struct shape {
+    std::size_t blocks, kv_heads, block_size, head_dim, heads;
+  };
+  for (const shape s : {shape{40, 2, 16, 64, 14}, shape{40, 4, 32, 128, 28}, shape{30, 4, 48, 16, 4},
+                        shape{30, 1, 64, 80, 16}, shape{60, 2, 8, 256, 4}}) {
+    const kv::paged_layout l{s.blocks, s.kv_heads, s.block_size, s.head_dim};
+    INFO("block " << s.block_size << ", head_dim " << s.head_dim << ", heads " << s.heads << "/" << s.kv_heads);
+    for (const std::size_t fresh : {1, 7, 300}) {
+      INFO(fresh << " new tokens per sequence");
+      attention_on_both<float>(l, s.heads, {1, 33, 301, 517}, fresh);
+      attention_on_both<half>(l, s.heads, {1, 33, 301, 517}, fresh);
+    }
+  }
+}

@@ -17,6 +17,7 @@
 
 #include "efim/core/error.hpp"
 #include "efim/core/thread_pool.hpp"
+#include "efim/kernels/attention_plan.hpp"
 #include "efim/kernels/common.hpp"
 #include "efim/kernels/targets.hpp"
 #include "efim/kv/layout.hpp"
@@ -43,43 +44,14 @@ inline void kv_write(const kv::paged_layout& l, E* k_cache, E* v_cache, const fl
   }
 }
 
-namespace detail {
-
-// Consecutive tokens of one sequence (positions first_pos, first_pos + 1, ...) and a range of query
-// heads sharing one KV head: at most max_rows rows.
-struct attention_tile {
-  std::size_t first_token, tokens;
-  std::size_t first_head, heads;
-};
-
-}  // namespace detail
-
 // q, out: (tokens, heads, head_dim). Query head h reads KV head h / (heads / kv_heads).
 template <class E>
 inline void paged_attention(thread_pool& pool, const kv::paged_layout& l, const E* k_cache, const E* v_cache,
                             const float* q, float* out, std::span<const token_slot> tokens, std::size_t heads,
                             float scale) {
-  using detail::max_rows;
-  if (l.kv_heads == 0 || heads < l.kv_heads || heads % l.kv_heads != 0)  // (the message only on failure)
-    throw error(errc::invalid_argument, "paged_attention: " + std::to_string(heads) +
-                                            " query heads do not split into groups over " +
-                                            std::to_string(l.kv_heads) + " KV heads");
-  const std::size_t group = heads / l.kv_heads;
-  const std::size_t heads_per_tile = std::min(group, max_rows);
-  const std::size_t tokens_per_tile = std::max<std::size_t>(1, max_rows / heads_per_tile);
-
-  // Tiles: runs of consecutive positions of one sequence, times head ranges within a KV group.
-  std::vector<detail::attention_tile> tiles;
-  for (std::size_t t = 0; t < tokens.size();) {
-    std::size_t n = 1;
-    while (n < tokens_per_tile && t + n < tokens.size() && tokens[t + n].table.data() == tokens[t].table.data() &&
-           tokens[t + n].pos == tokens[t].pos + static_cast<position>(n))
-      ++n;
-    for (std::size_t g = 0; g < l.kv_heads; ++g)
-      for (std::size_t h = 0; h < group; h += heads_per_tile)
-        tiles.push_back({t, n, g * group + h, std::min(heads_per_tile, group - h)});
-    t += n;
-  }
+  const std::size_t group = query_group(heads, l.kv_heads);
+  std::vector<attention_tile> tiles;
+  plan_attention(tokens, heads, l.kv_heads, detail::max_rows, tiles);
 
   pool.parallel_for(tiles.size(), [&](std::size_t begin, std::size_t end) {
     std::size_t longest = 0;
@@ -89,8 +61,8 @@ inline void paged_attention(thread_pool& pool, const kv::paged_layout& l, const 
     }
     const std::size_t blocks = (longest + l.block_size - 1) / l.block_size;
     const std::size_t stride = (blocks * l.block_size + detail::lanes - 1) / detail::lanes * detail::lanes;
-    std::vector<float> scratch(max_rows * stride);
-    std::array<detail::attention_row, max_rows> rows{};
+    std::vector<float> scratch(detail::max_rows * stride);
+    std::array<detail::attention_row, detail::max_rows> rows{};
     for (std::size_t i = begin; i < end; ++i) {
       const auto& tile = tiles[i];
       std::size_t n = 0;
@@ -98,7 +70,7 @@ inline void paged_attention(thread_pool& pool, const kv::paged_layout& l, const 
         for (std::size_t h = tile.first_head; h < tile.first_head + tile.heads; ++h)
           rows[n++] = {q + (t * heads + h) * l.head_dim, out + (t * heads + h) * l.head_dim,
                        static_cast<std::size_t>(tokens[t].pos) + 1};
-      EFIM_KERNELS_DISPATCH(attend_rows_n(n, std::make_index_sequence<max_rows>{}, l, k_cache, v_cache,
+      EFIM_KERNELS_DISPATCH(attend_rows_n(n, std::make_index_sequence<detail::max_rows>{}, l, k_cache, v_cache,
                                           tokens[tile.first_token].table, tile.first_head / group, rows.data(), scale,
                                           scratch.data(), stride));
     }

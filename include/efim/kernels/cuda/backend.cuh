@@ -5,6 +5,7 @@
 #include <string_view>
 
 #include "efim/kernels/concepts.hpp"
+#include "efim/kernels/cuda/attention.cuh"
 #include "efim/kernels/cuda/kv.cuh"
 #include "efim/kernels/cuda/ops.cuh"
 #include "efim/kernels/cuda/runtime.cuh"
