@@ -1,6 +1,12 @@
 // The CUDA side of the CUDA backend's tests: upload, run the op on a stream, download, synchronize.
+#include "efim/cuda.cuh"  // (first: pipeline.hpp then has the CUDA decoder)
 #include "cuda_ops.hpp"
-#include "efim/kernels/cuda/backend.cuh"
+#include "efim/cache/block_hash.hpp"
+#include "efim/cache/eviction.hpp"
+#include "efim/engine/pipeline.hpp"
+#include "efim/prompt/fim_tokens.hpp"
+#include "efim/prompt/formats.hpp"
+#include "efim/text/fragment.hpp"
 
 namespace efim::test_cuda {
 
@@ -143,6 +149,31 @@ std::vector<token_id> argmax(const std::vector<float>& logits, std::size_t rows,
   buffer<token_id> out(rows);
   kernels::device::argmax(dl.data(), rows, n, out.data(), st.s);
   return download(out, rows, st.s);
+}
+
+std::vector<std::vector<float>> forward(const model::weights& w, dtype kv_type, std::size_t blocks,
+                                        std::size_t block_size,
+                                        const std::vector<std::vector<model::batch_item>>& passes) {
+  kernels::cuda::context ctx;
+  model::transformer<kernels::cuda> m(w);
+  kv::device_storage kv(w.cfg.layers, m.kv_layout(blocks, block_size), kv_type);
+  std::vector<std::vector<float>> out;
+  for (const auto& items : passes) m.forward(ctx, kv, items, out.emplace_back());
+  return out;
+}
+
+std::vector<engine::completion> complete_each(const model::weights& w, const engine::pipeline_options& options,
+                                              const std::vector<engine::request>& requests) {
+  using pipeline = engine::pipeline<prompt::efim, cache::xxh3_128_chain, cache::lru, text::at_boundaries,
+                                    kernels::cuda>;
+  pipeline p(text::byte_tokenizer(prompt::qwen25_coder.special_tokens()), w, options);
+  std::vector<engine::completion> out;
+  for (const auto& r : requests) {
+    auto& done = out.emplace_back();
+    p.submit(r, {{}, [&](engine::completion&& c) { done = std::move(c); }});
+    p.run();
+  }
+  return out;
 }
 
 }  // namespace efim::test_cuda

@@ -6,8 +6,11 @@
 #include <vector>
 
 #include "efim/core/dtype.hpp"
+#include "efim/engine/pipeline.hpp"
 #include "efim/kernels/common.hpp"
 #include "efim/kv/layout.hpp"
+#include "efim/model/batch.hpp"
+#include "efim/model/weights.hpp"
 
 namespace efim::test_cuda {
 
@@ -37,5 +40,16 @@ std::vector<float> paged_attention(const kv::paged_layout& l, const std::vector<
                                    const std::vector<E>& v_cache, const std::vector<float>& q,
                                    const std::vector<kernels::token_slot>& tokens, std::size_t heads, float scale);
 std::vector<token_id> argmax(const std::vector<float>& logits, std::size_t rows, std::size_t n);
+
+// Forward passes of transformer<kernels::cuda> over one device KV storage of `blocks` blocks of
+// `block_size` tokens, in order: the logits of each pass.
+std::vector<std::vector<float>> forward(const model::weights& w, dtype kv_type, std::size_t blocks,
+                                        std::size_t block_size,
+                                        const std::vector<std::vector<model::batch_item>>& passes);
+
+// engine::pipeline<efim, xxh3_128_chain, lru, at_boundaries, kernels::cuda> with the byte tokenizer
+// and Qwen2.5-Coder's FIM tokens: each request submitted and run to completion in turn.
+std::vector<engine::completion> complete_each(const model::weights& w, const engine::pipeline_options& options,
+                                              const std::vector<engine::request>& requests);
 
 }  // namespace efim::test_cuda

@@ -17,6 +17,9 @@
 #include "efim/kernels/gelu.hpp"
 #include "efim/kernels/host.hpp"
 #include "efim/kernels/layernorm.hpp"
+#include "efim/model/gguf_model.hpp"
+#include "efim/model/transformer.hpp"
+#include "small_model.hpp"
 
 using namespace efim;
 
@@ -324,5 +327,158 @@ TEST_CASE("cuda: paged attention equals the host kernel (decode, prefill over ca
       attention_on_both<float>(l, s.heads, {1, 33, 301, 517}, fresh);
       attention_on_both<half>(l, s.heads, {1, 33, 301, 517}, fresh);
     }
+  }
+}
+
+namespace {
+
+// Owned tokens and tables for the passes the decoder tests run: sequence s has `lengths[s]` tokens,
+// its own blocks; a pass computes, for each sequence, the positions [from, to).
+struct passes_spec {
+  std::vector<std::vector<token_id>> tokens;
+  std::vector<std::vector<block_id>> tables;
+  std::vector<std::vector<model::batch_item>> passes;
+
+  passes_spec(const model::config& c, const std::vector<std::size_t>& lengths, std::size_t block_size, rng& r) {
+    block_id next = 0;
+    for (const std::size_t n : lengths) {
+      auto& t = tokens.emplace_back();
+      for (std::size_t i = 0; i < n; ++i) t.push_back(static_cast<token_id>(r.below(c.vocab)));
+      auto& table = tables.emplace_back();
+      for (std::size_t b = 0; b < (n + block_size - 1) / block_size; ++b) table.push_back(next++);
+    }
+  }
+  // One pass: sequence s from position ranges[s].first to ranges[s].second (empty: not in the pass).
+  void add(const std::vector<std::pair<std::size_t, std::size_t>>& ranges) {
+    auto& items = passes.emplace_back();
+    for (std::size_t s = 0; s < ranges.size(); ++s) {
+      const auto [from, to] = ranges[s];
+      if (from == to) continue;
+      items.push_back({std::span<const token_id>(tokens[s]).subspan(from, to - from), static_cast<position>(from),
+                       tables[s], true});
+    }
+  }
+};
+
+std::vector<std::vector<float>> host_forward(const model::weights& w, dtype kv_type, std::size_t blocks,
+                                             std::size_t block_size,
+                                             const std::vector<std::vector<model::batch_item>>& passes) {
+  thread_pool pool(2);
+  kernels::host::context ctx{pool};
+  model::transformer<kernels::host> m(w);
+  kv::host_storage kv(w.cfg.layers, m.kv_layout(blocks, block_size), kv_type);
+  std::vector<std::vector<float>> out;
+  for (const auto& items : passes) m.forward(ctx, kv, items, out.emplace_back());
+  return out;
+}
+
+// The largest |a - b| over a pass's logits, against the largest |b|.
+float logit_error(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  float worst = 0, top = 1e-6f;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    worst = std::max(worst, std::abs(a[i] - b[i]));
+    top = std::max(top, std::abs(b[i]));
+  }
+  return worst / top;
+}
+
+model::config decoder_config(model::architecture arch) {
+  auto c = model::for_architecture(arch);
+  c.vocab = 300;
+  c.hidden = 128;
+  c.layers = 2;
+  c.heads = 8;
+  c.kv_heads = 2;
+  c.ffn = 256;
+  c.max_context = 512;
+  return c;
+}
+
+// The bound on logit_error for weights of `type` (f32 sums in another order; 16-bit types: the
+// activations are rounded to the weights' type for cuBLAS; q8_0/q4_0 go up as f16).
+float logit_bound(dtype type) { return type == dtype::f32 ? 1e-4f : type == dtype::bf16 ? 3e-2f : 1e-2f; }
+
+}  // namespace
+
+TEST_CASE("cuda: the decoder's logits equal the host's (every architecture, weight and KV type)", "[cuda][gpu]") {
+  EFIM_NEED_DEVICE();
+  for (const auto arch : {model::architecture::llama, model::architecture::qwen2, model::architecture::starcoder2})
+    for (const auto type : all_dtypes)
+      for (const auto kv_type : {dtype::f32, dtype::f16}) {
+        INFO(model::to_string(arch) << ", " << to_string(type) << " weights, " << to_string(kv_type) << " KV");
+        const auto c = decoder_config(arch);
+        const auto w = model::random_weights(c, 7, {type, arch == model::architecture::qwen2});
+        rng r(11);
+        passes_spec spec(c, {70, 33, 1}, 16, r);
+        spec.add({{0, 50}, {0, 33}, {0, 1}});  // prefill of three sequences in one pass
+        spec.add({{50, 51}});                   // decode
+        spec.add({{51, 70}});                   // a chunk over cached context
+        const auto device = test_cuda::forward(w, kv_type, 64, 16, spec.passes);
+        const auto host = host_forward(w, kv_type, 64, 16, spec.passes);
+        for (std::size_t i = 0; i < host.size(); ++i) {
+          INFO("pass " << i);
+          CHECK(logit_error(device[i], host[i]) < logit_bound(type));
+        }
+      }
+}
+
+TEST_CASE("cuda: chunked prefill equals one pass, a batch equals each sequence alone", "[cuda][gpu]") {
+  EFIM_NEED_DEVICE();
+  const auto c = decoder_config(model::architecture::qwen2);
+  const auto w = model::random_weights(c, 3, {dtype::f16});
+  rng r(5);
+  passes_spec whole(c, {200, 90}, 16, r);
+  whole.add({{0, 200}, {0, 90}});
+  passes_spec chunked = whole, alone = whole;
+  chunked.passes.clear();
+  chunked.add({{0, 64}, {0, 64}});
+  chunked.add({{64, 128}, {64, 90}});
+  chunked.add({{128, 200}, {}});
+  alone.passes.clear();
+  alone.add({{0, 200}, {}});
+  alone.add({{}, {0, 90}});
+  const auto one = test_cuda::forward(w, dtype::f16, 64, 16, whole.passes);
+  const auto parts = test_cuda::forward(w, dtype::f16, 64, 16, chunked.passes);
+  const auto each = test_cuda::forward(w, dtype::f16, 64, 16, alone.passes);
+  const std::size_t v = c.vocab;
+  const std::vector<float> first(one[0].begin(), one[0].begin() + v), second(one[0].begin() + v, one[0].end());
+  // Chunked: sequence 1 ends in pass 1 (its second row), sequence 0 in pass 2.
+  CHECK(logit_error(std::vector<float>(parts[1].begin() + v, parts[1].end()), second) < 1e-3f);
+  CHECK(logit_error(parts[2], first) < 1e-3f);
+  CHECK(logit_error(each[0], first) < 1e-3f);
+  CHECK(logit_error(each[1], second) < 1e-3f);
+  CHECK(kernels::argmax(parts[2]) == kernels::argmax(first));
+}
+
+TEST_CASE("cuda: the pipeline on the GPU: a cache hit gives the tokens of a recompute, and the host's tokens",
+          "[cuda][gpu]") {
+  EFIM_NEED_DEVICE();
+  const auto w = efim_test::small_weights();
+  std::vector<engine::request> requests;
+  for (const char* prefix : {"def add(a, b):\n    return ", "def add(a, b):\n    return ", "x = [1, 2, 3]\nfor "}) {
+    engine::request req;
+    req.infill = true;
+    req.prefix = prefix;
+    req.suffix = "\n\nprint(add(1, 2))\n";
+    req.max_tokens = 24;
+    requests.push_back(req);
+  }
+  auto cached = efim_test::small_options();
+  auto fresh = efim_test::small_options(256, false);
+  const auto hit = test_cuda::complete_each(w, cached, requests);
+  const auto miss = test_cuda::complete_each(w, fresh, requests);
+  REQUIRE(hit.size() == 3);
+  CHECK(hit[1].cached_tokens > 0);  // the repeated request found its prompt in the device cache
+  CHECK(miss[1].cached_tokens == 0);
+  efim_test::efim_pipeline host(efim_test::qwen_tokenizer(), w, fresh);
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    INFO("request " << i);
+    CHECK(hit[i].tokens == miss[i].tokens);
+    engine::completion h;
+    host.submit(requests[i], {{}, [&](engine::completion&& c) { h = std::move(c); }});
+    host.run();
+    CHECK(hit[i].tokens == h.tokens);  // f32 weights and KV: the greedy tokens of the host backend
+    CHECK(hit[i].text == h.text);
   }
 }

@@ -29,7 +29,12 @@
 #include "efim/engine/scheduler.hpp"
 #include "efim/engine/stop_rules.hpp"
 #include "efim/kernels/sampling.hpp"
+#include "efim/model/batch.hpp"
+#if !defined(__CUDACC__)
+// The host backend's decoder. nvcc does not compile the host kernels' instruction-set paths: a CUDA
+// translation unit includes efim/cuda.cuh (the CUDA backend's decoder) before this header instead.
 #include "efim/model/transformer.hpp"
+#endif
 #include "efim/prompt/concepts.hpp"
 #include "efim/prompt/encode.hpp"
 #include "efim/prompt/session.hpp"

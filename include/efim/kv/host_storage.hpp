@@ -17,14 +17,19 @@ constexpr dtype element_type() noexcept {
   return std::is_same_v<E, float> ? dtype::f32 : dtype::f16;
 }
 
+// Checks a KV storage's shape: any layout validate() accepts, at least one layer, f32 or f16.
+inline void validate_storage(std::size_t layers, const paged_layout& layout, dtype type) {
+  validate(layout);
+  require(layers > 0, errc::invalid_argument, "kv: at least one layer");
+  require(type == dtype::f32 || type == dtype::f16, errc::invalid_argument,
+          "kv: a KV cache holds f32 or f16, not " + std::string(to_string(type)));
+}
+
 class host_storage {
  public:
   host_storage(std::size_t layers, paged_layout layout, dtype type = dtype::f32)
       : layers_(layers), layout_(layout), type_(type) {
-    validate(layout);
-    require(layers > 0, errc::invalid_argument, "kv: at least one layer");
-    require(type == dtype::f32 || type == dtype::f16, errc::invalid_argument,
-            "kv: a KV cache holds f32 or f16, not " + std::string(to_string(type)));
+    validate_storage(layers, layout, type);
     data_.assign(bytes(layers, layout, type), std::byte{0});
   }
 

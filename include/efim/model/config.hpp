@@ -6,7 +6,7 @@
 #include <string_view>
 
 #include "efim/core/error.hpp"
-#include "efim/kernels/rope.hpp"
+#include "efim/kernels/common.hpp"
 
 namespace efim::model {
 

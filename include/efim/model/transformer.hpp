@@ -16,23 +16,10 @@
 #include "efim/kernels/gelu.hpp"
 #include "efim/kernels/host.hpp"
 #include "efim/kernels/layernorm.hpp"
+#include "efim/model/batch.hpp"
 #include "efim/model/weights.hpp"
 
 namespace efim::model {
-
-// One sequence's part of a batch: `tokens` at positions start, start + 1, ... Its block table must
-// cover every position up to the last one; KV of positions before `start` must already be there.
-struct batch_item {
-  std::span<const token_id> tokens;
-  position start = 0;
-  std::span<const block_id> table;
-  bool want_logits = true;  // logits for the item's last token
-};
-
-template <kernels::backend B>
-class transformer {
-  static_assert(dependent_false<B>, "efim::model::transformer has no specialization for this backend");
-};
 
 template <>
 class transformer<kernels::host> {
@@ -60,21 +47,7 @@ class transformer<kernels::host> {
   void forward(kernels::host::context& ctx, storage& kv, std::span<const batch_item> items,
                std::vector<float>& logits) {
     const config& c = cfg();
-    require(kv.layers() == c.layers && kv.layout().kv_heads == c.kv_heads && kv.layout().head_dim == c.head_dim(),
-            errc::invalid_argument, "model: the KV storage does not have this model's shape");
-    std::size_t n = 0, n_logits = 0;
-    for (const auto& it : items) {
-      require(it.start >= 0 && static_cast<std::size_t>(it.start) + it.tokens.size() <= c.max_context, errc::too_long,
-              "model: positions past the context of " + std::to_string(c.max_context));
-      require(it.table.size() * kv.layout().block_size >= static_cast<std::size_t>(it.start) + it.tokens.size(),
-              errc::invalid_argument, "model: a block table does not cover its tokens");
-      for (const token_id t : it.tokens)
-        if (t < 0 || static_cast<std::size_t>(t) >= c.vocab)  // (the message only on failure: per token)
-          throw error(errc::unknown_token, "model: token id " + std::to_string(t) +
-                                               " is outside the vocabulary of " + std::to_string(c.vocab));
-      n += it.tokens.size();
-      n_logits += it.want_logits && !it.tokens.empty();
-    }
+    const auto [n, n_logits] = check_batch(c, kv.layers(), kv.layout(), items);
     resize(n);
     logits.resize(n_logits * c.vocab);
     if (n == 0) return;

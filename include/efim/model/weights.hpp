@@ -17,7 +17,7 @@
 #include "efim/core/dtype.hpp"
 #include "efim/core/error.hpp"
 #include "efim/core/gguf.hpp"
-#include "efim/kernels/matmul.hpp"
+#include "efim/kernels/common.hpp"
 #include "efim/model/config.hpp"
 
 namespace efim::model {

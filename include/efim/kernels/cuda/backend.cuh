@@ -1,22 +1,41 @@
 #pragma once
-// The CUDA backend's tag: tensors in device memory, ops ordered on the context's stream.
+// The CUDA backend's tag: tensors in device memory (KV in kv::device_storage), every op ordered on the
+// context's stream, matrix products through the context's cuBLAS handle on that stream.
 #include <cuda_runtime.h>
 
 #include <string_view>
 
+#include "efim/core/device.cuh"
+#include "efim/core/thread_pool.hpp"
 #include "efim/kernels/concepts.hpp"
 #include "efim/kernels/cuda/attention.cuh"
 #include "efim/kernels/cuda/kv.cuh"
+#include "efim/kernels/cuda/matmul.cuh"
 #include "efim/kernels/cuda/ops.cuh"
 #include "efim/kernels/cuda/runtime.cuh"
 #include "efim/kernels/cuda/sampling.cuh"
+#include "efim/kv/device_storage.cuh"
 
 namespace efim::kernels {
 
 struct cuda {
   static constexpr std::string_view name = "cuda";
-  struct context {
-    cudaStream_t stream = nullptr;
+  using storage = kv::device_storage;
+
+  // A stream of its own and a cuBLAS handle on it. The thread pool a pipeline passes is not used:
+  // the host side of a step (tokenizing, planning) runs on the caller's thread.
+  class context {
+   public:
+    context() : blas_(stream_.get()) {}
+    explicit context(thread_pool& /*host*/) : context() {}
+
+    [[nodiscard]] cudaStream_t stream() const noexcept { return stream_.get(); }
+    [[nodiscard]] const device::blas& blas() const noexcept { return blas_; }
+    void synchronize() const { stream_.synchronize(); }
+
+   private:
+    efim::device::stream stream_;
+    device::blas blas_;
   };
 };
 

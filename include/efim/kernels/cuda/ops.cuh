@@ -159,6 +159,15 @@ __global__ void __launch_bounds__(Policy::threads)
   }
 }
 
+// y[r][j] += bias[j] for a (rows, n) y.
+template <class Policy>
+__global__ void __launch_bounds__(Policy::threads) add_bias_kernel(float* y, const float* bias, std::size_t total,
+                                                                   std::size_t n) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(Policy::threads) + threadIdx.x; i < total;
+       i += static_cast<std::size_t>(gridDim.x) * Policy::threads)
+    y[i] += bias[i % n];
+}
+
 // Blocks for a grid-stride loop over n items.
 template <class Policy>
 inline unsigned grid_for(std::size_t n) noexcept {
@@ -218,6 +227,14 @@ void dispatch_rope(float* x, std::size_t tokens, std::size_t heads, std::size_t 
   check(cudaGetLastError(), "rope launch");
 }
 
+template <class Policy = policy::elementwise>
+void dispatch_add_bias(float* y, const float* bias, std::size_t rows, std::size_t n, cudaStream_t stream) {
+  const std::size_t total = rows * n;
+  if (total == 0) return;
+  detail::add_bias_kernel<Policy><<<detail::grid_for<Policy>(total), Policy::threads, 0, stream>>>(y, bias, total, n);
+  check(cudaGetLastError(), "add_bias launch");
+}
+
 // The user-facing functions, with the host kernels' arguments plus a stream.
 inline void rmsnorm(const float* x, const float* weight, float* y, std::size_t rows, std::size_t n, float eps,
                     cudaStream_t stream = nullptr) {
@@ -241,6 +258,11 @@ inline void swiglu(const float* gate, const float* up, float* out, std::size_t n
 inline void rope(float* x, std::size_t tokens, std::size_t heads, std::size_t head_dim, const float* cos_t,
                  const float* sin_t, rope_style style, cudaStream_t stream = nullptr) {
   dispatch_rope<>(x, tokens, heads, head_dim, cos_t, sin_t, style, stream);
+}
+
+// y (rows, n) += bias (n) on every row.
+inline void add_bias(float* y, const float* bias, std::size_t rows, std::size_t n, cudaStream_t stream = nullptr) {
+  dispatch_add_bias<>(y, bias, rows, n, stream);
 }
 
 }  // namespace efim::kernels::device

@@ -1,0 +1,110 @@
+#pragma once
+// Matrix products on the CUDA backend through cuBLAS: y (m, n) = [y +] x (m, k) * w (n, k)^T with x and
+// y f32 rows in device memory and w a device matrix in f32, f16 or bf16 (q8_0 and q4_0 weights are
+// dequantized to f16 when they are uploaded, model/device_weights.cuh). f16 and bf16 products convert
+// the x rows to the weights' type in a caller-owned workspace and accumulate in f32
+// (cublasGemmEx, CUBLAS_COMPUTE_32F); f32 products stay f32 (no TF32: the math mode is the default).
+// Results agree with the host's canonical dot products within the rounding of x to 16 bits and of
+// f32 sums in another order, not bit for bit.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+
+#include "efim/core/dtype.hpp"
+#include "efim/kernels/common.hpp"
+#include "efim/kernels/cuda/runtime.cuh"
+
+namespace efim::kernels::device {
+
+inline void check_blas(cublasStatus_t status, const char* what) {
+  if (status != CUBLAS_STATUS_SUCCESS)
+    throw error(errc::unavailable, std::string("cuBLAS: ") + what + ": " + cublasGetStatusString(status));
+}
+
+// A cuBLAS handle whose work is ordered on one stream.
+class blas {
+ public:
+  explicit blas(cudaStream_t stream) {
+    check_blas(cublasCreate(&handle_), "cublasCreate");
+    check_blas(cublasSetStream(handle_, stream), "cublasSetStream");
+    check_blas(cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+  }
+  blas(const blas&) = delete;
+  blas& operator=(const blas&) = delete;
+  ~blas() { (void)cublasDestroy(handle_); }
+  [[nodiscard]] cublasHandle_t get() const noexcept { return handle_; }
+
+ private:
+  cublasHandle_t handle_ = nullptr;
+};
+
+// A weight matrix in device memory: (rows = output features, cols = inputs), rows contiguous.
+struct matrix {
+  dtype type = dtype::f32;  // f32, f16 or bf16
+  std::size_t rows = 0, cols = 0;
+  const void* data = nullptr;
+};
+
+namespace policy {
+struct convert {
+  static constexpr int threads = 256;
+  static constexpr int max_blocks = 65535;
+};
+}  // namespace policy
+
+namespace detail {
+template <class Policy>
+__global__ void __launch_bounds__(Policy::threads) to_16bit_kernel(const float* x, void* out, std::size_t n, bool bf16) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(Policy::threads) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * Policy::threads) {
+    if (bf16)
+      static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn(x[i]);
+    else
+      static_cast<__half*>(out)[i] = __float2half_rn(x[i]);
+  }
+}
+}  // namespace detail
+
+// Bytes of workspace `matmul` needs for m rows against w (x converted to w's type; 0 for f32).
+inline std::size_t matmul_workspace(const matrix& w, std::size_t m) noexcept {
+  return w.type == dtype::f32 ? 0 : m * w.cols * 2;
+}
+
+// y (m, w.rows) = [y +] x (m, w.cols) * w^T, on the handle's stream; `workspace` holds at least
+// matmul_workspace(w, m) bytes.
+template <class Policy = policy::convert>
+void matmul(const blas& h, const float* x, const matrix& w, float* y, std::size_t m, void* workspace,
+            cudaStream_t stream, accumulate acc = accumulate::no) {
+  if (m == 0 || w.rows == 0) return;
+  if (w.type != dtype::f32 && w.type != dtype::f16 && w.type != dtype::bf16)
+    throw error(errc::invalid_argument, "device::matmul: weights in " + std::string(to_string(w.type)) +
+                                            " (f32, f16 or bf16 on the device)");
+  require(m <= 0x7FFFFFFFu && w.rows <= 0x7FFFFFFFu && w.cols <= 0x7FFFFFFFu, errc::invalid_argument,
+          "device::matmul: a dimension above 2^31 - 1");
+  const int n = static_cast<int>(w.rows), k = static_cast<int>(w.cols), rows = static_cast<int>(m);
+  const float alpha = 1.0f, beta = acc == accumulate::yes ? 1.0f : 0.0f;
+  // Column-major view: y^T (n, m) = w (k, n)^T * x^T (k, m).
+  if (w.type == dtype::f32) {
+    check_blas(cublasGemmEx(h.get(), CUBLAS_OP_T, CUBLAS_OP_N, n, rows, k, &alpha, w.data, CUDA_R_32F, k, x,
+                            CUDA_R_32F, k, &beta, y, CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               "cublasGemmEx (f32)");
+    return;
+  }
+  const bool bf16 = w.type == dtype::bf16;
+  const std::size_t total = m * w.cols;
+  const std::size_t blocks = (total + Policy::threads - 1) / Policy::threads;
+  detail::to_16bit_kernel<Policy>
+      <<<static_cast<unsigned>(blocks < Policy::max_blocks ? blocks : Policy::max_blocks), Policy::threads, 0, stream>>>(
+          x, workspace, total, bf16);
+  check(cudaGetLastError(), "matmul: x conversion launch");
+  const cudaDataType_t type = bf16 ? CUDA_R_16BF : CUDA_R_16F;
+  check_blas(cublasGemmEx(h.get(), CUBLAS_OP_T, CUBLAS_OP_N, n, rows, k, &alpha, w.data, type, k, workspace, type, k,
+                          &beta, y, CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+             bf16 ? "cublasGemmEx (bf16)" : "cublasGemmEx (f16)");
+}
+
+}  // namespace efim::kernels::device

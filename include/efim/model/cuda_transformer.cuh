@@ -1,0 +1,198 @@
+#pragma once
+// The Llama-family decoder on the CUDA backend: the host transformer's computation (transformer.hpp)
+// with every tensor in device memory and every op on the context's stream. Per step the host plans
+// and uploads only what the step needs: token ids, rotary angles (rope_table, in double on the host
+// as the host backend computes them), the block tables of the step's sequences, where each token's
+// K/V go, and the attention tiles (kernels::attention_step). Logits of the rows that want them come
+// back to host memory, where the pipeline samples them, and the call returns once they are there.
+//
+// Scratch lives in device buffers that grow to the largest batch seen and are then reused: after the
+// first step of a size, a step allocates nothing.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstddef>
+#include <span>
+#include <vector>
+
+#include "efim/core/device.cuh"
+#include "efim/core/dtype.hpp"
+#include "efim/kernels/attention_plan.hpp"
+#include "efim/kernels/cuda/backend.cuh"
+#include "efim/kernels/rope_table.hpp"
+#include "efim/model/batch.hpp"
+#include "efim/model/device_weights.cuh"
+#include "efim/model/weights.hpp"
+
+namespace efim::model {
+
+template <>
+class transformer<kernels::cuda> {
+ public:
+  using storage = kv::device_storage;
+  using attention_policy = kernels::device::policy::attention;
+
+  // Uploads the weights (once; `w` may be released afterwards).
+  explicit transformer(const weights& w) : w_(w) { validate(w.cfg); }
+
+  [[nodiscard]] const config& cfg() const noexcept { return w_.cfg; }
+  [[nodiscard]] const device_weights& uploaded() const noexcept { return w_; }
+
+  [[nodiscard]] kv::paged_layout kv_layout(std::size_t blocks, std::size_t block_size) const noexcept {
+    return {blocks, cfg().kv_heads, block_size, cfg().head_dim()};
+  }
+
+  // Computes the batch on the device: writes each token's K/V into `kv` and returns one row of
+  // logits (vocab floats, in host memory) per item that wants them, in item order.
+  void forward(kernels::cuda::context& ctx, storage& kv, std::span<const batch_item> items,
+               std::vector<float>& logits) {
+    const config& c = cfg();
+    const auto size = check_batch(c, kv.layers(), kv.layout(), items);
+    const std::size_t n = size.tokens, n_logits = size.logits;
+    logits.resize(n_logits * c.vocab);
+    if (n == 0) return;
+    const cudaStream_t s = ctx.stream();
+
+    // The step's host side: ids, positions, slots, angles, the attention plan.
+    ids_.clear();
+    positions_.clear();
+    slots_.clear();
+    for (const auto& it : items)
+      for (std::size_t i = 0; i < it.tokens.size(); ++i) {
+        ids_.push_back(it.tokens[i]);
+        positions_.push_back(it.start + static_cast<position>(i));
+        slots_.push_back({it.table, positions_.back()});
+      }
+    const std::size_t hd = c.head_dim();
+    cos_.resize(n * hd / 2);
+    sin_.resize(n * hd / 2);
+    kernels::rope_table(positions_, hd, c.rope_theta, cos_.data(), sin_.data(), c.rope_scale);
+    step_.plan(slots_, kv.layout().block_size, c.heads, c.kv_heads, attention_policy::rows);
+
+    reserve(n);
+    put(d_ids_, ids_, s);
+    put(d_cos_, cos_, s);
+    put(d_sin_, sin_, s);
+    put(d_tables_, step_.tables, s);
+    put(d_slots_, step_.slots, s);
+    put(d_tiles_, step_.tiles, s);
+
+    kernels::device::embedding(w_.token_embd.type, w_.token_embd.data, c.hidden, d_ids_.data(), n, x_.data(), s);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    for (std::size_t l = 0; l < c.layers; ++l) {
+      const device_layer_weights& lw = w_.layers[l];
+      norm(x_.data(), lw.attn_norm, lw.attn_norm_b, xb_.data(), n, s);
+      linear(ctx, xb_.data(), lw.wq, lw.bq, q_.data(), n);
+      linear(ctx, xb_.data(), lw.wk, lw.bk, k_.data(), n);
+      linear(ctx, xb_.data(), lw.wv, lw.bv, v_.data(), n);
+      kernels::device::rope(q_.data(), n, c.heads, hd, d_cos_.data(), d_sin_.data(), c.rope, s);
+      kernels::device::rope(k_.data(), n, c.kv_heads, hd, d_cos_.data(), d_sin_.data(), c.rope, s);
+      if (kv.type() == dtype::f16)
+        attend<half>(kv, l, scale, s);
+      else
+        attend<float>(kv, l, scale, s);
+      residual(ctx, att_.data(), lw.wo, lw.bo, n);
+
+      norm(x_.data(), lw.ffn_norm, lw.ffn_norm_b, xb_.data(), n, s);
+      if (c.mlp == mlp_kind::swiglu) {
+        linear(ctx, xb_.data(), lw.w_gate, nullptr, gate_.data(), n);
+        linear(ctx, xb_.data(), lw.w_up, lw.b_up, up_.data(), n);
+        kernels::device::swiglu(gate_.data(), up_.data(), gate_.data(), n * c.ffn, s);
+      } else {
+        linear(ctx, xb_.data(), lw.w_up, lw.b_up, gate_.data(), n);
+        kernels::device::gelu(gate_.data(), gate_.data(), n * c.ffn, s);
+      }
+      residual(ctx, gate_.data(), lw.w_down, lw.b_down, n);
+    }
+
+    // The last row of each item that wants logits, normed, through the output matrix, to the host.
+    std::size_t row = 0, out_row = 0;
+    for (const auto& it : items) {
+      row += it.tokens.size();
+      if (!it.want_logits || it.tokens.empty()) continue;
+      device::check(cudaMemcpyAsync(xb_.data() + out_row * c.hidden, x_.data() + (row - 1) * c.hidden,
+                                    c.hidden * sizeof(float), cudaMemcpyDeviceToDevice, s),
+                    "cudaMemcpyAsync");
+      ++out_row;
+    }
+    if (n_logits > 0) {
+      norm(xb_.data(), w_.output_norm, w_.output_norm_b, xb_.data(), n_logits, s);
+      linear(ctx, xb_.data(), w_.output, w_.output_b, logits_.data(), n_logits);
+      logits_.download(logits.data(), n_logits * c.vocab, s);
+    }
+    ctx.synchronize();
+  }
+
+ private:
+  void norm(const float* x, const float* weight, const float* bias, float* y, std::size_t rows,
+            cudaStream_t s) const {
+    const config& c = cfg();
+    if (c.norm == norm_kind::rms)
+      kernels::device::rmsnorm(x, weight, y, rows, c.hidden, c.norm_eps, s);
+    else
+      kernels::device::layernorm(x, weight, bias, y, rows, c.hidden, c.norm_eps, s);
+  }
+
+  // y (rows, w.rows) = x w^T + bias.
+  void linear(const kernels::cuda::context& ctx, const float* x, const kernels::device::matrix& w, const float* bias,
+              float* y, std::size_t rows) {
+    kernels::device::matmul(ctx.blas(), x, w, y, rows, convert_.data(), ctx.stream());
+    if (bias != nullptr) kernels::device::add_bias(y, bias, rows, w.rows, ctx.stream());
+  }
+
+  // x += h w^T + bias, the residual stream.
+  void residual(const kernels::cuda::context& ctx, const float* h, const kernels::device::matrix& w, const float* bias,
+                std::size_t rows) {
+    kernels::device::matmul(ctx.blas(), h, w, x_.data(), rows, convert_.data(), ctx.stream(),
+                            kernels::accumulate::yes);
+    if (bias != nullptr) kernels::device::add_bias(x_.data(), bias, rows, w.rows, ctx.stream());
+  }
+
+  template <class E>
+  void attend(storage& kv, std::size_t layer, float scale, cudaStream_t s) {
+    kernels::device::kv_write<E>(kv.layout(), kv.keys<E>(layer), kv.values<E>(layer), k_.data(), v_.data(),
+                                 d_slots_.data(), slots_.size(), s);
+    kernels::device::paged_attention<E>(kv.layout(), kv.keys<E>(layer), kv.values<E>(layer), q_.data(), att_.data(),
+                                        d_tables_.data(), d_tiles_.data(), step_.tiles.size(), cfg().heads, scale, s);
+  }
+
+  // Scratch for n rows (grown, never shrunk: a step of a size seen before allocates nothing).
+  void reserve(std::size_t n) {
+    const config& c = cfg();
+    grow(x_, n * c.hidden);
+    grow(xb_, n * c.hidden);
+    grow(q_, n * c.q_dim());
+    grow(att_, n * c.q_dim());
+    grow(k_, n * c.kv_dim());
+    grow(v_, n * c.kv_dim());
+    grow(gate_, n * c.ffn);
+    grow(up_, n * c.ffn);
+    grow(logits_, n * c.vocab);
+    grow(convert_, 2 * n * std::max({c.hidden, c.q_dim(), c.ffn}));
+  }
+  template <class T>
+  static void grow(device::buffer<T>& b, std::size_t count) {
+    if (b.size() < count) b = device::buffer<T>(count + count / 4);
+  }
+  template <class T>
+  static void put(device::buffer<T>& b, const std::vector<T>& v, cudaStream_t s) {
+    grow(b, v.size());
+    if (!v.empty()) b.upload(v.data(), v.size(), s);
+  }
+
+  device_weights w_;
+  device::buffer<float> x_, xb_, q_, att_, k_, v_, gate_, up_, logits_, d_cos_, d_sin_;
+  device::buffer<std::byte> convert_;
+  device::buffer<token_id> d_ids_;
+  device::buffer<block_id> d_tables_;
+  device::buffer<kv::slot_ref> d_slots_;
+  device::buffer<kernels::attention_tile_ref> d_tiles_;
+  // The step's host side (uploads read from these: they must live until the step's copies are done).
+  std::vector<token_id> ids_;
+  std::vector<position> positions_;
+  std::vector<kernels::token_slot> slots_;
+  std::vector<float> cos_, sin_;
+  kernels::attention_step step_;
+};
+
+}  // namespace efim::model
