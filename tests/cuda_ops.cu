@@ -151,6 +151,18 @@ std::vector<token_id> argmax(const std::vector<float>& logits, std::size_t rows,
   return download(out, rows, st.s);
 }
 
+std::vector<token_id> sample(const std::vector<float>& logits, std::size_t rows, std::size_t n,
+                             const std::vector<kernels::sample_params>& params) {
+  stream st;
+  auto dl = upload(logits, st.s);
+  auto dp = upload(params, st.s);
+  const std::size_t bytes = kernels::device::sample_workspace(rows, n);
+  buffer<std::byte> workspace(bytes);
+  buffer<token_id> out(rows);
+  kernels::device::sample(dl.data(), rows, n, dp.data(), out.data(), workspace.data(), bytes, st.s);
+  return download(out, rows, st.s);
+}
+
 std::vector<std::vector<float>> forward(const model::weights& w, dtype kv_type, std::size_t blocks,
                                         std::size_t block_size,
                                         const std::vector<std::vector<model::batch_item>>& passes) {

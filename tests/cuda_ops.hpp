@@ -8,6 +8,7 @@
 #include "efim/core/dtype.hpp"
 #include "efim/engine/pipeline.hpp"
 #include "efim/kernels/common.hpp"
+#include "efim/kernels/sampling.hpp"
 #include "efim/kv/layout.hpp"
 #include "efim/model/batch.hpp"
 #include "efim/model/weights.hpp"
@@ -40,6 +41,8 @@ std::vector<float> paged_attention(const kv::paged_layout& l, const std::vector<
                                    const std::vector<E>& v_cache, const std::vector<float>& q,
                                    const std::vector<kernels::token_slot>& tokens, std::size_t heads, float scale);
 std::vector<token_id> argmax(const std::vector<float>& logits, std::size_t rows, std::size_t n);
+std::vector<token_id> sample(const std::vector<float>& logits, std::size_t rows, std::size_t n,
+                             const std::vector<kernels::sample_params>& params);
 
 // Forward passes of transformer<kernels::cuda> over one device KV storage of `blocks` blocks of
 // `block_size` tokens, in order: the logits of each pass.

@@ -330,6 +330,33 @@ TEST_CASE("cuda: paged attention equals the host kernel (decode, prefill over ca
   }
 }
 
+TEST_CASE("cuda: temperature, top-k and top-p sampling draw the host's token for the same u", "[cuda][gpu]") {
+  EFIM_NEED_DEVICE();
+  rng r(21);
+  for (const std::size_t n : {1, 2, 50, 1000, 151936}) {
+    const std::size_t rows = 8;
+    auto logits = random_floats(r, rows * n, 8.0f);
+    if (n > 10) logits[3 * n + 7] = logits[3 * n + 9] = logits[3 * n + 2];  // ties: the lower id first
+    std::vector<kernels::sample_params> params;
+    const float temperatures[] = {0.0f, 0.2f, 0.7f, 1.0f, 1.5f, 0.7f, 1.0f, 0.3f};
+    const std::uint32_t top_ks[] = {0, 0, 40, 0, 5, 1, 0, 1000};
+    const float top_ps[] = {1.0f, 0.95f, 1.0f, 0.5f, 0.9f, 1.0f, 1e-6f, 0.99f};
+    for (int draw = 0; draw < 25; ++draw) {
+      params.clear();
+      for (std::size_t row = 0; row < rows; ++row)
+        params.push_back({temperatures[row], top_ks[row], top_ps[row], static_cast<double>(r.below(1u << 30)) / (1u << 30)});
+      const auto got = test_cuda::sample(logits, rows, n, params);
+      std::vector<std::pair<float, token_id>> scratch;
+      for (std::size_t row = 0; row < rows; ++row) {
+        INFO(n << " logits, row " << row << ", draw " << draw);
+        const std::span<const float> l(logits.data() + row * n, n);
+        const auto& p = params[row];
+        CHECK(got[row] == kernels::sample(l, p.temperature, p.top_k, p.top_p, p.u, scratch));
+      }
+    }
+  }
+}
+
 namespace {
 
 // Owned tokens and tables for the passes the decoder tests run: sequence s has `lengths[s]` tokens,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <utility>
 #include <vector>
@@ -10,6 +11,14 @@
 #include "efim/core/types.hpp"
 
 namespace efim::kernels {
+
+// One row's sampling parameters, as a device backend takes them per row (the arguments of `sample`).
+struct sample_params {
+  float temperature = 0.0f;  // <= 0: greedy
+  std::uint32_t top_k = 0;   // 0: all
+  float top_p = 1.0f;
+  double u = 0.0;  // uniform in [0, 1)
+};
 
 // The most likely token; the lowest id among equal logits.
 inline token_id argmax(std::span<const float> logits) noexcept {
