@@ -39,23 +39,33 @@
 #include "efim/kv/host_storage.hpp"
 #include "efim/kv/layout.hpp"
 
-#include "efim/kernels/attention.hpp"
+// The host backend's kernels use GCC vector extensions and per-function target attributes, which
+// nvcc's front end does not take: a CUDA translation unit gets the CUDA backend (efim/cuda.cuh)
+// and the layers above it instead.
+#include "efim/kernels/attention_plan.hpp"
 #include "efim/kernels/concepts.hpp"
+#include "efim/kernels/isa.hpp"
+#include "efim/kernels/rope_table.hpp"
+#include "efim/kernels/sampling.hpp"
+#if !defined(__CUDACC__)
+#include "efim/kernels/attention.hpp"
 #include "efim/kernels/gelu.hpp"
 #include "efim/kernels/host.hpp"
-#include "efim/kernels/isa.hpp"
 #include "efim/kernels/layernorm.hpp"
 #include "efim/kernels/matmul.hpp"
 #include "efim/kernels/rmsnorm.hpp"
 #include "efim/kernels/rope.hpp"
-#include "efim/kernels/sampling.hpp"
 #include "efim/kernels/simd.hpp"
 #include "efim/kernels/swiglu.hpp"
+#include "efim/model/transformer.hpp"
+#else
+#include "efim/cuda.cuh"
+#endif
 
+#include "efim/model/batch.hpp"
 #include "efim/model/config.hpp"
 #include "efim/model/gguf_model.hpp"
 #include "efim/model/reference.hpp"
-#include "efim/model/transformer.hpp"
 #include "efim/model/weights.hpp"
 
 #include "efim/engine/async_runner.hpp"

@@ -13,9 +13,12 @@ endfunction()
 
 run(${CMAKE_COMMAND} --install ${EFIM_BINARY_DIR} --prefix ${prefix})
 run(${CMAKE_COMMAND} -S ${EFIM_SOURCE_DIR}/tests/install_consumer -B ${WORK_DIR}/build -G ${GENERATOR}
-    -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release)
+    -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release -DCONSUMER_CUDA=${CONSUMER_CUDA})
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 run(${WORK_DIR}/build/consumer)
+if(CONSUMER_CUDA)  # the same request on the GPU through efim::cuda (says so where there is no device)
+  run(${WORK_DIR}/build/consumer_cuda)
+endif()
 
 # The package must come from the prefix, not from the source tree.
 file(READ ${WORK_DIR}/build/CMakeCache.txt cache)

@@ -30,6 +30,7 @@
 #include "efim/engine/stop_rules.hpp"
 #include "efim/kernels/sampling.hpp"
 #include "efim/model/batch.hpp"
+#include "efim/model/weights.hpp"
 #if !defined(__CUDACC__)
 // The host backend's decoder. nvcc does not compile the host kernels' instruction-set paths: a CUDA
 // translation unit includes efim/cuda.cuh (the CUDA backend's decoder) before this header instead.
