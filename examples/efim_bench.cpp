@@ -23,7 +23,14 @@
 #include <vector>
 
 #include "arguments.hpp"
+// The CUDA build of this file (efim_bench_cuda.cu) runs the in-process workload only: Boost.Asio does
+// not compile under nvcc.
+#if !defined(__CUDACC__)
+#define EFIM_BENCH_HTTP 1
 #include "bench_http.hpp"
+#else
+#define EFIM_BENCH_HTTP 0
+#endif
 #include "default_model.hpp"
 #include "efim/efim.hpp"
 #include "tokenizer_choice.hpp"
@@ -32,6 +39,12 @@ namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;
 
 namespace {
+
+#if EFIM_BENCH_HTTP
+using efim_examples::http_api;
+#else
+enum class http_api { infill, openai };
+#endif
 
 struct options {
   std::string corpus = EFIM_DEFAULT_CORPUS;
@@ -57,7 +70,7 @@ struct options {
   bool progress = true;
   // Over HTTP: (scheme name, server URL) pairs, the API they speak, the keystroke workload.
   std::vector<std::pair<std::string, std::string>> urls;
-  efim_examples::http_api api = efim_examples::http_api::infill;
+  http_api api = http_api::infill;
   std::string api_key;
   bool keystroke = false;
   std::size_t keystroke_prefix = 1500, keystroke_suffix = 1500, keystroke_chars = 240;
@@ -168,14 +181,18 @@ options parse(int argc, char** argv) {
           const std::size_t eq = v.find('=');
           const bool named = eq != std::string::npos && v.find("://") > eq;
           o.urls.emplace_back(named ? v.substr(0, eq) : "server", named ? v.substr(eq + 1) : v);
+#if EFIM_BENCH_HTTP
           try {
             (void)efim_examples::http::parse_url(o.urls.back().second);
           } catch (const std::exception& e) {
             fail(std::string("--url: ") + e.what());
           }
+#else
+          fail("--url: this build runs the workload in-process only (efim-bench replays it over HTTP)");
+#endif
         } else if (flag == "--api") {
           if (v != "infill" && v != "openai") fail("--api must be infill or openai, not '" + v + "'");
-          o.api = v == "infill" ? efim_examples::http_api::infill : efim_examples::http_api::openai;
+          o.api = v == "infill" ? http_api::infill : http_api::openai;
         } else if (flag == "--api-key") {
           o.api_key = v;
         } else if (flag == "--keystroke-prefix") {
@@ -425,9 +442,14 @@ json summarize(const scheme_result& r) {
   return j;
 }
 
+// The compute backend: the host's, or the CUDA one where efim_bench_cuda.cu compiles this file.
+#ifndef EFIM_BENCH_BACKEND
+#define EFIM_BENCH_BACKEND efim::kernels::host
+#endif
+
 template <class Format, class Tokenizer>
 using bench_pipeline = efim::engine::pipeline<Format, efim::cache::xxh3_128_chain, efim::cache::lru,
-                                              efim::text::at_boundaries, efim::kernels::host, Tokenizer>;
+                                              efim::text::at_boundaries, EFIM_BENCH_BACKEND, Tokenizer>;
 
 template <class Format, class Tokenizer>
 scheme_result run_scheme(const std::string& name, bool reuse, const options& o, const Tokenizer& tok,
@@ -581,7 +603,7 @@ int run_bench(const options& o, const Tokenizer& tok, const efim::prompt::fim_to
             << " hidden " << cfg.hidden << ", " << cfg.layers << " layers, " << cfg.heads << "/" << cfg.kv_heads
             << " heads, ffn " << cfg.ffn << ", " << efim::to_string(weights.type()) << " weights, "
             << efim::to_string(o.kv_type) << " KV; " << docs.size() << " documents, " << o.users << " users, "
-            << o.rounds << " rounds\n";
+            << o.rounds << " rounds; " << EFIM_BENCH_BACKEND::name << " backend\n";
 
   std::vector<scheme_result> results;
   for (const auto& s : o.schemes) {
@@ -603,6 +625,7 @@ int run_bench(const options& o, const Tokenizer& tok, const efim::prompt::fim_to
                 {"seed", o.seed},
                 {"tokenizer", tokenizer_name}};
   json engine = {{"in_process", true},
+                 {"backend", std::string(EFIM_BENCH_BACKEND::name)},
                  {"threads", o.threads == 0 ? std::thread::hardware_concurrency() : o.threads},
                  {"block_size", o.block_size},
                  {"cache_blocks", o.cache_blocks},
@@ -612,6 +635,7 @@ int run_bench(const options& o, const Tokenizer& tok, const efim::prompt::fim_to
   return 0;
 }
 
+#if EFIM_BENCH_HTTP
 // ---- over HTTP ----
 
 std::vector<efim::server::header> auth_headers(const options& o) {
@@ -754,6 +778,8 @@ int bench_http(const options& o) {
       });
 }
 
+#endif  // EFIM_BENCH_HTTP
+
 // The model file of --model, with its own tokenizer.
 int bench_model_file(const options& o) {
   const auto file = efim::model::open_model(o.model_path);
@@ -783,7 +809,9 @@ int bench_random_model(const options& o) {
 int main(int argc, char** argv) {
   const options o = parse(argc, argv);
   try {
+#if EFIM_BENCH_HTTP
     if (!o.urls.empty()) return bench_http(o);
+#endif
     return o.model_path.empty() ? bench_random_model(o) : bench_model_file(o);
   } catch (const std::exception& e) {  // efim::error, or out of memory for an absurd model shape
     fail(e.what());
