@@ -1,0 +1,291 @@
+// CUDA backend benchmark, one run, side by side on one GPU:
+// - the device-to-device copy bandwidth (cudaMemcpyAsync, bytes read + written per second);
+// - decode: the time of one step (transformer<kernels::cuda>::forward of one token per sequence, the
+//   step's uploads, the logits' download and the synchronization included) at a given context, against
+//   the bytes it must read (every weight once, each sequence's K and V) as a share of the copy bandwidth;
+// - prefill: tokens/s of a chunk from an empty cache, against the same chunk's matrix products alone
+//   (kernels::device::matmul on the same device weights and shapes: cuBLAS and the 16-bit conversion
+//   of its input), the share of prefill time they take.
+// Models are Qwen2-shaped (0.5B: hidden 896, 24 layers, 14/2 heads, ffn 4864, tied embeddings; 7B:
+// hidden 3584, 28 layers, 28/4 heads, ffn 18944) with random weights made in memory.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "efim/cuda.cuh"
+#include "efim/efim.hpp"
+
+using namespace efim;
+
+namespace {
+
+const char* const usage = R"(usage: efim-cuda-bench [options]
+
+  --model 0.5b|7b     Qwen2-shaped random-weight model (default 0.5b; repeatable)
+  --type f16|bf16|f32 weight type on the device (default f16)
+  --kv f16|f32        KV cache elements (default f16)
+  --context N         tokens already in the cache when decode is timed (default 1024)
+  --batch N           sequences decoded together (default 1)
+  --prefill N         tokens of the timed prefill chunk (default 512)
+  --steps N           decode steps timed (default 64)
+)";
+
+[[noreturn]] void fail(const std::string& why) {
+  std::fprintf(stderr, "efim-cuda-bench: %s\n", why.c_str());
+  std::exit(2);
+}
+
+std::size_t count(const char* flag, const char* v) {
+  char* end = nullptr;
+  const unsigned long long n = std::strtoull(v, &end, 10);
+  if (end == v || *end != '\0' || n == 0) fail(std::string(flag) + " needs a positive number, not '" + v + "'");
+  return static_cast<std::size_t>(n);
+}
+
+model::config qwen2_shape(std::string_view size) {
+  auto c = model::for_architecture(model::architecture::qwen2);
+  c.vocab = 151936;
+  c.rope_theta = 1e6;
+  c.norm_eps = 1e-6f;
+  c.max_context = 32768;
+  if (size == "0.5b") {
+    c.hidden = 896, c.layers = 24, c.heads = 14, c.kv_heads = 2, c.ffn = 4864;
+  } else if (size == "7b") {
+    c.hidden = 3584, c.layers = 28, c.heads = 28, c.kv_heads = 4, c.ffn = 18944, c.vocab = 152064;
+  } else {
+    fail("--model is 0.5b or 7b, not '" + std::string(size) + "'");
+  }
+  return c;
+}
+
+// Views of random weights: every matrix reads (the start of) one host buffer of random 16-bit or f32
+// values, each is uploaded to its own device memory. Norm weights are one, biases zero.
+struct shaped_weights {
+  std::vector<std::byte> values;
+  std::vector<float> ones, zeros;
+  model::weights w;
+
+  shaped_weights(const model::config& c, dtype type, bool tied) {
+    const std::size_t largest = std::max({c.vocab * c.hidden, c.ffn * c.hidden, c.q_dim() * c.hidden}) + c.hidden;
+    const std::size_t elem = info(type).bytes;
+    values.resize(largest * elem);
+    std::uint64_t s = 0x9E3779B97F4A7C15ull;
+    for (std::size_t i = 0; i < largest; ++i) {
+      s = s * 6364136223846793005ull + 1442695040888963407ull;
+      const float v = (static_cast<float>(s >> 40) / 16777216.0f - 0.5f) * 0.1f;
+      if (type == dtype::f32) {
+        std::memcpy(values.data() + 4 * i, &v, 4);
+      } else {
+        const std::uint16_t h = type == dtype::f16 ? f32_to_f16(v) : f32_to_bf16(v);
+        std::memcpy(values.data() + 2 * i, &h, 2);
+      }
+    }
+    ones.assign(std::max(c.hidden, c.ffn), 1.0f);
+    zeros.assign(std::max({c.hidden, c.q_dim(), c.ffn}), 0.0f);
+    const auto m = [&](std::size_t rows, std::size_t cols, std::size_t skip = 0) {
+      return model::matrix{type, rows, cols, values.data() + skip * elem};
+    };
+    const auto ones_n = [&](std::size_t n) { return model::vector(ones.data(), n); };
+    const auto zeros_n = [&](std::size_t n) { return model::vector(zeros.data(), n); };
+    w.cfg = c;
+    w.token_embd = m(c.vocab, c.hidden);
+    w.output = tied ? w.token_embd : m(c.vocab, c.hidden, c.hidden);  // another pointer: untied
+    w.output_norm = ones_n(c.hidden);
+    for (std::size_t l = 0; l < c.layers; ++l) {
+      model::layer_weights lw;
+      lw.attn_norm = ones_n(c.hidden);
+      lw.wq = m(c.q_dim(), c.hidden);
+      lw.wk = m(c.kv_dim(), c.hidden);
+      lw.wv = m(c.kv_dim(), c.hidden);
+      lw.bq = zeros_n(c.q_dim());
+      lw.bk = zeros_n(c.kv_dim());
+      lw.bv = zeros_n(c.kv_dim());
+      lw.wo = m(c.hidden, c.q_dim());
+      lw.ffn_norm = ones_n(c.hidden);
+      lw.w_gate = m(c.ffn, c.hidden);
+      lw.w_up = m(c.ffn, c.hidden);
+      lw.w_down = m(c.hidden, c.ffn);
+      w.layers.push_back(lw);
+    }
+  }
+};
+
+struct timer {
+  cudaEvent_t a{}, b{};
+  timer() {
+    device::check(cudaEventCreate(&a), "cudaEventCreate");
+    device::check(cudaEventCreate(&b), "cudaEventCreate");
+  }
+  ~timer() {
+    (void)cudaEventDestroy(a);
+    (void)cudaEventDestroy(b);
+  }
+  void start(cudaStream_t s) { device::check(cudaEventRecord(a, s), "cudaEventRecord"); }
+  double stop_ms(cudaStream_t s) {
+    device::check(cudaEventRecord(b, s), "cudaEventRecord");
+    device::check(cudaEventSynchronize(b), "cudaEventSynchronize");
+    float ms = 0;
+    device::check(cudaEventElapsedTime(&ms, a, b), "cudaEventElapsedTime");
+    return ms;
+  }
+};
+
+// Bytes read + written per second by device-to-device copies of 1 GiB.
+double copy_bandwidth(cudaStream_t s) {
+  const std::size_t bytes = std::size_t{1} << 30;
+  device::buffer<std::byte> from(bytes), to(bytes);
+  device::check(cudaMemsetAsync(from.data(), 1, bytes, s), "cudaMemset");
+  timer t;
+  double best = 1e30;
+  for (int i = 0; i < 6; ++i) {
+    t.start(s);
+    device::check(cudaMemcpyAsync(to.data(), from.data(), bytes, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
+    best = std::min(best, t.stop_ms(s));
+  }
+  return 2.0 * static_cast<double>(bytes) / (best / 1e3);
+}
+
+struct options {
+  std::vector<std::string> models;
+  dtype type = dtype::f16, kv = dtype::f16;
+  std::size_t context = 1024, batch = 1, prefill = 512, steps = 64;
+};
+
+void run(const options& o, const std::string& size, double copy_bps) {
+  const auto c = qwen2_shape(size);
+  shaped_weights sw(c, o.type, size == "0.5b");
+  kernels::cuda::context ctx;
+  model::transformer<kernels::cuda> m(sw.w);
+  const std::size_t block = 16;
+  const std::size_t per_seq = (std::max(o.context, o.prefill) + o.steps + block) / block + 1;
+  kv::device_storage kv(c.layers, m.kv_layout(per_seq * o.batch, block), o.kv);
+
+  // Sequence s: blocks [s * per_seq, (s + 1) * per_seq), random tokens.
+  std::vector<std::vector<block_id>> tables(o.batch);
+  std::vector<std::vector<token_id>> tokens(o.batch);
+  std::uint64_t r = 7;
+  for (std::size_t s = 0; s < o.batch; ++s) {
+    for (std::size_t b = 0; b < per_seq; ++b) tables[s].push_back(static_cast<block_id>(s * per_seq + b));
+    for (std::size_t i = 0; i < std::max(o.context, o.prefill) + o.steps + 1; ++i) {
+      r = r * 6364136223846793005ull + 1442695040888963407ull;
+      tokens[s].push_back(static_cast<token_id>((r >> 33) % c.vocab));
+    }
+  }
+  std::vector<float> logits;
+  const auto now = [] { return std::chrono::steady_clock::now(); };
+  const auto ms_since = [&](auto t0) { return std::chrono::duration<double, std::milli>(now() - t0).count(); };
+
+  // Prefill: one chunk of o.prefill tokens of sequence 0 from position 0 (warmed up once).
+  const auto chunk = [&](std::size_t from, std::size_t n) {
+    const model::batch_item item{std::span<const token_id>(tokens[0]).subspan(from, n), static_cast<position>(from),
+                                 tables[0], true};
+    m.forward(ctx, kv, std::span(&item, 1), logits);
+  };
+  chunk(0, o.prefill);
+  double prefill_ms = 1e30;
+  for (int i = 0; i < 3; ++i) {
+    const auto t0 = now();
+    chunk(0, o.prefill);
+    prefill_ms = std::min(prefill_ms, ms_since(t0));
+  }
+
+  // The same chunk's matrix products alone, on the same device weights.
+  const auto& dw = m.uploaded();
+  device::buffer<float> x(o.prefill * std::max({c.hidden, c.q_dim(), c.ffn})), y(o.prefill * c.vocab);
+  device::check(cudaMemsetAsync(x.data(), 0, x.size() * sizeof(float), ctx.stream()), "cudaMemset");
+  device::buffer<std::byte> conv(2 * o.prefill * std::max({c.hidden, c.q_dim(), c.ffn}));
+  const auto products = [&] {
+    for (const auto& lw : dw.layers)
+      for (const auto* w : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down})
+        kernels::device::matmul(ctx.blas(), x.data(), *w, y.data(), o.prefill, conv.data(), ctx.stream());
+    kernels::device::matmul(ctx.blas(), x.data(), dw.output, y.data(), 1, conv.data(), ctx.stream());
+  };
+  timer t;
+  products();
+  double products_ms = 1e30;
+  for (int i = 0; i < 3; ++i) {
+    t.start(ctx.stream());
+    products();
+    products_ms = std::min(products_ms, t.stop_ms(ctx.stream()));
+  }
+
+  // Decode: fill each sequence to o.context, then time o.steps steps of one token per sequence.
+  for (std::size_t s = 0; s < o.batch; ++s)
+    for (std::size_t from = 0; from < o.context; from += o.prefill) {
+      const std::size_t n = std::min(o.prefill, o.context - from);
+      const model::batch_item item{std::span<const token_id>(tokens[s]).subspan(from, n), static_cast<position>(from),
+                                   tables[s], false};
+      m.forward(ctx, kv, std::span(&item, 1), logits);
+    }
+  std::vector<model::batch_item> step(o.batch);
+  const auto decode = [&](std::size_t at) {
+    for (std::size_t s = 0; s < o.batch; ++s)
+      step[s] = {std::span<const token_id>(tokens[s]).subspan(at, 1), static_cast<position>(at), tables[s], true};
+    m.forward(ctx, kv, step, logits);
+  };
+  decode(o.context);  // warm-up (its KV is written again by the first timed step)
+  const auto t0 = now();
+  for (std::size_t i = 0; i < o.steps; ++i) decode(o.context + i);
+  const double step_ms = ms_since(t0) / static_cast<double>(o.steps);
+
+  const double kv_elem = static_cast<double>(info(o.kv).bytes);
+  const double kv_bytes = static_cast<double>(o.batch) * static_cast<double>(c.layers) * 2.0 *
+                          static_cast<double>(c.kv_dim()) * (static_cast<double>(o.context) + o.steps / 2.0) * kv_elem;
+  const double read = static_cast<double>(dw.bytes()) + kv_bytes;
+  const double bps = read / (step_ms / 1e3);
+  std::printf("%-5s %-4s KV %-3s | weights %.2f GB | decode batch %zu at %zu: %.3f ms/step, %.1f tok/s, %.0f GB/s "
+              "= %.1f%% of copy | prefill %zu: %.1f ms, %.0f tok/s; products alone %.1f ms (%.1f%% of prefill)\n",
+              size.c_str(), std::string(to_string(o.type)).c_str(), std::string(to_string(o.kv)).c_str(),
+              static_cast<double>(dw.bytes()) / 1e9, o.batch, o.context, step_ms,
+              static_cast<double>(o.batch) * 1e3 / step_ms, bps / 1e9, 100.0 * bps / copy_bps, o.prefill, prefill_ms,
+              static_cast<double>(o.prefill) * 1e3 / prefill_ms, products_ms, 100.0 * products_ms / prefill_ms);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view flag = argv[i];
+    if (flag == "--help" || flag == "-h") {
+      std::fputs(usage, stdout);
+      return 0;
+    }
+    if (i + 1 >= argc) fail(std::string(flag) + " needs a value (see --help)");
+    const char* v = argv[++i];
+    if (flag == "--model") {
+      o.models.emplace_back(v);
+    } else if (flag == "--type") {
+      o.type = parse_dtype(v);
+      if (o.type != dtype::f16 && o.type != dtype::bf16 && o.type != dtype::f32) fail("--type is f16, bf16 or f32");
+    } else if (flag == "--kv") {
+      o.kv = parse_dtype(v);
+      if (o.kv != dtype::f16 && o.kv != dtype::f32) fail("--kv is f16 or f32");
+    } else if (flag == "--context") {
+      o.context = count(argv[i - 1], v);
+    } else if (flag == "--batch") {
+      o.batch = count(argv[i - 1], v);
+    } else if (flag == "--prefill") {
+      o.prefill = count(argv[i - 1], v);
+    } else if (flag == "--steps") {
+      o.steps = count(argv[i - 1], v);
+    } else {
+      fail("unknown option " + std::string(flag) + " (see --help)");
+    }
+  }
+  if (o.models.empty()) o.models.emplace_back("0.5b");
+  if (!device::available()) fail("no CUDA device");
+  kernels::cuda::context ctx;
+  const double copy = copy_bandwidth(ctx.stream());
+  std::printf("efim-cuda-bench on %s: device-to-device copy %.0f GB/s (read + write)\n", device::device_name().c_str(),
+              copy / 1e9);
+  for (const auto& size : o.models) run(o, size, copy);
+  return 0;
+} catch (const std::exception& e) {  // efim::error: a bad option value, a CUDA or cuBLAS failure
+  fail(e.what());
+}
