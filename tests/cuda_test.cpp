@@ -428,7 +428,7 @@ float logit_bound(dtype type) { return type == dtype::f32 ? 1e-4f : type == dtyp
 
 }  // namespace
 
-TEST_CASE("cuda: the decoder's logits equal the host's (every architecture, weight and KV type)", "[cuda][gpu]") {
+TEST_CASE("cuda: the decoder's logits equal the host's (every architecture, weight and KV type)", "[cuda][gpu][model]") {
   EFIM_NEED_DEVICE();
   for (const auto arch : {model::architecture::llama, model::architecture::qwen2, model::architecture::starcoder2})
     for (const auto type : all_dtypes)
@@ -450,7 +450,7 @@ TEST_CASE("cuda: the decoder's logits equal the host's (every architecture, weig
       }
 }
 
-TEST_CASE("cuda: chunked prefill equals one pass, a batch equals each sequence alone", "[cuda][gpu]") {
+TEST_CASE("cuda: chunked prefill equals one pass, a batch equals each sequence alone", "[cuda][gpu][model]") {
   EFIM_NEED_DEVICE();
   const auto c = decoder_config(model::architecture::qwen2);
   const auto w = model::random_weights(c, 3, {dtype::f16});
@@ -479,7 +479,7 @@ TEST_CASE("cuda: chunked prefill equals one pass, a batch equals each sequence a
 }
 
 TEST_CASE("cuda: the pipeline on the GPU: a cache hit gives the tokens of a recompute, and the host's tokens",
-          "[cuda][gpu]") {
+          "[cuda][gpu][model]") {
   EFIM_NEED_DEVICE();
   const auto w = efim_test::small_weights();
   std::vector<engine::request> requests;
