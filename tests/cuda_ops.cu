@@ -143,6 +143,20 @@ template std::vector<float> paged_attention<half>(const kv::paged_layout&, const
                                                   const std::vector<half>&, const std::vector<float>&,
                                                   const std::vector<kernels::token_slot>&, std::size_t, float);
 
+std::vector<float> matmul(dtype type, const std::vector<std::byte>& w, std::size_t rows, std::size_t cols,
+                          const std::vector<float>& x, std::size_t m, std::vector<float> y, bool accumulate) {
+  stream st;
+  kernels::device::blas blas(st.s);
+  auto dw = upload(w, st.s);
+  auto dx = upload(x, st.s);
+  auto dy = upload(y, st.s);
+  const kernels::device::matrix mat{type, rows, cols, dw.data()};
+  buffer<std::byte> workspace(kernels::device::matmul_workspace(mat, m));
+  kernels::device::matmul(blas, dx.data(), mat, dy.data(), m, workspace.data(), st.s,
+                          accumulate ? kernels::accumulate::yes : kernels::accumulate::no);
+  return download(dy, y.size(), st.s);
+}
+
 std::vector<token_id> argmax(const std::vector<float>& logits, std::size_t rows, std::size_t n) {
   stream st;
   auto dl = upload(logits, st.s);

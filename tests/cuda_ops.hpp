@@ -40,6 +40,9 @@ template <class E>
 std::vector<float> paged_attention(const kv::paged_layout& l, const std::vector<E>& k_cache,
                                    const std::vector<E>& v_cache, const std::vector<float>& q,
                                    const std::vector<kernels::token_slot>& tokens, std::size_t heads, float scale);
+// y (m, rows) = [y +] x (m, cols) w^T through cuBLAS, w a (rows, cols) matrix of f32, f16 or bf16.
+std::vector<float> matmul(dtype type, const std::vector<std::byte>& w, std::size_t rows, std::size_t cols,
+                          const std::vector<float>& x, std::size_t m, std::vector<float> y, bool accumulate);
 std::vector<token_id> argmax(const std::vector<float>& logits, std::size_t rows, std::size_t n);
 std::vector<token_id> sample(const std::vector<float>& logits, std::size_t rows, std::size_t n,
                              const std::vector<kernels::sample_params>& params);

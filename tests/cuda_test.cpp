@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cuda_ops.hpp"
@@ -17,6 +18,7 @@
 #include "efim/kernels/gelu.hpp"
 #include "efim/kernels/host.hpp"
 #include "efim/kernels/layernorm.hpp"
+#include "efim/kernels/matmul.hpp"
 #include "efim/model/gguf_model.hpp"
 #include "efim/model/transformer.hpp"
 #include "small_model.hpp"
@@ -355,6 +357,42 @@ TEST_CASE("cuda: temperature, top-k and top-p sampling draw the host's token for
       }
     }
   }
+}
+
+TEST_CASE("cuda: matrix products through cuBLAS equal the host's (f32, f16, bf16 weights; decode and prefill)",
+          "[cuda][gpu]") {
+  EFIM_NEED_DEVICE();
+  for (const dtype type : {dtype::f32, dtype::f16, dtype::bf16})
+    for (const auto& [m, rows, cols] : std::vector<std::tuple<std::size_t, std::size_t, std::size_t>>{
+             {1, 1, 32}, {1, 896, 896}, {3, 4864, 896}, {64, 896, 4864}, {130, 257, 96}})
+      for (const bool acc : {false, true}) {
+        INFO(to_string(type) << " " << m << " x " << rows << " x " << cols << (acc ? ", accumulating" : ""));
+        rng r(m * 7 + rows + cols);
+        const auto values = random_floats(r, rows * cols);
+        std::vector<std::byte> w(rows * row_bytes(type, cols));
+        for (std::size_t i = 0; i < rows; ++i)
+          quantize_row(type, values.data() + i * cols, w.data() + i * row_bytes(type, cols), cols);
+        const auto x = random_floats(r, m * cols, 2.0f);
+        const auto y0 = random_floats(r, m * rows);
+        auto host = y0;
+        thread_pool pool(2);
+        kernels::matmul(pool, x.data(), kernels::weight_view{type, rows, cols, w.data()}, host.data(), m,
+                        acc ? kernels::accumulate::yes : kernels::accumulate::no);
+        const auto device = test_cuda::matmul(type, w, rows, cols, x, m, y0, acc);
+        // Each output against the sum of its terms' magnitudes: f32 sums in another order, or x rounded
+        // to the weights' 16-bit type (2^-11 relative for f16, 2^-8 for bf16).
+        const float bound = type == dtype::f32 ? 1e-5f : type == dtype::f16 ? 1e-3f : 8e-3f;
+        std::vector<float> dequantized(cols);
+        float worst = 0;
+        for (std::size_t i = 0; i < m; ++i)
+          for (std::size_t j = 0; j < rows; ++j) {
+            dequantize_row(type, w.data() + j * row_bytes(type, cols), dequantized.data(), cols);
+            float magnitude = acc ? std::abs(y0[i * rows + j]) : 0.0f;
+            for (std::size_t k = 0; k < cols; ++k) magnitude += std::abs(x[i * cols + k] * dequantized[k]);
+            worst = std::max(worst, std::abs(device[i * rows + j] - host[i * rows + j]) / (magnitude + 1e-6f));
+          }
+        CHECK(worst < bound);
+      }
 }
 
 namespace {
