@@ -21,6 +21,8 @@
 #include "efim/text/byte_tokenizer.hpp"
 #include "efim/text/detokenizer.hpp"
 #include "efim/text/fragment.hpp"
+#include "efim/text/healing.hpp"
+#include "efim/kernels/sampling.hpp"
 #include "efim/text/pre_tokenizer.hpp"
 #include "efim/text/token_memo.hpp"
 
@@ -1039,4 +1041,155 @@ TEST_CASE("token memo: the ids of a piece are the tokenizer's, whether remembere
   std::vector<token_id> ids;
   tiny.encode(tok, "abc", ids);
   CHECK(tiny.entries() == 0);
+}
+
+namespace {
+
+// The tokenizers healing is checked on: the byte-level one always, every shared GGUF vocabulary and the
+// Qwen2.5-Coder tokenizer.json where they are (said, visibly, where they are not).
+template <class Check>
+void for_each_healing_tokenizer(Check&& check) {
+  check("byte-level", text::byte_tokenizer(prompt::qwen25_coder.special_tokens()));
+  if (!std::filesystem::is_directory(vocab_dir)) {
+    WARN("skipped the BPE vocabularies: no shared data at " << vocab_dir.string());
+  } else {
+    for (const char* name : {"ggml-vocab-gpt-2.gguf", "ggml-vocab-starcoder.gguf", "ggml-vocab-deepseek-coder.gguf",
+                             "ggml-vocab-qwen2.5-coder.gguf"})
+      check(name, text::load_bpe((vocab_dir / name).string()));
+  }
+  const std::filesystem::path json = std::filesystem::path(EFIM_TOKENIZER_CACHE) / "qwen2.5-coder" / "tokenizer.json";
+  if (std::filesystem::exists(json))
+    check("qwen2.5-coder tokenizer.json", text::load_bpe(json.string()));
+  else
+    WARN("skipped tokenizer.json: needs " << json.string() << " (fetched by .ci/setup)");
+}
+
+// This repository's headers, as code to cut at random places.
+std::string healing_corpus() {
+  std::string all;
+  const auto root = std::filesystem::path(__FILE__).parent_path().parent_path() / "include" / "efim" / "text";
+  for (const auto& e : std::filesystem::directory_iterator(root)) {
+    std::ifstream in(e.path(), std::ios::binary);
+    all += std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  return all;
+}
+
+// The allowed set of a constrained step by brute force over the vocabulary.
+template <class T>
+std::vector<token_id> allowed_by_brute_force(const T& tok, std::string_view remaining) {
+  std::vector<token_id> out;
+  for (std::size_t i = 0; i < tok.vocab_size(); ++i) {
+    const auto t = static_cast<token_id>(i);
+    const std::string_view b = tok.token_bytes(t);
+    if (tok.is_special(t) || b.empty()) continue;
+    if (b.size() < remaining.size() ? remaining.starts_with(b) : b.starts_with(remaining)) out.push_back(t);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("token healing: the prefix index agrees with the vocabulary, read one token at a time", "[text][healing]") {
+  for_each_healing_tokenizer([](const std::string& name, const auto& tok) {
+    INFO(name);
+    const text::prefix_index index(tok);
+    rng r(5);
+    // Which tokens extend a sample of tokens, and which start with a sample of strings.
+    for (int i = 0; i < 200; ++i) {
+      const auto t = static_cast<token_id>(r.below(tok.vocab_size()));
+      const std::string_view b = tok.token_bytes(t);
+      bool longer = false;
+      for (std::size_t j = 0; j < tok.vocab_size() && !longer; ++j) {
+        const auto u = static_cast<token_id>(j);
+        longer = !tok.is_special(u) && tok.token_bytes(u).size() > b.size() && tok.token_bytes(u).starts_with(b);
+      }
+      CHECK(index.extendable(t) == (!tok.is_special(t) && !b.empty() && longer));
+      CHECK(index.bytes(t) == b);
+    }
+    for (const std::string s : {"a", "re", "retu", " ret", "    ", "\n", "self", "\xE4\xB8", "zzzzqx"}) {
+      INFO("'" << s << "'");
+      std::vector<token_id> got(index.extending(s).begin(), index.extending(s).end());
+      std::sort(got.begin(), got.end());
+      std::vector<token_id> want;
+      for (std::size_t j = 0; j < tok.vocab_size(); ++j)
+        if (!tok.is_special(static_cast<token_id>(j)) && tok.token_bytes(static_cast<token_id>(j)).starts_with(s))
+          want.push_back(static_cast<token_id>(j));
+      CHECK(got == want);
+      const text::heal_constraint c(s);
+      std::vector<token_id> allowed;
+      c.allowed(index, allowed);
+      CHECK(allowed == allowed_by_brute_force(tok, s));
+    }
+  });
+}
+
+TEST_CASE("token healing: cut code anywhere, constrained generation gives the prompt's text back", "[text][healing]") {
+  const std::string code = healing_corpus();
+  REQUIRE(code.size() > 10000);
+  for_each_healing_tokenizer([&](const std::string& name, const auto& tok) {
+    INFO(name);
+    const text::prefix_index index(tok);
+    rng r(17);
+    std::vector<token_id> ids, allowed;
+    std::vector<float> logits(tok.vocab_size()), gathered;
+    std::vector<std::pair<float, token_id>> scratch;
+    std::size_t healed = 0, cases = 0;
+    for (int i = 0; i < 300; ++i) {
+      // A prompt: code up to a random character boundary, or a corner case.
+      std::string prompt;
+      if (i < 4) {
+        prompt = i == 0 ? "r" : i == 1 ? "    " : i == 2 ? "\n\n" : "x = \xE4\xB8\xAD";
+      } else {
+        std::size_t from = r.below(code.size() - 2000), to = from + 1 + r.below(600);
+        while (to < code.size() && (static_cast<unsigned char>(code[to]) & 0xC0) == 0x80) ++to;
+        prompt = code.substr(from, to - from);
+      }
+      ids.clear();
+      tok.encode(prompt, ids);
+      if (ids.empty()) continue;
+      const std::size_t most = 1 + r.below(4);
+      const auto cut = text::heal(index, ids, most);
+      ++cases;
+      INFO("prompt '" << prompt << "', at most " << most);
+      CHECK(cut.tokens <= most);
+      if (!index.extendable(ids.back())) {  // nothing extends the last token: nothing removed
+        CHECK(cut.tokens == 0);
+        continue;
+      }
+      REQUIRE(cut.tokens >= 1);
+      ++healed;
+      std::string removed;
+      for (std::size_t j = ids.size() - cut.tokens; j < ids.size(); ++j) removed += tok.token_bytes(ids[j]);
+      CHECK(cut.text == removed);
+      // Generate under the constraint with random logits ("any model"), greedy or sampled.
+      text::heal_constraint c(cut.text);
+      std::string generated;
+      const float temperature = i % 2 == 0 ? 0.0f : 0.8f;
+      for (int step = 0; c.active(); ++step) {
+        REQUIRE(step < 64);
+        c.allowed(index, allowed);
+        REQUIRE(!allowed.empty());  // the removed tokens themselves are always allowed
+        if (step == 0) CHECK(allowed == allowed_by_brute_force(tok, c.remaining()));
+        for (const token_id t : allowed) REQUIRE(!tok.is_special(t));
+        for (auto& l : logits) l = static_cast<float>(r.uniform() * 10.0);
+        const token_id t = kernels::sample_among(logits, allowed, temperature, 0, 1.0f, r.uniform(), gathered, scratch);
+        CHECK(c.allows(index, t));
+        c.take(index, t);
+        generated += tok.token_bytes(t);
+      }
+      // The healed prompt's text plus what was generated starts with the original prompt's text.
+      std::string healed_text, prompt_text;
+      for (std::size_t j = 0; j < ids.size(); ++j)
+        (j < ids.size() - cut.tokens ? healed_text : prompt_text) += tok.token_bytes(ids[j]);
+      prompt_text.insert(0, healed_text);
+      CHECK((healed_text + generated).starts_with(prompt_text));
+    }
+    INFO(healed << " of " << cases << " prompts healed");
+    CHECK(cases > 250);
+    bool any_extendable = false;  // (not in the byte-level vocabulary: one byte per token)
+    for (std::size_t j = 0; j < tok.vocab_size() && !any_extendable; ++j)
+      any_extendable = index.extendable(static_cast<token_id>(j));
+    CHECK((healed > 0) == any_extendable);
+  });
 }

@@ -66,4 +66,16 @@ inline token_id sample(std::span<const float> logits, float temperature, std::si
   return scratch[keep - 1].second;
 }
 
+// `sample` (or the argmax, at temperature 0) over the `allowed` ids only (in id order, not empty): the
+// distribution renormalised over them, ties ordered by id as everywhere.
+inline token_id sample_among(std::span<const float> logits, std::span<const token_id> allowed, float temperature,
+                             std::size_t top_k, float top_p, double u, std::vector<float>& gathered,
+                             std::vector<std::pair<float, token_id>>& scratch) {
+  gathered.clear();
+  for (const token_id t : allowed) gathered.push_back(logits[static_cast<std::size_t>(t)]);
+  const token_id i =
+      temperature <= 0.0f ? argmax(gathered) : sample(gathered, temperature, top_k, top_p, u, scratch);
+  return allowed[static_cast<std::size_t>(i)];
+}
+
 }  // namespace efim::kernels
