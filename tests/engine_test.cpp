@@ -1,6 +1,8 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <future>
 #include <limits>
 #include <map>
@@ -18,7 +20,9 @@
 #include "efim/kernels/host.hpp"
 #include "efim/model/gguf_model.hpp"
 #include "efim/prompt/formats.hpp"
+#include "efim/text/bpe_tokenizer.hpp"
 #include "efim/text/fragment.hpp"
+#include "efim/text/healing.hpp"
 #include "small_model.hpp"
 
 using namespace efim;
@@ -814,4 +818,142 @@ TEST_CASE("async runner: a ticket cancels a request before or during its steps; 
   CHECK_THROWS_AS(std::rethrow_exception(r.error), efim::error);
   auto free = runner.call([](efim_pipeline& pl) { return pl.cache().free_blocks() + pl.cache().evictable_blocks(); });
   CHECK(free.get() == p.cache().capacity());
+}
+
+namespace {
+
+// Token healing through the whole pipeline, on a real BPE vocabulary and a random model over it.
+template <class F>
+void healing_through_pipeline(const text::bpe_tokenizer& tok, const model::weights& w, const std::string& code) {
+  using pipeline = engine::pipeline<F, cache::xxh3_128_chain, cache::lru, text::at_boundaries, kernels::host,
+                                    text::bpe_tokenizer>;
+  auto o = efim_test::small_options(512);
+  o.heal_tokens = 3;
+  pipeline p(tok, w, o);
+  const text::prefix_index index(tok);
+  rng r(std::hash<std::string_view>{}(F::name));
+  std::size_t healed = 0;
+  for (int i = 0; i < 40; ++i) {
+    const std::size_t from = r.below(code.size() - 600);
+    std::size_t cut_at = from + 1 + r.below(300);
+    while ((static_cast<unsigned char>(code[cut_at]) & 0xC0) == 0x80) ++cut_at;
+    // Where typed text goes last (spm, efim), the session's anchor comes first (prefill only) and the
+    // request types the rest: that text is healed. In psm the prefix itself is.
+    std::size_t typed_from = from;
+    const std::string session = F::typed_at_end ? "s" + std::to_string(i) : "";
+    if constexpr (F::typed_at_end) {
+      typed_from = cut_at - 1 - r.below(std::min<std::size_t>(cut_at - from - 1, 40) + 1);
+      while (typed_from > from && (static_cast<unsigned char>(code[typed_from]) & 0xC0) == 0x80) --typed_from;
+      if (typed_from > from) {
+        engine::request anchor = make_request(code.substr(from, typed_from - from), code.substr(cut_at, 200), 0, session);
+        p.submit(anchor, {});
+        p.run();
+      } else {
+        typed_from = from;  // no anchor: the whole text is the anchor, and nothing typed is healed
+      }
+    }
+    engine::request req = make_request(code.substr(from, cut_at - from), code.substr(cut_at, 200), 6, session);
+    req.sampling.temperature = i % 2 == 0 ? 0.0f : 0.9f;
+    req.sampling.seed = static_cast<std::uint64_t>(i);
+    std::string streamed;
+    engine::completion c;
+    p.submit(req, {[&](const engine::token_event& e) { streamed += e.text; },
+                   [&](engine::completion&& done) { c = std::move(done); }});
+    p.run();
+    INFO(F::name << " request " << i << ": '" << req.prefix << "'");
+    REQUIRE(c.error == nullptr);
+    // The removed text: the last healed tokens of the prefix tokenized alone (at_boundaries, first request).
+    // The ids of the text at the cursor, fragment by fragment (at_boundaries): spm's last segment is the
+    // anchor prefix and the typed text, efim's the typed text, psm's the prefix.
+    std::vector<token_id> prefix_ids;
+    if (F::name == std::string_view("spm") && typed_from > from)
+      tok.encode(std::string_view(code).substr(from, typed_from - from), prefix_ids);
+    tok.encode(std::string_view(code).substr(typed_from, cut_at - typed_from), prefix_ids);
+    REQUIRE(c.healed_tokens <= 3);
+    if (c.healed_tokens == 0) {
+      // Healing stays away only when nothing extends the last token (or nothing was typed after the anchor).
+      CHECK((!index.extendable(prefix_ids.back()) || (F::typed_at_end && typed_from == from)));
+      continue;
+    }
+    ++healed;
+    std::string removed;
+    for (std::size_t j = prefix_ids.size() - c.healed_tokens; j < prefix_ids.size(); ++j)
+      removed += tok.token_bytes(prefix_ids[j]);
+    std::string generated;
+    for (const token_id t : c.tokens) generated += tok.token_bytes(t);
+    // The generated text gives the removed text back, then the client's text follows it; the client
+    // never sees a byte twice.
+    CHECK(generated.starts_with(removed));
+    CHECK(streamed + c.tail == c.text);
+    if (c.reason == engine::finish_reason::length) {
+      CHECK(c.tokens.size() - c.healing_steps == 6);  // max_tokens counts what the client received
+      // (Bytes that do not form UTF-8 characters reach the client as U+FFFD, as without healing.)
+      text::detokenizer<text::bpe_tokenizer> detok(tok);
+      std::string client;
+      detok.push_bytes(std::string_view(generated).substr(removed.size()), client);
+      detok.flush(client);
+      CHECK(c.text == client);
+    }
+  }
+  CHECK(healed > 10);
+}
+
+}  // namespace
+
+TEST_CASE("token healing in the pipeline: psm, spm and efim give the removed text back, and only then the client's",
+          "[engine][healing][shared]") {
+  const auto path = std::filesystem::path(EFIM_SHARED_DATA) / "vocab" / "ggml-vocab-qwen2.5-coder.gguf";
+  if (!std::filesystem::exists(path)) {
+    WARN("skipped: needs " << path.string());
+    return;
+  }
+  const auto tok = text::load_bpe(path.string());
+  auto cfg = small_config();
+  cfg.vocab = tok.vocab_size();
+  cfg.hidden = 32;
+  cfg.ffn = 64;
+  const auto w = model::random_weights(cfg, 9);
+  std::ifstream in(std::filesystem::path(__FILE__).parent_path() / "engine_test.cpp", std::ios::binary);
+  const std::string code(std::istreambuf_iterator<char>(in), {});
+  REQUIRE(code.size() > 5000);
+  healing_through_pipeline<prompt::psm>(tok, w, code);
+  healing_through_pipeline<prompt::spm>(tok, w, code);
+  healing_through_pipeline<prompt::efim>(tok, w, code);
+}
+
+TEST_CASE("token healing keeps EFIM's cache reuse: per keystroke, typed tokens + one block + k computed",
+          "[engine][healing][shared]") {
+  const auto path = std::filesystem::path(EFIM_SHARED_DATA) / "vocab" / "ggml-vocab-qwen2.5-coder.gguf";
+  if (!std::filesystem::exists(path)) {
+    WARN("skipped: needs " << path.string());
+    return;
+  }
+  const auto tok = text::load_bpe(path.string());
+  auto cfg = small_config();
+  cfg.vocab = tok.vocab_size();
+  cfg.hidden = 32;
+  cfg.ffn = 64;
+  const auto w = model::random_weights(cfg, 9);
+  using pipeline = engine::pipeline<prompt::efim, cache::xxh3_128_chain, cache::lru, text::at_boundaries,
+                                    kernels::host, text::bpe_tokenizer>;
+  for (const std::size_t k : {0, 1, 3}) {
+    INFO("heal_tokens " << k);
+    auto o = efim_test::small_options(512);
+    o.heal_tokens = k;
+    pipeline p(tok, w, o);
+    const std::string prefix = "def fibonacci(n):\n    if n < 2:\n        return n\n    ";
+    const std::string typed = "return fibonacci(n - 1) + fibonacci(n - 2)";
+    for (std::size_t n = 0; n <= typed.size(); n += 3) {
+      engine::request req = make_request(prefix + typed.substr(0, n), "\n\nprint(fibonacci(10))\n", 4, "s");
+      engine::completion c;
+      p.submit(req, {{}, [&](engine::completion&& done) { c = std::move(done); }});
+      p.run();
+      INFO("typed " << n << ": " << c.prompt_tokens << " prompt tokens, " << c.cached_tokens << " cached, "
+                    << c.healed_tokens << " healed");
+      std::vector<token_id> typed_ids;
+      tok.encode(typed.substr(0, n), typed_ids);
+      if (n > 0) CHECK(c.prompt_tokens - c.cached_tokens <= std::min<std::size_t>(typed_ids.size(), 3) + 16 + k);
+      CHECK(c.healed_tokens <= k);
+    }
+  }
 }

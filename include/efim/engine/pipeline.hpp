@@ -43,6 +43,7 @@
 #include "efim/text/byte_tokenizer.hpp"
 #include "efim/text/concepts.hpp"
 #include "efim/text/detokenizer.hpp"
+#include "efim/text/healing.hpp"
 #include "efim/text/token_memo.hpp"
 
 namespace efim::engine {
@@ -55,6 +56,9 @@ struct pipeline_options {
   prompt::session_table_options sessions{};  // how many sessions are kept; how keyless requests find theirs
   text::token_memo_options memo{};           // long pieces of text tokenized once across requests
   dtype kv_type = dtype::f32;                // KV cache elements: f32, or f16 for half the memory
+  // Token healing (text/healing.hpp): at most this many tokens at the end of the text before the
+  // cursor are removed and generated again under a constraint (0: off); a request may override it.
+  std::size_t heal_tokens = 0;
   std::size_t threads = 0;                   // compute threads, the driving thread included (0: all cores)
 };
 
@@ -86,6 +90,7 @@ class pipeline {
     if (options_.fim.add_bos && !options_.fim.bos.empty())
       bos_ = prompt::special_id(tok_, options_.fim, prompt::fim_role::bos);
     eos_ = options_.fim.eos.empty() ? std::nullopt : tok_.special_id(options_.fim.eos);
+    if (options_.heal_tokens > 0) (void)heal_index();  // built now rather than in the first request
     model_key_ = weights.fingerprint;
   }
 
@@ -103,11 +108,14 @@ class pipeline {
     std::optional<session_entry> session;
     prompt::session_update update;
     std::vector<token_id> tokens;
+    std::size_t cursor_begin = 0, cursor_end = 0;  // the ids of the text before the cursor (healing)
     const auto encode_piece = [&](std::string_view piece, std::vector<token_id>& o) { memo_.encode(tok_, piece, o); };
     if (!r.infill) {
       utf8::require_valid(r.prefix, "the prompt");
       if (bos_) tokens.push_back(*bos_);
+      cursor_begin = tokens.size();
       encode_piece(r.prefix, tokens);
+      cursor_end = tokens.size();
       require(!tokens.empty(), errc::invalid_argument, "request: the prompt is empty");
     } else {
       std::vector<prompt::context_file> extra;
@@ -129,17 +137,38 @@ class pipeline {
           utf8::require_valid(f.text, "a context file's text");
         }
       }
-      prompt::encode(F::layout(layout_input, options_.fim), tok_, options_.fim, fragmenter_, tokens, encode_piece);
+      const auto layout = F::layout(layout_input, options_.fim);
+      std::vector<std::size_t> ends;
+      prompt::encode(layout, tok_, options_.fim, fragmenter_, tokens, encode_piece, &ends);
+      // Where typed text goes at the end, only that is healed: the anchor's prefix before <SUF> stays
+      // as it is, so the session's next request finds it in the cache.
+      const std::size_t cursor = prompt::cursor_segment(layout);
+      if (cursor < ends.size() && (!F::typed_at_end || cursor + 1 == ends.size())) {
+        cursor_begin = cursor == 0 ? 0 : ends[cursor - 1];
+        cursor_end = ends[cursor];
+      }
     }
+
+    // Token healing: the last tokens before the cursor that a longer token could replace go, and the
+    // first generated tokens must give their text back (at least one prompt token stays).
+    text::heal_cut cut;
+    const std::size_t heal_most = std::min(r.heal_tokens.value_or(options_.heal_tokens), tokens.size() - 1);
+    if (heal_most > 0 && r.max_tokens > 0 && cursor_end > cursor_begin) {
+      cut = text::heal(heal_index(), std::span(tokens).subspan(cursor_begin, cursor_end - cursor_begin), heal_most);
+      tokens.erase(tokens.begin() + static_cast<std::ptrdiff_t>(cursor_end - cut.tokens),
+                   tokens.begin() + static_cast<std::ptrdiff_t>(cursor_end));
+    }
+    const std::size_t heal_steps = cut.text.size();  // at most one healing step per removed byte
 
     const std::size_t context = model_.cfg().max_context;
     std::size_t max_tokens = r.max_tokens;
-    const bool limited = r.fit_context && tokens.size() < context && max_tokens > context - tokens.size();
-    if (limited) max_tokens = context - tokens.size();
-    require(tokens.size() <= context && max_tokens <= context - tokens.size(), errc::too_long,
+    const std::size_t fixed = tokens.size() + heal_steps;  // the prompt and the healing steps
+    const bool limited = r.fit_context && fixed < context && max_tokens > context - fixed;
+    if (limited) max_tokens = context - fixed;
+    require(fixed <= context && max_tokens <= context - fixed, errc::too_long,
             "request: " + std::to_string(tokens.size()) + " prompt tokens + " + std::to_string(max_tokens) +
                 " new tokens exceed the model context of " + std::to_string(context));
-    const std::size_t reserve = tokens.size() + max_tokens;
+    const std::size_t reserve = fixed + max_tokens;
     const std::size_t bs = cache_.block_size();
     require((reserve + bs - 1) / bs <= cache_.capacity(), errc::out_of_blocks,
             "request: " + std::to_string(reserve) + " tokens need more KV blocks than the cache has (" +
@@ -163,6 +192,7 @@ class pipeline {
     result.session_change = update.kind;
     result.reused_tokens = update.reused_tokens;
     result.prompt_tokens = tokens.size();
+    result.healed_tokens = cut.tokens;
     result.submitted = clock::now();
     cache::extra_keys keys;
     keys.model = model_key_;
@@ -178,7 +208,8 @@ class pipeline {
         {},
         false,
         payload{max_tokens, limited, r.ignore_eos, r.sampling, r.max_generate_time, rng(r.sampling.seed),
-                text::detokenizer<T>(tok_), text_gate(r.stop), std::move(out), std::move(result), key, version}};
+                text::detokenizer<T>(tok_), text_gate(r.stop), std::move(out), std::move(result), key, version,
+                text::heal_constraint(std::move(cut.text))}};
     scheduler_.enqueue(std::move(s));
     // Last, as its callback may submit again.
     if (superseded != 0) end(superseded, finish_reason::superseded);
@@ -272,6 +303,7 @@ class pipeline {
     completion result;
     std::string session;              // its session's key (empty: none)
     std::uint64_t session_version{};  // the session's version it was laid out from
+    text::heal_constraint heal;       // token healing: the removed text the next tokens must give back
   };
   using scheduler_type = scheduler<cache_type, payload>;
   using sequence_type = typename scheduler_type::sequence_type;
@@ -288,8 +320,19 @@ class pipeline {
     return sessions_.match(r.tenant, r.prefix, r.suffix);
   }
 
+  // The prefix index token healing reads, built on first use.
+  const text::prefix_index& heal_index() {
+    if (!heal_index_) heal_index_.emplace(tok_);
+    return *heal_index_;
+  }
+
   token_id sample(sequence_type& s, std::span<const float> logits) {
     const auto& p = s.payload.sampling;
+    if (s.payload.heal.active()) {  // only tokens that agree with the removed text; never EOS
+      s.payload.heal.allowed(heal_index(), allowed_);
+      const double u = p.temperature <= 0.0f ? 0.0 : s.payload.random.uniform();
+      return kernels::sample_among(logits, allowed_, p.temperature, p.top_k, p.top_p, u, gathered_, scratch_);
+    }
     if (p.temperature <= 0.0f) return kernels::argmax(logits);
     return kernels::sample(logits, p.temperature, p.top_k, p.top_p, s.payload.random.uniform(), scratch_);
   }
@@ -302,7 +345,17 @@ class pipeline {
     c.tokens.push_back(t);
     s.tokens.push_back(t);
     piece_.clear();
-    s.payload.detok.push(t, piece_);
+    if (s.payload.heal.active()) {  // the client has the removed text: only what follows it goes on
+      const std::string_view bytes = tok_.token_bytes(t);
+      const std::size_t given_back = s.payload.heal.take(heal_index(), t);
+      if (given_back == bytes.size()) {
+        ++c.healing_steps;
+        return;  // nothing new for the client, and not counted in max_tokens
+      }
+      s.payload.detok.push_bytes(bytes.substr(given_back), piece_);
+    } else {
+      s.payload.detok.push(t, piece_);
+    }
     shown_.clear();
     const auto verdict = s.payload.gate.push(piece_, shown_);
     c.text += shown_;
@@ -314,7 +367,7 @@ class pipeline {
       return finish(s, finish_reason::stop);
     }
     if (verdict == text_gate::verdict::indent) return finish(s, finish_reason::indent);
-    if (c.tokens.size() >= s.payload.max_tokens) {
+    if (c.tokens.size() - c.healing_steps >= s.payload.max_tokens) {
       c.truncated = s.payload.limited;
       return finish(s, finish_reason::length);
     }
@@ -354,7 +407,8 @@ class pipeline {
                       c.reason == finish_reason::stop || c.reason == finish_reason::indent ||
                       c.reason == finish_reason::time_limit;
     if constexpr (!F::typed_at_end) return;
-    if (!seen || c.tokens.empty()) return;
+    // (After healing, the generated ids follow a prompt without the removed tokens: not the session's.)
+    if (!seen || c.tokens.empty() || c.healed_tokens > 0) return;
     std::vector<token_id> ids;
     std::string bytes;
     std::vector<std::size_t> ends;
@@ -401,6 +455,9 @@ class pipeline {
   std::vector<model::batch_item> items_;
   std::vector<float> logits_;
   std::vector<std::pair<float, token_id>> scratch_;
+  std::optional<text::prefix_index> heal_index_;
+  std::vector<token_id> allowed_;  // a healing step's allowed tokens
+  std::vector<float> gathered_;    // their logits
   std::string piece_;  // the text of the token being emitted
   std::string shown_;  // what of it the stop rules let through (token_event::text views it)
 };

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -40,6 +41,9 @@ struct request {
   bool fit_context = false;         // generate at most what the context has room for, instead of refusing
   bool ignore_eos = false;          // generate max_tokens tokens whatever the model says
   bool reuse_cache = true;          // false: compute the whole prompt, whatever the cache holds
+  // Token healing (text/healing.hpp): at most this many tokens at the end of the text before the
+  // cursor are removed and regenerated under a constraint; unset: the pipeline's heal_tokens; 0: off.
+  std::optional<std::size_t> heal_tokens;
   sampling_params sampling;
   stop_rules stop;  // stop strings, minimum indentation of new lines
   // > 0: once this long has passed since the first token, generation ends with the next token that
@@ -94,6 +98,8 @@ struct completion {
   std::size_t reused_tokens = 0;  // generated ids of the previous request it reused (change::accepted)
   std::size_t prompt_tokens = 0;
   std::size_t cached_tokens = 0;  // prompt tokens whose KV came from the cache
+  std::size_t healed_tokens = 0;  // prompt tokens token healing removed (their text regenerated, not sent)
+  std::size_t healing_steps = 0;  // generated tokens that only gave back removed text (not counted in max_tokens)
   bool truncated = false;         // generation stopped because the context was full (fit_context)
   std::string stop_word;          // the stop string that ended it (finish_reason::stop)
   // Submitted; first scheduled; prompt computed; first token; done.

@@ -25,33 +25,54 @@ token_id special_id(const T& tok, const fim_token_set& set, fim_role role) {
   return *id;
 }
 
-// Appends the layout's ids to `out`: special segments by role, text through the fragmenter, whose
-// pieces go to `encode_piece(piece, out)` (the tokenizer's encode, or a memo in front of it).
-// Fragments with known ids are not tokenized; the fragments between them are runs of their own.
-template <text::tokenizer T, text::fragmenter G, class EncodePiece>
-void encode(const prompt_layout& layout, const T& tok, const fim_token_set& set, G& fragmenter,
-            std::vector<token_id>& out, EncodePiece&& encode_piece) {
-  const auto sink = [&](std::string_view piece) { encode_piece(piece, out); };
-  for (const segment& s : layout.segments) {
-    if (s.type == segment::kind::special) {
-      out.push_back(special_id(tok, set, s.role));
-      continue;
-    }
-    if (s.ids.empty()) {
-      fragmenter.for_each_piece(s.fragments, sink);
-      continue;
-    }
-    const std::span<const std::string_view> fragments(s.fragments);
-    std::size_t run = 0;
-    for (std::size_t i = 0; i <= fragments.size(); ++i) {
-      if (i < fragments.size() && s.ids[i].empty()) continue;
-      if (i > run) fragmenter.for_each_piece(fragments.subspan(run, i - run), sink);
-      if (i < fragments.size()) out.insert(out.end(), s.ids[i].begin(), s.ids[i].end());
-      run = i + 1;
-    }
+// One segment's ids, appended to `out` (text pieces through `sink`).
+template <text::tokenizer T, text::fragmenter G, class Sink>
+void encode_segment(const segment& s, const T& tok, const fim_token_set& set, G& fragmenter,
+                    std::vector<token_id>& out, const Sink& sink) {
+  if (s.type == segment::kind::special) {
+    out.push_back(special_id(tok, set, s.role));
+    return;
+  }
+  if (s.ids.empty()) {
+    fragmenter.for_each_piece(s.fragments, sink);
+    return;
+  }
+  const std::span<const std::string_view> fragments(s.fragments);
+  std::size_t run = 0;
+  for (std::size_t i = 0; i <= fragments.size(); ++i) {
+    if (i < fragments.size() && s.ids[i].empty()) continue;
+    if (i > run) fragmenter.for_each_piece(fragments.subspan(run, i - run), sink);
+    if (i < fragments.size()) out.insert(out.end(), s.ids[i].begin(), s.ids[i].end());
+    run = i + 1;
   }
 }
 
+// Appends the layout's ids to `out`: special segments by role, text through the fragmenter, whose
+// pieces go to `encode_piece(piece, out)` (the tokenizer's encode, or a memo in front of it).
+// Fragments with known ids are not tokenized; the fragments between them are runs of their own.
+// `ends`, when given, receives the size of `out` after each segment.
+template <text::tokenizer T, text::fragmenter G, class EncodePiece>
+void encode(const prompt_layout& layout, const T& tok, const fim_token_set& set, G& fragmenter,
+            std::vector<token_id>& out, EncodePiece&& encode_piece, std::vector<std::size_t>* ends = nullptr) {
+  const auto sink = [&](std::string_view piece) { encode_piece(piece, out); };
+  for (const segment& s : layout.segments) {
+    encode_segment(s, tok, set, fragmenter, out, sink);
+    if (ends != nullptr) ends->push_back(out.size());
+  }
+}
+
+// The text segment at the cursor: the last segment when it is text (typed text in EFIM and SPM, a
+// plain prompt), else the text after the prefix sentinel (PSM, or EFIM before anything was typed);
+// layout.segments.size() when there is none.
+inline std::size_t cursor_segment(const prompt_layout& layout) {
+  const auto& seg = layout.segments;
+  if (!seg.empty() && seg.back().type == segment::kind::text) return seg.size() - 1;
+  for (std::size_t i = 1; i < seg.size(); ++i)
+    if (seg[i].type == segment::kind::text && seg[i - 1].type == segment::kind::special &&
+        seg[i - 1].role == fim_role::prefix)
+      return i;
+  return seg.size();
+}
 template <text::tokenizer T, text::fragmenter G>
 void encode(const prompt_layout& layout, const T& tok, const fim_token_set& set, G& fragmenter,
             std::vector<token_id>& out) {

@@ -30,6 +30,13 @@ class detokenizer {
     drain(out, false);
   }
 
+  // Appends to `out` the characters raw token bytes complete (part of a token, as token healing
+  // passes on only what follows the text it gave back).
+  void push_bytes(std::string_view bytes, std::string& out) {
+    pending_ += bytes;
+    drain(out, false);
+  }
+
   // Ends the stream: an unfinished character becomes U+FFFD.
   void flush(std::string& out) { drain(out, true); }
 
