@@ -66,6 +66,7 @@ struct options {
   std::string model_path;
   efim::dtype weight_type = efim::dtype::f16;
   efim::dtype kv_type = efim::dtype::f32;
+  std::size_t heal_tokens = 0;
   std::uint64_t seed = 42;
   bool progress = true;
   // Over HTTP: (scheme name, server URL) pairs, the API they speak, the keystroke workload.
@@ -97,6 +98,7 @@ engine
   --block-size N          tokens per KV block (16)
   --cache-blocks N        KV blocks in the cache (8192)
   --batch-tokens N        tokens computed per engine step (512)
+  --heal-tokens K         token healing of the text before the cursor, at most K tokens (0: off)
 model
   --model FILE            a GGUF model file (its weights and its tokenizer, which needs FIM tokens)
   --kv TYPE               KV cache elements: f32 or f16 (f32)
@@ -225,6 +227,8 @@ options parse(int argc, char** argv) {
           o.model.ffn = parse_count(flag, v);
         } else if (flag == "--seed") {
           o.seed = parse_count(flag, v, 0);
+        } else if (flag == "--heal-tokens") {
+          o.heal_tokens = parse_count(flag, v, 0);
         } else if (flag == "--model") {
           o.model_path = v;
         } else if (flag == "--type" || flag == "--kv") {
@@ -461,6 +465,7 @@ scheme_result run_scheme(const std::string& name, bool reuse, const options& o, 
   po.schedule.max_running = std::max<std::size_t>(o.users, 1);
   po.threads = o.threads;
   po.session.reanchor_bytes = std::string::npos;  // the workload never re-anchors
+  po.heal_tokens = o.heal_tokens;
   po.fim = fim;
   po.kv_type = o.kv_type;
   bench_pipeline<Format, Tokenizer> p(tok, w, po);
@@ -630,7 +635,8 @@ int run_bench(const options& o, const Tokenizer& tok, const efim::prompt::fim_to
                  {"block_size", o.block_size},
                  {"cache_blocks", o.cache_blocks},
                  {"batch_tokens", o.batch_tokens},
-                 {"kv", std::string(efim::to_string(o.kv_type))}};
+                 {"kv", std::string(efim::to_string(o.kv_type))},
+                 {"heal_tokens", o.heal_tokens}};
   report(o, std::move(model), std::move(engine), docs, results);
   return 0;
 }

@@ -72,6 +72,9 @@ engine
   --n-predict N            tokens per /infill request that names none (128)
   --max-predict N          the most tokens one request may ask for (4096)
   --reanchor-bytes N       typed text after which a session starts a new anchor (4096)
+  --heal-tokens K          token healing: at most K tokens before the cursor are generated again so a
+                           word cut by the cursor can end in one token (0: off; a request's
+                           "heal_tokens" overrides it) (0)
   --max-sessions N         editor sessions kept (4096)
 )";
 
@@ -91,6 +94,7 @@ struct options {
   efim::dtype kv = efim::dtype::f16;
   std::string eviction = "lru", format = "efim";
   std::size_t n_predict = 128, max_predict = 4096, reanchor_bytes = 4096, max_sessions = 4096;
+  std::size_t heal_tokens = 0;
 };
 
 [[noreturn]] void fail(const std::string& message, int code = 2) { efim_examples::fail(program, message, code); }
@@ -182,6 +186,8 @@ options parse(int argc, char** argv) {
           o.max_predict = count(flag, v, 1, 1 << 20);
         } else if (flag == "--reanchor-bytes") {
           o.reanchor_bytes = count(flag, v, 1);
+        } else if (flag == "--heal-tokens") {
+          o.heal_tokens = count(flag, v, 0, 16);
         } else if (flag == "--max-sessions") {
           o.max_sessions = count(flag, v, 1, 1 << 24);
         } else {
@@ -233,6 +239,7 @@ int serve(const options& o, efim::text::bpe_tokenizer tok, const efim::prompt::f
   po.sessions.max_sessions = o.max_sessions;
   po.kv_type = o.kv;
   po.threads = o.threads;
+  po.heal_tokens = o.heal_tokens;
 
   efim::server::service_options so;
   so.model_name = model_name;

@@ -287,6 +287,21 @@ TEST_CASE("server: OpenAI /v1/completions with suffix, streaming and not, with u
   CHECK(plain["efim"]["format"] == "plain");
 }
 
+TEST_CASE("server: heal_tokens is a request field (0 to 16), echoed in the settings; healing is reported",
+          "[server][infill][healing]") {
+  fixture f;
+  json body = efim_test::llama_vscode_body(prefix_text, "    ", suffix_text);
+  body["heal_tokens"] = 2;
+  const auto b = f.post("/infill", body)->body();
+  CHECK(b["generation_settings"]["heal_tokens"] == 2);
+  CHECK(b["efim"]["healed_tokens"] == 0);  // the byte-level vocabulary: no token extends another
+  CHECK(b["efim"]["healing_steps"] == 0);
+  body["heal_tokens"] = 17;
+  CHECK(f.send("POST", "/infill", body.dump())->status() == 400);
+  body["heal_tokens"] = "two";
+  CHECK(f.send("POST", "/infill", body.dump())->status() == 400);
+}
+
 TEST_CASE("server: bad requests get a clear 4xx in the endpoint's error shape and lose nothing", "[server][errors]") {
   fixture f;
   const auto llama_error = [](recorded_channel& ch, int status) {

@@ -218,6 +218,8 @@ inline void read_common(const fields& f, generation_params& p) {
   p.cache_salt = f.string("cache_salt").value_or("");
   p.request.fit_context = true;  // generation stops where the context ends (llama.cpp's "truncated")
   p.request.ignore_eos = f.boolean("ignore_eos").value_or(false);
+  // Token healing: at most this many tokens before the cursor regenerated (0: off; absent: the server's).
+  if (const auto heal = f.integer("heal_tokens", 0, 16)) p.request.heal_tokens = static_cast<std::size_t>(*heal);
 }
 
 inline std::size_t new_tokens(std::int64_t asked, std::size_t fallback, const generation_limits& l) {
@@ -376,6 +378,8 @@ inline json efim_fields(const engine::completion& c, const response_context& ctx
           {"prompt_tokens", c.prompt_tokens},
           {"cached_tokens", c.cached_tokens},
           {"reused_tokens", c.reused_tokens},
+          {"healed_tokens", c.healed_tokens},
+          {"healing_steps", c.healing_steps},
           {"finish", engine::to_string(c.reason)}};
 }
 
@@ -414,6 +418,7 @@ inline json infill_final(const engine::completion& c, const generation_params& p
                    {"t_max_predict_ms", p.t_max_predict_ms},
                    {"stream", p.stream},
                    {"cache_prompt", r.reuse_cache}};
+  if (r.heal_tokens) settings["heal_tokens"] = *r.heal_tokens;
   json full = {{"index", 0},
                {"content", c.text},
                {"tokens", p.return_tokens ? json(c.tokens) : json::array()},
