@@ -380,6 +380,7 @@ struct sample {
   std::size_t prompt_tokens, cached_tokens;
   std::size_t typed_tokens = 0;  // keystroke workload: prompt tokens added since the session's previous request
   bool first = true;             // keystroke workload: a session's first request (the whole prompt is new)
+  std::size_t healed_tokens = 0;  // prompt tokens token healing removed
 };
 
 struct scheme_result {
@@ -400,12 +401,13 @@ double percentile(std::vector<double> v, double p) {
 
 json summarize(const scheme_result& r) {
   std::vector<double> latency, ttft;
-  std::size_t prompt = 0, cached = 0;
+  std::size_t prompt = 0, cached = 0, healed = 0;
   for (const auto& s : r.samples) {
     latency.push_back(s.latency_ms);
     ttft.push_back(s.ttft_ms);
     prompt += s.prompt_tokens;
     cached += s.cached_tokens;
+    healed += s.healed_tokens;
   }
   const auto mean = [](const std::vector<double>& v) {
     double sum = 0;
@@ -422,6 +424,7 @@ json summarize(const scheme_result& r) {
   j["prompt_tokens"] = prompt;
   j["computed_prompt_tokens"] = prompt - cached;
   j["cache_hit_rate"] = prompt ? static_cast<double>(cached) / static_cast<double>(prompt) : 0.0;
+  j["healed_tokens"] = healed;
   j["wall_s"] = r.wall_s;
   j["evicted_blocks"] = r.cache.evicted_blocks;
   // Keystrokes after a session's first request: what each computed against what it added.
@@ -502,7 +505,7 @@ scheme_result run_scheme(const std::string& name, bool reuse, const options& o, 
               const double latency = ms(std::chrono::steady_clock::now());
               const double ttft = c.tokens.empty() ? latency : ms(c.first_token);
               std::lock_guard lock(mutex);
-              result.samples.push_back({latency, ttft, c.prompt_tokens, c.cached_tokens});
+              result.samples.push_back({latency, ttft, c.prompt_tokens, c.cached_tokens, 0, true, c.healed_tokens});
             } catch (const std::exception& e) {
               std::lock_guard lock(mutex);
               if (!failure) failure = e.what();

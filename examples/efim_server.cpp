@@ -72,9 +72,10 @@ engine
   --n-predict N            tokens per /infill request that names none (128)
   --max-predict N          the most tokens one request may ask for (4096)
   --reanchor-bytes N       typed text after which a session starts a new anchor (4096)
-  --heal-tokens K          token healing: at most K tokens before the cursor are generated again so a
-                           word cut by the cursor can end in one token (0: off; a request's
-                           "heal_tokens" overrides it) (0)
+  --heal                   token healing: the last tokens before the cursor are generated again so a
+                           word cut by the cursor can end in one token (at most 2; a request's
+                           "heal_tokens" overrides it)
+  --heal-tokens K          the same with at most K tokens (0: off, the default)
   --max-sessions N         editor sessions kept (4096)
 )";
 
@@ -118,7 +119,13 @@ void add_keys(std::vector<std::string>& keys, std::string_view text, char separa
 options parse(int argc, char** argv) {
   options o;
   efim_examples::for_each_flag(
-      argc, argv, program, usage, {"--quiet"}, [&](const std::string&) { o.quiet = true; },
+      argc, argv, program, usage, {"--quiet", "--heal"},
+      [&](const std::string& flag) {
+        if (flag == "--quiet")
+          o.quiet = true;
+        else
+          o.heal_tokens = efim::text::default_heal_tokens;
+      },
       [&](const std::string& flag, const std::string& v) {
         if (flag == "--model") {
           o.model_path = v;

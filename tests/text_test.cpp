@@ -1174,6 +1174,7 @@ TEST_CASE("token healing: cut code anywhere, constrained generation gives the pr
         for (const token_id t : allowed) REQUIRE(!tok.is_special(t));
         for (auto& l : logits) l = static_cast<float>(r.uniform() * 10.0);
         const token_id t = kernels::sample_among(logits, allowed, temperature, 0, 1.0f, r.uniform(), gathered, scratch);
+        if (temperature == 0.0f) CHECK(c.argmax(index, logits) == t);  // without sorting: the same choice
         CHECK(c.allows(index, t));
         c.take(index, t);
         generated += tok.token_bytes(t);

@@ -329,9 +329,10 @@ class pipeline {
   token_id sample(sequence_type& s, std::span<const float> logits) {
     const auto& p = s.payload.sampling;
     if (s.payload.heal.active()) {  // only tokens that agree with the removed text; never EOS
+      if (p.temperature <= 0.0f) return s.payload.heal.argmax(heal_index(), logits);
       s.payload.heal.allowed(heal_index(), allowed_);
-      const double u = p.temperature <= 0.0f ? 0.0 : s.payload.random.uniform();
-      return kernels::sample_among(logits, allowed_, p.temperature, p.top_k, p.top_p, u, gathered_, scratch_);
+      return kernels::sample_among(logits, allowed_, p.temperature, p.top_k, p.top_p, s.payload.random.uniform(),
+                                   gathered_, scratch_);
     }
     if (p.temperature <= 0.0f) return kernels::argmax(logits);
     return kernels::sample(logits, p.temperature, p.top_k, p.top_p, s.payload.random.uniform(), scratch_);
