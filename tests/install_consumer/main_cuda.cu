@@ -1,7 +1,13 @@
 // Uses the installed library's CUDA backend: one infill request through a pipeline on the GPU.
 #include <cstdio>
 #include <efim/cuda.cuh>  // before the pipeline: the CUDA decoder
-#include <efim/efim.hpp>
+#include <efim/cache/block_hash.hpp>
+#include <efim/cache/eviction.hpp>
+#include <efim/engine/pipeline.hpp>
+#include <efim/model/gguf_model.hpp>
+#include <efim/prompt/formats.hpp>
+#include <efim/text/fragment.hpp>
+#include <efim/version.hpp>
 
 int main() {
   if (!efim::device::available()) {
