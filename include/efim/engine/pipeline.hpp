@@ -329,10 +329,18 @@ class pipeline {
   token_id sample(sequence_type& s, std::span<const float> logits) {
     const auto& p = s.payload.sampling;
     if (s.payload.heal.active()) {  // only tokens that agree with the removed text; never EOS
-      if (p.temperature <= 0.0f) return s.payload.heal.argmax(heal_index(), logits);
-      s.payload.heal.allowed(heal_index(), allowed_);
-      return kernels::sample_among(logits, allowed_, p.temperature, p.top_k, p.top_p, s.payload.random.uniform(),
-                                   gathered_, scratch_);
+      if (p.temperature <= 0.0f) {
+        const token_id best = s.payload.heal.argmax(heal_index(), logits);
+        if (best >= 0) return best;
+      } else {
+        s.payload.heal.allowed(heal_index(), allowed_);
+        if (!allowed_.empty())
+          return kernels::sample_among(logits, allowed_, p.temperature, p.top_k, p.top_p, s.payload.random.uniform(),
+                                       gathered_, scratch_);
+      }
+      // No token continues the rest (impossible where every byte is a token, as in byte-level BPE):
+      // healing ends, and generation goes on unconstrained.
+      s.payload.heal = {};
     }
     if (p.temperature <= 0.0f) return kernels::argmax(logits);
     return kernels::sample(logits, p.temperature, p.top_k, p.top_p, s.payload.random.uniform(), scratch_);
