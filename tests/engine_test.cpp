@@ -1068,3 +1068,46 @@ TEST_CASE("token healing: a healed request served from the cache gives the token
   CHECK(recomputed.tokens == first.tokens);
   CHECK(recomputed.text == first.text);
 }
+
+namespace {
+// A user's healing policy: the last token at most, whatever k a request allows.
+struct heal_last_token {
+  text::heal_cut cut(const text::prefix_index& index, std::span<const token_id> ids, std::size_t most) const {
+    return text::heal(index, ids, std::min<std::size_t>(most, 1));
+  }
+};
+static_assert(text::healing_policy<heal_last_token>);
+}  // namespace
+
+TEST_CASE("token healing: the pipeline's healing policy is a type (no_healing, a user's own)", "[engine][healing][shared]") {
+  const auto path = std::filesystem::path(EFIM_SHARED_DATA) / "vocab" / "ggml-vocab-qwen2.5-coder.gguf";
+  if (!std::filesystem::exists(path)) {
+    WARN("skipped: needs " << path.string());
+    return;
+  }
+  const auto tok = text::load_bpe(path.string());
+  auto cfg = small_config();
+  cfg.vocab = tok.vocab_size();
+  cfg.hidden = 32;
+  cfg.ffn = 64;
+  const auto w = model::random_weights(cfg, 8);
+
+  using own = engine::pipeline<prompt::psm, cache::xxh3_128_chain, cache::lru, text::at_boundaries, kernels::host,
+                               text::bpe_tokenizer, cache::logical_clock, heal_last_token>;
+  using none = engine::pipeline<prompt::psm, cache::xxh3_128_chain, cache::lru, text::at_boundaries, kernels::host,
+                                text::bpe_tokenizer, cache::logical_clock, text::no_healing>;
+  auto o = efim_test::small_options(512);
+  o.heal_tokens = 3;
+  own mine(tok, w, o);
+  none off(tok, w, o);
+  std::size_t healed = 0;
+  for (const char* prefix : {"    retu", "import nump", "def __ini", "for i in ran", "self.ite", "x = [1, 2, 3]\n"}) {
+    INFO(prefix);
+    const auto a = complete(mine, make_request(prefix, "\n", 3));
+    const auto b = complete(off, make_request(prefix, "\n", 3));
+    CHECK(a.healed_tokens <= 1);
+    CHECK(b.healed_tokens == 0);
+    healed += a.healed_tokens;
+  }
+  CHECK(healed > 0);
+}

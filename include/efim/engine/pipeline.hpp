@@ -14,6 +14,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -63,7 +64,8 @@ struct pipeline_options {
 };
 
 template <prompt::fim_format F, cache::block_hasher H, cache::eviction_policy E, text::fragmenter G, kernels::backend B,
-          text::tokenizer T = text::byte_tokenizer, cache::tick_clock C = cache::logical_clock>
+          text::tokenizer T = text::byte_tokenizer, cache::tick_clock C = cache::logical_clock,
+          text::healing_policy Heal = text::heal_trailing>
 class pipeline {
  public:
   using format = F;
@@ -90,7 +92,7 @@ class pipeline {
     if (options_.fim.add_bos && !options_.fim.bos.empty())
       bos_ = prompt::special_id(tok_, options_.fim, prompt::fim_role::bos);
     eos_ = options_.fim.eos.empty() ? std::nullopt : tok_.special_id(options_.fim.eos);
-    if (options_.heal_tokens > 0) (void)heal_index();  // built now rather than in the first request
+    if (heals && options_.heal_tokens > 0) (void)heal_index();  // built now rather than in the first request
     model_key_ = weights.fingerprint;
   }
 
@@ -153,8 +155,16 @@ class pipeline {
     // first generated tokens must give their text back (at least one prompt token stays).
     text::heal_cut cut;
     const std::size_t heal_most = std::min(r.heal_tokens.value_or(options_.heal_tokens), tokens.size() - 1);
-    if (heal_most > 0 && r.max_tokens > 0 && cursor_end > cursor_begin) {
-      cut = text::heal(heal_index(), std::span(tokens).subspan(cursor_begin, cursor_end - cursor_begin), heal_most);
+    if (heals && heal_most > 0 && r.max_tokens > 0 && cursor_end > cursor_begin) {
+      cut = healer_.cut(heal_index(), std::span(tokens).subspan(cursor_begin, cursor_end - cursor_begin), heal_most);
+      require(cut.tokens <= heal_most && cut.tokens <= cursor_end - cursor_begin, errc::invalid_argument,
+              "pipeline: the healing policy removed more tokens than it may");
+      cut.text.clear();  // what the removed tokens say, whatever the policy wrote
+      for (std::size_t i = cursor_end - cut.tokens; i < cursor_end; ++i) {
+        require(heal_index().healable(tokens[i]), errc::invalid_argument,
+                "pipeline: the healing policy removed a special token");
+        cut.text += heal_index().bytes(tokens[i]);
+      }
       tokens.erase(tokens.begin() + static_cast<std::ptrdiff_t>(cursor_end - cut.tokens),
                    tokens.begin() + static_cast<std::ptrdiff_t>(cursor_end));
     }
@@ -320,6 +330,8 @@ class pipeline {
     return sessions_.match(r.tenant, r.prefix, r.suffix);
   }
 
+  static constexpr bool heals = !std::is_same_v<Heal, text::no_healing>;
+
   // The prefix index token healing reads, built on first use.
   const text::prefix_index& heal_index() {
     if (!heal_index_) heal_index_.emplace(tok_);
@@ -464,6 +476,7 @@ class pipeline {
   std::vector<model::batch_item> items_;
   std::vector<float> logits_;
   std::vector<std::pair<float, token_id>> scratch_;
+  Heal healer_;
   std::optional<text::prefix_index> heal_index_;
   std::vector<token_id> allowed_;  // a healing step's allowed tokens
   std::vector<float> gathered_;    // their logits

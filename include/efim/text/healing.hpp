@@ -11,6 +11,7 @@
 // with are found by looking up each of its prefixes; neither depends on the vocabulary's size beyond
 // a logarithm.
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -130,6 +131,30 @@ inline heal_cut heal(const prefix_index& index, std::span<const token_id> ids, s
   }
   return cut;
 }
+
+// A healing policy decides the cut: given the prefix index, the text tokens at the cursor and the
+// most tokens it may remove, what to remove. The pipeline takes one as a template parameter; the
+// request's heal_tokens (or the pipeline's) still bounds it, and 0 turns healing off.
+template <class P>
+concept healing_policy =
+    std::default_initializable<P> &&
+    requires(const P& p, const prefix_index& index, std::span<const token_id> ids, std::size_t most) {
+      { p.cut(index, ids, most) } -> std::same_as<heal_cut>;
+    };
+
+// Never heals, whatever a request asks (the pipeline then never builds the prefix index).
+struct no_healing {
+  heal_cut cut(const prefix_index&, std::span<const token_id>, std::size_t) const { return {}; }
+};
+
+// heal(): the longest run of last tokens some longer token starts with.
+struct heal_trailing {
+  heal_cut cut(const prefix_index& index, std::span<const token_id> ids, std::size_t most) const {
+    return heal(index, ids, most);
+  }
+};
+
+static_assert(healing_policy<no_healing> && healing_policy<heal_trailing>);
 
 // The constraint of the healing steps: the text still to reproduce. A token is allowed while it is
 // active when its bytes are a prefix of that text or start with all of it; taking one consumes it.
