@@ -123,25 +123,47 @@ template void block_copy<half>(const kv::paged_layout&, std::vector<half>&, std:
 template <class E>
 std::vector<float> paged_attention(const kv::paged_layout& l, const std::vector<E>& k_cache,
                                    const std::vector<E>& v_cache, const std::vector<float>& q,
-                                   const std::vector<kernels::token_slot>& tokens, std::size_t heads, float scale) {
+                                   const std::vector<kernels::token_slot>& tokens, std::size_t heads, float scale,
+                                   std::size_t target_blocks, std::size_t& splits) {
+  namespace kd = kernels::device;
   kernels::attention_step step;
-  step.plan(tokens, l.block_size, heads, l.kv_heads, kernels::device::policy::attention::rows);
+  step.plan(tokens, l.block_size, heads, l.kv_heads, kd::policy::attention::rows);
+  const auto split =
+      kd::plan_attention_split(step.tiles.size(), kd::longest_tile(step.tiles), l.block_size, target_blocks);
+  splits = split.splits;
   stream st;
   auto dk = upload(k_cache, st.s), dv = upload(v_cache, st.s);
   auto dq = upload(q, st.s);
   auto dtables = upload(step.tables, st.s);
   auto dtiles = upload(step.tiles, st.s);
   buffer<float> out(q.size());
-  kernels::device::paged_attention<E>(l, dk.data(), dv.data(), dq.data(), out.data(), dtables.data(), dtiles.data(),
-                                      step.tiles.size(), heads, scale, st.s);
+  buffer<std::byte> workspace(kd::attention_workspace_bytes(step.tiles.size(), split, l.head_dim));
+  kd::paged_attention<E>(l, dk.data(), dv.data(), dq.data(), out.data(), dtables.data(), dtiles.data(),
+                         step.tiles.size(), heads, scale, st.s, split, workspace.data());
   return download(out, q.size(), st.s);
 }
 template std::vector<float> paged_attention<float>(const kv::paged_layout&, const std::vector<float>&,
                                                    const std::vector<float>&, const std::vector<float>&,
-                                                   const std::vector<kernels::token_slot>&, std::size_t, float);
+                                                   const std::vector<kernels::token_slot>&, std::size_t, float,
+                                                   std::size_t, std::size_t&);
 template std::vector<float> paged_attention<half>(const kv::paged_layout&, const std::vector<half>&,
                                                   const std::vector<half>&, const std::vector<float>&,
-                                                  const std::vector<kernels::token_slot>&, std::size_t, float);
+                                                  const std::vector<kernels::token_slot>&, std::size_t, float,
+                                                  std::size_t, std::size_t&);
+
+// The split plan: not split where the tiles fill the target or the context is one page per warp;
+// else ranges of whole pages, at least one per warp, covering the longest tile.
+namespace kd = kernels::device;
+static_assert(kd::plan_attention_split(300, 4096, 16, 264).splits == 1);
+static_assert(kd::plan_attention_split(2, 64, 16, 264).splits == 1);  // 4 pages: one per warp already
+static_assert(kd::plan_attention_split(2, 1024, 16, 264).splits == 16 &&
+              kd::plan_attention_split(2, 1024, 16, 264).pages == 4);
+static_assert(kd::plan_attention_split(2, 1025, 16, 264).splits == 17 &&
+              kd::plan_attention_split(2, 1025, 16, 264).pages == 4);
+static_assert(kd::plan_attention_split(4, 100000, 16, 264).splits == 66 &&
+              kd::plan_attention_split(4, 100000, 16, 264).splits * kd::plan_attention_split(4, 100000, 16, 264).pages >=
+                  6250);
+static_assert(kd::plan_attention_split(1, 0, 16, 264).splits == 1);
 
 std::vector<float> matmul(dtype type, const std::vector<std::byte>& w, std::size_t rows, std::size_t cols,
                           const std::vector<float>& x, std::size_t m, std::vector<float> y, bool accumulate) {

@@ -35,11 +35,14 @@ void kv_write(const kv::paged_layout& l, std::vector<E>& k_cache, std::vector<E>
 template <class E>
 void block_copy(const kv::paged_layout& l, std::vector<E>& k_cache, std::vector<E>& v_cache,
                 const std::vector<block_id>& from, const std::vector<block_id>& to);
-// q (tokens, heads, head_dim) against one layer's caches, planned and uploaded as a step would be.
+// q (tokens, heads, head_dim) against one layer's caches, planned and uploaded as a step would be,
+// with each tile's pages cut for about `target_blocks` thread blocks (1: never split-K). `splits`
+// reports the ranges per tile the plan chose.
 template <class E>
 std::vector<float> paged_attention(const kv::paged_layout& l, const std::vector<E>& k_cache,
                                    const std::vector<E>& v_cache, const std::vector<float>& q,
-                                   const std::vector<kernels::token_slot>& tokens, std::size_t heads, float scale);
+                                   const std::vector<kernels::token_slot>& tokens, std::size_t heads, float scale,
+                                   std::size_t target_blocks, std::size_t& splits);
 // y (m, rows) = [y +] x (m, cols) w^T through cuBLAS, w a (rows, cols) matrix of f32, f16 or bf16.
 std::vector<float> matmul(dtype type, const std::vector<std::byte>& w, std::size_t rows, std::size_t cols,
                           const std::vector<float>& x, std::size_t m, std::vector<float> y, bool accumulate);

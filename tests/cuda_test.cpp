@@ -180,8 +180,9 @@ TEST_CASE("cuda: LayerNorm and GELU equal the host kernels", "[cuda][gpu]") {
   EFIM_NEED_DEVICE();
   for (const auto& [rows, n] : std::vector<std::pair<std::size_t, std::size_t>>{{1, 1}, {3, 7}, {5, 768}, {64, 3072}}) {
     INFO(rows << " x " << n);
-    // (x - mean) cancels near the mean: there the bound is absolute, 1e-6.
-    CHECK(max_relative_error(layernorm_body<cuda_ops>(rows, n), layernorm_body<host_ops>(rows, n), 1e-2f) < 1e-4f);
+    // (x - mean) cancels near the mean, where the means of 3072 f32 values summed in another order
+    // differ by a few 1e-6 (seen on an H100: 1.0e-6 absolute): there the bound is absolute, 1e-5.
+    CHECK(max_relative_error(layernorm_body<cuda_ops>(rows, n), layernorm_body<host_ops>(rows, n), 1e-1f) < 1e-4f);
   }
   // 1 + tanh(u) cancels for negative x (the host takes tanh from its own exp): an absolute 1e-5 below 1.
   for (const std::size_t n : {1, 17, 3072, 1 << 20})
@@ -309,9 +310,16 @@ void attention_on_both(const kv::paged_layout& l, std::size_t heads, const std::
   std::vector<float> host(q.size());
   thread_pool pool(2);
   kernels::paged_attention<E>(pool, l, k.data(), v.data(), q.data(), host.data(), tokens, heads, scale);
-  const auto device = test_cuda::paged_attention<E>(l, k, v, q, tokens, heads, scale);
-  // Weighted means of values in [-1, 1]: an absolute bound, f32 sums in another order.
-  CHECK(max_relative_error(device, host, 1.0f) < 2e-6f);
+  // One block per tile, then each tile's pages cut into ranges (split-K) as for a decode step.
+  for (const std::size_t target : {1, 4096}) {
+    std::size_t splits = 0;
+    const auto device = test_cuda::paged_attention<E>(l, k, v, q, tokens, heads, scale, target, splits);
+    INFO("target " << target << " blocks: " << splits << " page ranges per tile");
+    // Weighted means of values in [-1, 1]: an absolute bound, f32 sums in another order.
+    CHECK(max_relative_error(device, host, 1.0f) < 2e-6f);
+    if (target == 1) CHECK(splits == 1);
+    if (target > 1 && fresh == 1) CHECK(splits > 1);  // a decode step over 517 keys: 9 pages or more
+  }
 }
 }  // namespace
 

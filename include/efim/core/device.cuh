@@ -34,6 +34,14 @@ inline std::string device_name() {
   return p.name;
 }
 
+// The multiprocessors of the current device (how many thread blocks a kernel needs to fill it).
+inline std::size_t multiprocessors() {
+  int device = 0, count = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  return static_cast<std::size_t>(count);
+}
+
 // Device memory for `count` elements of T, freed with the buffer.
 template <class T>
 class buffer {

@@ -68,6 +68,10 @@ class transformer<kernels::cuda> {
     sin_.resize(n * hd / 2);
     kernels::rope_table(positions_, hd, c.rope_theta, cos_.data(), sin_.data(), c.rope_scale);
     step_.plan(slots_, kv.layout().block_size, c.heads, c.kv_heads, attention_policy::rows);
+    // Split-K where the step's tiles alone would not fill the GPU (decode): about two blocks per
+    // multiprocessor.
+    split_ = kernels::device::plan_attention_split(step_.tiles.size(), kernels::device::longest_tile(step_.tiles),
+                                                   kv.layout().block_size, 2 * ctx.multiprocessors());
 
     reserve(n);
     put(d_ids_, ids_, s);
@@ -153,7 +157,8 @@ class transformer<kernels::cuda> {
     kernels::device::kv_write<E>(kv.layout(), kv.keys<E>(layer), kv.values<E>(layer), k_.data(), v_.data(),
                                  d_slots_.data(), slots_.size(), s);
     kernels::device::paged_attention<E>(kv.layout(), kv.keys<E>(layer), kv.values<E>(layer), q_.data(), att_.data(),
-                                        d_tables_.data(), d_tiles_.data(), step_.tiles.size(), cfg().heads, scale, s);
+                                        d_tables_.data(), d_tiles_.data(), step_.tiles.size(), cfg().heads, scale, s,
+                                        split_, attention_ws_.data());
   }
 
   // Scratch for n rows (grown, never shrunk: a step of a size seen before allocates nothing).
@@ -169,6 +174,7 @@ class transformer<kernels::cuda> {
     grow(up_, n * c.ffn);
     grow(logits_, n * c.vocab);
     grow(convert_, 2 * n * std::max({c.hidden, c.q_dim(), c.ffn}));
+    grow(attention_ws_, kernels::device::attention_workspace_bytes(step_.tiles.size(), split_, c.head_dim()));
   }
   template <class T>
   static void grow(device::buffer<T>& b, std::size_t count) {
@@ -182,7 +188,7 @@ class transformer<kernels::cuda> {
 
   device_weights w_;
   device::buffer<float> x_, xb_, q_, att_, k_, v_, gate_, up_, logits_, d_cos_, d_sin_;
-  device::buffer<std::byte> convert_;
+  device::buffer<std::byte> convert_, attention_ws_;
   device::buffer<token_id> d_ids_;
   device::buffer<block_id> d_tables_;
   device::buffer<kv::slot_ref> d_slots_;
@@ -193,6 +199,7 @@ class transformer<kernels::cuda> {
   std::vector<kernels::token_slot> slots_;
   std::vector<float> cos_, sin_;
   kernels::attention_step step_;
+  kernels::device::attention_split split_;
 };
 
 }  // namespace efim::model

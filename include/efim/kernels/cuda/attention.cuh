@@ -5,19 +5,24 @@
 // coalesced load and each lane scores its own key; V is (block, kv_head, slot, dim), dim contiguous,
 // so the lanes read one value row together and each lane accumulates its own dimensions.
 //
-// The work is cut as on the host (attention_plan.hpp): one thread block per tile, up to
-// Policy::rows (token, head) rows of one sequence that read the same KV head, so every K and V
-// element loaded serves all of them (a decode step's grouped query heads; a prefill chunk's
-// consecutive tokens). The block's warps take the sequence's pages in turn, each keeping a running
-// maximum, sum and weighted sum of values per row (online softmax) in registers; the warps' partial
-// results are merged in shared memory at the end. Scores and sums are in f32; f16 caches are
-// widened as they are loaded. The order of the sums is not the host's, so results agree with the
-// host kernel within f32 rounding, not bit for bit.
+// The work is cut as on the host (attention_plan.hpp): up to Policy::rows (token, head) rows of one
+// sequence that read the same KV head form a tile, so every K and V element loaded serves all of them
+// (a decode step's grouped query heads; a prefill chunk's consecutive tokens). A tile's pages are cut
+// into `splits` ranges (split-K, as flash-decoding does), one thread block per (tile, range): a decode
+// step has few tiles, and one block per tile would leave most of the GPU idle while it walks the whole
+// context. The block's warps take the range's pages in turn, each keeping a running maximum, sum and
+// weighted sum of values per row (online softmax) in registers; the warps' partial results are merged
+// in shared memory. With one range the block writes the rows; with more, each block writes its
+// (maximum, sum, weighted sums) into a caller-owned workspace and a second kernel merges the ranges.
+// Scores and sums are in f32; f16 caches are widened as they are loaded. The order of the sums is not
+// the host's, so results agree with the host kernel within f32 rounding, not bit for bit.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <type_traits>
 
 #include "efim/core/dtype.hpp"
@@ -66,7 +71,8 @@ struct attention {
 
   __device__ static void run(float* shared, const kv::paged_layout& l, const E* k_cache, const E* v_cache,
                              const float* q, float* out, const block_id* table, const attention_tile& tile,
-                             position first_pos, std::size_t heads, float scale) {
+                             position first_pos, std::size_t heads, float scale, std::size_t pages_per_split,
+                             float* partial) {
     const int rows = static_cast<int>(tile.tokens * tile.heads);
     const std::size_t hd = l.head_dim, bs = l.block_size;
     const std::size_t g = tile.first_head / (heads / l.kv_heads);
@@ -85,7 +91,9 @@ struct attention {
 
     const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
     const std::size_t longest = static_cast<std::size_t>(first_pos) + tile.tokens;  // keys of the last row
-    const std::size_t pages = (longest + bs - 1) / bs;
+    const std::size_t all_pages = (longest + bs - 1) / bs;
+    const std::size_t first_page = static_cast<std::size_t>(blockIdx.y) * pages_per_split;
+    const std::size_t pages = first_page + pages_per_split < all_pages ? first_page + pages_per_split : all_pages;
     float m[R], sum[R], acc[R][D];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -95,7 +103,7 @@ struct attention {
       for (int i = 0; i < D; ++i) acc[r][i] = 0.0f;
     }
 
-    for (std::size_t page = static_cast<std::size_t>(warp); page < pages; page += W) {
+    for (std::size_t page = first_page + static_cast<std::size_t>(warp); page < pages; page += W) {
       const std::size_t block = static_cast<std::size_t>(table[page]);
       const E* keys = k_cache + l.key_offset(block, g);
       const E* values = v_cache + l.offset(block, g, 0);
@@ -105,13 +113,15 @@ struct attention {
         float s[R];
 #pragma unroll
         for (int r = 0; r < R; ++r) s[r] = 0.0f;
-        if (present)
+        if (present) {
+#pragma unroll 8
           for (std::size_t d = 0; d < hd; ++d) {
             const float k = detail::load(keys[d * bs + slot]);
 #pragma unroll
             for (int r = 0; r < R; ++r)
               if (r < rows) s[r] = fmaf(q_sh[static_cast<std::size_t>(r) * hd + d], k, s[r]);
           }
+        }
         float p[R];
 #pragma unroll
         for (int r = 0; r < R; ++r) {
@@ -131,6 +141,7 @@ struct attention {
         }
         const std::size_t left = longest - page * bs - c, n = left < 32 ? left : 32;
         const std::size_t valid = bs - c < n ? bs - c : n;
+#pragma unroll 4
         for (std::size_t j = 0; j < valid; ++j) {
           float v[D];
 #pragma unroll
@@ -149,7 +160,8 @@ struct attention {
       }
     }
 
-    // Each warp's partial rows into shared memory, then one pass merges them.
+    // Each warp's partial rows into shared memory, then one pass merges them: into the output rows, or
+    // with split-K into this range's slot of the workspace (a row that saw no key: maximum -inf, sums 0).
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       if (r >= rows) continue;
@@ -177,8 +189,46 @@ struct attention {
         total = fmaf(l_sh[w * rows + r], f, total);
         value = fmaf(acc_sh[static_cast<std::size_t>(w * rows + r) * hd + d], f, value);
       }
-      out[row_index(r) * hd + d] = value / total;
+      if (partial == nullptr) {
+        out[row_index(r) * hd + d] = value / total;
+        continue;
+      }
+      float* slot = partial + (static_cast<std::size_t>(blockIdx.x) * gridDim.y + blockIdx.y) * R * (hd + 2);
+      if (d == 0) {
+        slot[r] = top;
+        slot[R + r] = total;
+      }
+      slot[2 * R + static_cast<std::size_t>(r) * hd + d] = value;
     }
+  }
+};
+
+// One tile's rows from its ranges' partial results, one (row, dimension) per thread (the grid's y
+// covers a tile's rows): each range's sums rescaled to the largest maximum. A range with no key
+// visible to the row has maximum -inf, so its factor is 0.
+template <class Policy>
+struct attention_merge {
+  static constexpr int R = Policy::rows;
+  __device__ static void run(const float* partial, std::size_t splits, float* out, const attention_tile& tile,
+                             std::size_t heads, std::size_t hd) {
+    const std::size_t rows = static_cast<std::size_t>(tile.tokens) * tile.heads;
+    const std::size_t i = static_cast<std::size_t>(blockIdx.y) * Policy::threads + threadIdx.x;
+    if (i >= rows * hd) return;
+    const std::size_t r = i / hd, d = i % hd, stride = R * (hd + 2);
+    const float* first = partial + static_cast<std::size_t>(blockIdx.x) * splits * stride;
+    float top = -INFINITY;
+#pragma unroll 8
+    for (std::size_t s = 0; s < splits; ++s) top = fmaxf(top, first[s * stride + r]);
+    float total = 0.0f, value = 0.0f;
+#pragma unroll 4
+    for (std::size_t s = 0; s < splits; ++s) {
+      const float* slot = first + s * stride;
+      const float f = expf(slot[r] - top);
+      total = fmaf(slot[R + r], f, total);
+      value = fmaf(slot[2 * R + r * hd + d], f, value);
+    }
+    const std::size_t t = tile.first_token + r / tile.heads, h = tile.first_head + r % tile.heads;
+    out[(t * heads + h) * hd + d] = value / total;
   }
 };
 
@@ -189,11 +239,19 @@ namespace detail {
 template <class Policy, class E>
 __global__ void __launch_bounds__(Policy::threads)
     attention_kernel(kv::paged_layout l, const E* k_cache, const E* v_cache, const float* q, float* out,
-                     const block_id* tables, const attention_tile_ref* tiles, std::size_t heads, float scale) {
+                     const block_id* tables, const attention_tile_ref* tiles, std::size_t heads, float scale,
+                     std::size_t pages_per_split, float* partial) {
   extern __shared__ float shared[];
   const attention_tile_ref t = tiles[blockIdx.x];
   agent::attention<Policy, E>::run(shared, l, k_cache, v_cache, q, out, tables + t.table, t.tile, t.first_pos, heads,
-                                   scale);
+                                   scale, pages_per_split, partial);
+}
+
+template <class Policy>
+__global__ void __launch_bounds__(Policy::threads)
+    attention_merge_kernel(const float* partial, std::size_t splits, float* out, const attention_tile_ref* tiles,
+                           std::size_t heads, std::size_t head_dim) {
+  agent::attention_merge<Policy>::run(partial, splits, out, tiles[blockIdx.x].tile, heads, head_dim);
 }
 
 }  // namespace detail
@@ -204,12 +262,51 @@ constexpr std::size_t attention_shared_bytes(std::size_t head_dim) noexcept {
   return agent::attention<Policy, float>::shared_bytes(Policy::rows, head_dim);
 }
 
+// How a step's tiles are cut into page ranges: `splits` ranges of `pages` pages each (the last tile's
+// range may run past its sequence: such a block finds no key and the merge skips it).
+struct attention_split {
+  std::size_t splits = 1, pages = 0;
+};
+
+// Cuts the pages of the longest tile (`longest` keys) so that the step has about `target_blocks`
+// thread blocks (a few per multiprocessor), each range at least one page per warp where the context
+// allows; a step with enough tiles (a prefill batch) is not split.
+template <class Policy = policy::attention>
+constexpr attention_split plan_attention_split(std::size_t n_tiles, std::size_t longest, std::size_t block_size,
+                                               std::size_t target_blocks) noexcept {
+  const std::size_t pages = block_size == 0 ? 0 : (longest + block_size - 1) / block_size;
+  if (n_tiles == 0 || pages == 0 || 2 * n_tiles >= target_blocks) return {1, pages};
+  const std::size_t per_warp = (pages + Policy::warps - 1) / Policy::warps;  // ranges of one page per warp
+  const std::size_t wanted = (target_blocks + n_tiles - 1) / n_tiles;
+  const std::size_t splits = wanted < per_warp ? wanted : per_warp;
+  const std::size_t per_split = (pages + splits - 1) / splits;
+  return {(pages + per_split - 1) / per_split, per_split};
+}
+
+// The longest tile's keys (its last row's position + 1): plan_attention_split's `longest`.
+inline std::size_t longest_tile(std::span<const attention_tile_ref> tiles) noexcept {
+  std::size_t longest = 0;
+  for (const auto& t : tiles)
+    longest = std::max(longest, static_cast<std::size_t>(t.first_pos) + t.tile.tokens);
+  return longest;
+}
+
+// Bytes of workspace paged_attention needs for `n_tiles` tiles cut as `split` (0 where not split).
+template <class Policy = policy::attention>
+constexpr std::size_t attention_workspace_bytes(std::size_t n_tiles, const attention_split& split,
+                                                std::size_t head_dim) noexcept {
+  return split.splits <= 1 ? 0 : n_tiles * split.splits * Policy::rows * (head_dim + 2) * sizeof(float);
+}
+
 // q, out: (tokens, heads, head_dim) device rows; tables and tiles: an attention_step's, planned with
 // Policy::rows rows per tile at most. Query head h reads KV head h / (heads / kv_heads). E is float or half.
+// `split` (plan_attention_split) cuts each tile's pages into ranges; with more than one range,
+// `workspace` holds attention_workspace_bytes(n_tiles, split, head_dim) bytes of device memory.
 template <class E, class Policy = policy::attention>
 void paged_attention(const kv::paged_layout& l, const E* k_cache, const E* v_cache, const float* q, float* out,
                      const block_id* tables, const attention_tile_ref* tiles, std::size_t n_tiles, std::size_t heads,
-                     float scale, cudaStream_t stream = nullptr) {
+                     float scale, cudaStream_t stream = nullptr, attention_split split = {},
+                     void* workspace = nullptr) {
   static_assert(std::is_same_v<E, float> || std::is_same_v<E, half>, "KV elements are float or half");
   static_assert(attention_shared_bytes<Policy>(32 * Policy::lane_dims) <= 48 * 1024, "the policy needs opt-in memory");
   (void)query_group(heads, l.kv_heads);
@@ -218,10 +315,22 @@ void paged_attention(const kv::paged_layout& l, const E* k_cache, const E* v_cac
                                             " is above the policy's " + std::to_string(32 * Policy::lane_dims));
   if (n_tiles == 0) return;
   require(n_tiles <= 0x7FFFFFFFu, errc::invalid_argument, "device::paged_attention: too many tiles");
-  detail::attention_kernel<Policy, E>
-      <<<static_cast<unsigned>(n_tiles), Policy::threads, attention_shared_bytes<Policy>(l.head_dim), stream>>>(
-          l, k_cache, v_cache, q, out, tables, tiles, heads, scale);
+  require(split.splits >= 1 && split.splits <= 65535, errc::invalid_argument,
+          "device::paged_attention: page ranges per tile out of 1..65535");
+  require(split.splits == 1 || (workspace != nullptr && split.pages > 0), errc::invalid_argument,
+          "device::paged_attention: split-K needs pages per range and a workspace");
+  const std::size_t per_split = split.splits == 1 ? ~std::size_t{0} / 2 : split.pages;
+  float* partial = split.splits == 1 ? nullptr : static_cast<float*>(workspace);
+  const dim3 grid(static_cast<unsigned>(n_tiles), static_cast<unsigned>(split.splits));
+  detail::attention_kernel<Policy, E><<<grid, Policy::threads, attention_shared_bytes<Policy>(l.head_dim), stream>>>(
+      l, k_cache, v_cache, q, out, tables, tiles, heads, scale, per_split, partial);
   check(cudaGetLastError(), "paged_attention launch");
+  if (partial == nullptr) return;
+  const dim3 merge_grid(static_cast<unsigned>(n_tiles),
+                        static_cast<unsigned>((Policy::rows * l.head_dim + Policy::threads - 1) / Policy::threads));
+  detail::attention_merge_kernel<Policy>
+      <<<merge_grid, Policy::threads, 0, stream>>>(partial, split.splits, out, tiles, heads, l.head_dim);
+  check(cudaGetLastError(), "paged_attention merge launch");
 }
 
 }  // namespace efim::kernels::device

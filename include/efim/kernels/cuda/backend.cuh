@@ -26,16 +26,19 @@ struct cuda {
   // the host side of a step (tokenizing, planning) runs on the caller's thread.
   class context {
    public:
-    context() : blas_(stream_.get()) {}
+    context() : blas_(stream_.get()), multiprocessors_(efim::device::multiprocessors()) {}
     explicit context(thread_pool& /*host*/) : context() {}
 
     [[nodiscard]] cudaStream_t stream() const noexcept { return stream_.get(); }
     [[nodiscard]] const device::blas& blas() const noexcept { return blas_; }
     void synchronize() const { stream_.synchronize(); }
+    // The device's multiprocessors, read once (kernels size their grids to fill them).
+    [[nodiscard]] std::size_t multiprocessors() const noexcept { return multiprocessors_; }
 
    private:
     efim::device::stream stream_;
     device::blas blas_;
+    std::size_t multiprocessors_;
   };
 };
 
