@@ -7,6 +7,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -902,19 +903,35 @@ void healing_through_pipeline(const text::bpe_tokenizer& tok, const model::weigh
 
 }  // namespace
 
-TEST_CASE("token healing in the pipeline: psm, spm and efim give the removed text back, and only then the client's",
-          "[engine][healing][shared]") {
+namespace {
+// Qwen2.5-Coder's vocabulary (from the shared data) and a small random model over it (hidden 32, ffn
+// 64), for the token-healing cases; nothing, with a warning that the case was skipped, where the data
+// is not there.
+struct vocab_model {
+  text::bpe_tokenizer tok;
+  model::weights w;
+};
+std::optional<vocab_model> qwen_vocab_model(std::uint64_t seed) {
   const auto path = std::filesystem::path(EFIM_SHARED_DATA) / "vocab" / "ggml-vocab-qwen2.5-coder.gguf";
   if (!std::filesystem::exists(path)) {
     WARN("skipped: needs " << path.string());
-    return;
+    return std::nullopt;
   }
-  const auto tok = text::load_bpe(path.string());
+  auto tok = text::load_bpe(path.string());
   auto cfg = small_config();
   cfg.vocab = tok.vocab_size();
   cfg.hidden = 32;
   cfg.ffn = 64;
-  const auto w = model::random_weights(cfg, 9);
+  auto w = model::random_weights(cfg, seed);
+  return vocab_model{std::move(tok), std::move(w)};
+}
+}  // namespace
+
+TEST_CASE("token healing in the pipeline: psm, spm and efim give the removed text back, and only then the client's",
+          "[engine][healing][shared]") {
+  const auto qwen = qwen_vocab_model(9);
+  if (!qwen) return;
+  const auto& [tok, w] = *qwen;
   std::ifstream in(std::filesystem::path(__FILE__).parent_path() / "engine_test.cpp", std::ios::binary);
   const std::string code(std::istreambuf_iterator<char>(in), {});
   REQUIRE(code.size() > 5000);
@@ -925,17 +942,9 @@ TEST_CASE("token healing in the pipeline: psm, spm and efim give the removed tex
 
 TEST_CASE("token healing keeps EFIM's cache reuse: per keystroke, typed tokens + one block + k computed",
           "[engine][healing][shared]") {
-  const auto path = std::filesystem::path(EFIM_SHARED_DATA) / "vocab" / "ggml-vocab-qwen2.5-coder.gguf";
-  if (!std::filesystem::exists(path)) {
-    WARN("skipped: needs " << path.string());
-    return;
-  }
-  const auto tok = text::load_bpe(path.string());
-  auto cfg = small_config();
-  cfg.vocab = tok.vocab_size();
-  cfg.hidden = 32;
-  cfg.ffn = 64;
-  const auto w = model::random_weights(cfg, 9);
+  const auto qwen = qwen_vocab_model(9);
+  if (!qwen) return;
+  const auto& [tok, w] = *qwen;
   using pipeline = engine::pipeline<prompt::efim, cache::xxh3_128_chain, cache::lru, text::at_boundaries,
                                     kernels::host, text::bpe_tokenizer>;
   for (const std::size_t k : {0, 1, 3}) {
@@ -1016,17 +1025,9 @@ void healing_any_fragmenter(const text::bpe_tokenizer& tok, const model::weights
 
 TEST_CASE("token healing, any fragmenter and k, edge prompts: the client's text continues the prompt",
           "[engine][healing][shared]") {
-  const auto path = std::filesystem::path(EFIM_SHARED_DATA) / "vocab" / "ggml-vocab-qwen2.5-coder.gguf";
-  if (!std::filesystem::exists(path)) {
-    WARN("skipped: needs " << path.string());
-    return;
-  }
-  const auto tok = text::load_bpe(path.string());
-  auto cfg = small_config();
-  cfg.vocab = tok.vocab_size();
-  cfg.hidden = 32;
-  cfg.ffn = 64;
-  const auto w = model::random_weights(cfg, 4);
+  const auto qwen = qwen_vocab_model(4);
+  if (!qwen) return;
+  const auto& [tok, w] = *qwen;
   std::ifstream in(std::filesystem::path(__FILE__).parent_path() / "text_test.cpp", std::ios::binary);
   const std::string code(std::istreambuf_iterator<char>(in), {});
   healing_any_fragmenter<prompt::psm, text::whole>(tok, w, code);
@@ -1038,17 +1039,9 @@ TEST_CASE("token healing, any fragmenter and k, edge prompts: the client's text 
 
 TEST_CASE("token healing: a healed request served from the cache gives the tokens of a recompute",
           "[engine][healing][shared]") {
-  const auto path = std::filesystem::path(EFIM_SHARED_DATA) / "vocab" / "ggml-vocab-qwen2.5-coder.gguf";
-  if (!std::filesystem::exists(path)) {
-    WARN("skipped: needs " << path.string());
-    return;
-  }
-  const auto tok = text::load_bpe(path.string());
-  auto cfg = small_config();
-  cfg.vocab = tok.vocab_size();
-  cfg.hidden = 32;
-  cfg.ffn = 64;
-  const auto w = model::random_weights(cfg, 6);
+  const auto qwen = qwen_vocab_model(6);
+  if (!qwen) return;
+  const auto& [tok, w] = *qwen;
   using pipeline = engine::pipeline<prompt::psm, cache::xxh3_128_chain, cache::lru, text::at_boundaries,
                                     kernels::host, text::bpe_tokenizer>;
   auto o = efim_test::small_options(512);
@@ -1080,17 +1073,9 @@ static_assert(text::healing_policy<heal_last_token>);
 }  // namespace
 
 TEST_CASE("token healing: the pipeline's healing policy is a type (no_healing, a user's own)", "[engine][healing][shared]") {
-  const auto path = std::filesystem::path(EFIM_SHARED_DATA) / "vocab" / "ggml-vocab-qwen2.5-coder.gguf";
-  if (!std::filesystem::exists(path)) {
-    WARN("skipped: needs " << path.string());
-    return;
-  }
-  const auto tok = text::load_bpe(path.string());
-  auto cfg = small_config();
-  cfg.vocab = tok.vocab_size();
-  cfg.hidden = 32;
-  cfg.ffn = 64;
-  const auto w = model::random_weights(cfg, 8);
+  const auto qwen = qwen_vocab_model(8);
+  if (!qwen) return;
+  const auto& [tok, w] = *qwen;
 
   using own = engine::pipeline<prompt::psm, cache::xxh3_128_chain, cache::lru, text::at_boundaries, kernels::host,
                                text::bpe_tokenizer, cache::logical_clock, heal_last_token>;

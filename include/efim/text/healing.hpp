@@ -26,8 +26,8 @@
 namespace efim::text {
 
 // The limit on removed tokens to use when healing is on: on code cut at random places with the
-// Qwen2.5-Coder vocabulary, 94% of cuts heal; k = 1 removes 1.00 tokens on average, k = 2 1.14, and
-// k = 3 or 4 1.15 (efim-healing-bench, docs/benchmarks.md): 2 takes nearly all there is.
+// Qwen2.5-Coder vocabulary, 93.7% of cuts heal; k = 1 removes 1.00 tokens on average, k = 2 1.12,
+// k = 3 1.13 and k = 4 1.14 (efim-healing-bench, docs/benchmarks.md): 2 takes nearly all there is.
 inline constexpr std::size_t default_heal_tokens = 2;
 
 class prefix_index {
