@@ -32,7 +32,9 @@ make: writes a model with random weights (deterministic for a seed) that llama.c
   --rope-base F       RoPE base (1e6 for qwen2, 1e5 for starcoder2, 1e4 for llama)
   --rope-scale F      linear RoPE scaling factor (1)
   --norm-eps F        norm epsilon (1e-6 for qwen2, 1e-5 otherwise)
-  --type T            f32, f16, bf16, q8_0 or q4_0 for every matrix (f16)
+  --type T            f32, f16, bf16, q8_0, q4_0, q5_0, q5_1, q4_k, q5_k or q6_k for every matrix;
+                      or llama.cpp's mixes q4_k_m, q5_k_m, q6_k (llama.cpp's quantizer's tensor types
+                      and bytes for these weights) (f16)
   --tied              no output matrix: the token embeddings give the logits
   --tokenizer PATH    tokenizer.json, or a .gguf file to take the tokenizer from (default: the
                       Qwen2.5-Coder tokenizer.json that .ci/setup fetches); "none" for no tokenizer
@@ -40,7 +42,8 @@ make: writes a model with random weights (deterministic for a seed) that llama.c
                       the Qwen2.5-Coder vocabulary 151936, as its models have)
   --seed S            (1)
   --threads N         threads drawing the weights (0: all cores)
-info: the metadata, the decoder config and a summary of the tensors by type.
+info: the metadata, the decoder config, a summary of the tensors by type and each tensor's type and
+  shape.
 )";
 
 [[noreturn]] void fail(const std::string& message, int code = 2) { efim_examples::fail("efim-model", message, code); }
@@ -94,7 +97,9 @@ int make(int argc, char** argv) {
   const double eps = number("--norm-eps", get("--norm-eps", qwen ? "1e-6" : "1e-5"));
   if (!(eps > 0 && eps < 1)) fail("--norm-eps must be in (0, 1)");
   c.norm_eps = static_cast<float>(eps);
-  const efim::model::random_spec spec{efim::parse_dtype(get("--type", "f16")), tied};
+  const std::string type = get("--type", "f16");
+  const auto mix = efim::model::parse_quant_mix(type);
+  const efim::model::random_spec spec{mix ? efim::model::base_type(*mix) : efim::parse_dtype(type), tied, mix};
   const std::uint64_t seed = count("--seed", get("--seed", "1"));
   if (c.head_size != 0 && c.head_size * c.heads != c.hidden && c.arch != efim::model::architecture::llama)
     fail("--head-dim: llama.cpp's " + std::string(efim::model::to_string(c.arch)) +
@@ -123,7 +128,7 @@ int make(int argc, char** argv) {
   efim::model::write_file(out, bytes);
   std::cerr << "efim-model: wrote " << out << " (" << efim::model::to_string(c.arch) << ", hidden " << c.hidden << ", "
             << c.layers << " layers, " << c.heads << "/" << c.kv_heads << " heads, ffn " << c.ffn << ", vocab "
-            << c.vocab << ", " << efim::to_string(spec.type) << (tied ? ", tied" : "") << ", " << bytes.size() / 1e6
+            << c.vocab << ", " << type << (tied ? ", tied" : "") << ", " << bytes.size() / 1e6
             << " MB)\n";
   return 0;
 }
@@ -203,17 +208,21 @@ int info(int argc, char** argv) {
     std::size_t tensors = 0, elements = 0, bytes = 0;
   };
   std::map<std::string, totals> by_type;
+  nlohmann::json list = nlohmann::json::array();
   for (const auto& t : file.meta.tensors) {
     const auto type = efim::dtype_of_ggml(t.type);
-    auto& s = by_type[type ? std::string(efim::to_string(*type)) : "ggml type " + std::to_string(t.type)];
+    const std::string name = type ? std::string(efim::to_string(*type)) : "ggml type " + std::to_string(t.type);
+    auto& s = by_type[name];
     std::size_t n = 1;
     for (const auto d : t.shape) n *= d;
     ++s.tensors;
     s.elements += n;
     s.bytes += t.bytes;
+    list.push_back({{"name", t.name}, {"type", name}, {"shape", t.shape}, {"bytes", t.bytes}});
   }
   for (const auto& [type, s] : by_type)
     j["tensors"][type] = {{"tensors", s.tensors}, {"parameters", s.elements}, {"bytes", s.bytes}};
+  j["tensor_list"] = list;
 
   if (json) {
     std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
@@ -229,6 +238,13 @@ int info(int argc, char** argv) {
   for (const auto& [type, s] : by_type)
     std::cout << "  " << type << ": " << s.tensors << " tensors, " << s.elements << " parameters, " << s.bytes
               << " bytes\n";
+  std::cout << "each tensor (type, shape as ne0 x ne1, bytes):\n";
+  for (const auto& t : list) {
+    std::string shape;
+    for (const auto& d : t["shape"]) shape += (shape.empty() ? "" : " x ") + std::to_string(d.get<std::uint64_t>());
+    std::cout << "  " << t["name"].get<std::string>() << ": " << t["type"].get<std::string>() << ", " << shape << ", "
+              << t["bytes"].get<std::uint64_t>() << " bytes\n";
+  }
   std::cout << "metadata:\n";
   for (const auto& [key, v] : meta.items()) std::cout << "  " << key << " = " << v.get<std::string>() << "\n";
   return 0;

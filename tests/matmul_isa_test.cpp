@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <vector>
 
 #include "efim/core/dtype.hpp"
@@ -22,13 +23,13 @@ using namespace efim;
 namespace {
 
 // FNV-1a over the bits of the products of random weights of every type and batches of 1 to 17 rows.
-std::uint64_t matmul_hash() {
+std::uint64_t matmul_hash(std::initializer_list<dtype> types) {
   thread_pool pool(2);
   rng r(13);
   const auto value = [&] { return static_cast<float>(r.uniform() * 2.0 - 1.0); };
   std::uint64_t hash = 0xcbf29ce484222325ull;  // FNV-1a over the outputs' bits
-  for (const dtype t : all_dtypes) {
-    const std::size_t rows = 37, cols = info(t).block == 32 ? 96 : 100;
+  for (const dtype t : types) {
+    const std::size_t rows = 37, cols = info(t).block == 256 ? 512 : info(t).block == 32 ? 96 : 100;
     const std::size_t rb = row_bytes(t, cols);
     std::vector<std::byte> bytes(rows * rb);
     for (std::size_t j = 0; j < rows; ++j) {
@@ -41,12 +42,28 @@ std::uint64_t matmul_hash() {
           std::memcpy(row + 2 * e, &h, 2);
         }
       }
-      if (info(t).block == 32)  // raw blocks: a random f16 scale in [2^-10, 2^-9), random quants
+      // Raw blocks: each f16 scale (d, the offset m of q5_1, dmin of q4_k and q5_k) random in [2^-10, 2^-9), random quants
+      // (and 6- or 8-bit sub-block scales).
+      const auto scale = [&] { return f32_to_f16(0x1p-10f * (1.0f + 0.5f * (value() + 1.0f))); };
+      if (info(t).block == 32)
         for (std::size_t b = 0; b < cols / 32; ++b) {
           std::byte* blk = row + b * info(t).bytes;
-          const std::uint16_t d = f32_to_f16(0x1p-10f * (1.0f + 0.5f * (value() + 1.0f)));
+          const std::uint16_t d = scale();
           std::memcpy(blk, &d, 2);
           for (std::size_t q = 2; q < info(t).bytes; ++q) blk[q] = static_cast<std::byte>(r.below(256));
+          if (t == dtype::q5_1) {
+            const std::uint16_t m = scale();
+            std::memcpy(blk + 2, &m, 2);
+          }
+        }
+      if (info(t).block == 256)
+        for (std::size_t b = 0; b < cols / 256; ++b) {
+          std::byte* blk = row + b * info(t).bytes;
+          for (std::size_t q = 0; q < info(t).bytes; ++q) blk[q] = static_cast<std::byte>(r.below(256));
+          for (const std::size_t at : t == dtype::q6_k ? std::vector<std::size_t>{208} : std::vector<std::size_t>{0, 2}) {
+            const std::uint16_t d = scale();
+            std::memcpy(blk + at, &d, 2);
+          }
         }
     }
     const kernels::weight_view w{t, rows, cols, bytes.data()};
@@ -64,8 +81,11 @@ std::uint64_t matmul_hash() {
   return hash;
 }
 
+// f32, f16, bf16, q8_0 and q4_0; then q5_0, q5_1 and the k-quants.
 constexpr std::uint64_t fused_bits = 0x4fe871bbbc6d1882ull;    // every multiply-add fused
 constexpr std::uint64_t unfused_bits = 0x0d7c75be7d314343ull;  // products and sums rounded apart
+constexpr std::uint64_t fused_bits_k = 0x8bf3f64c38d92eeaull;
+constexpr std::uint64_t unfused_bits_k = 0x06bcf2748149c479ull;
 
 }  // namespace
 
@@ -74,11 +94,15 @@ TEST_CASE("typed matmul gives the same bits on every instruction-set path", "[ke
   for (const kernels::isa path : {kernels::isa::avx512, kernels::isa::avx2, kernels::isa::generic}) {
     if (kernels::select_isa(path) != path) continue;  // the CPU lacks it
     INFO("path " << kernels::isa_name(path));
-    const std::uint64_t hash = matmul_hash();
+    const std::uint64_t hash = matmul_hash({dtype::f32, dtype::f16, dtype::bf16, dtype::q8_0, dtype::q4_0});
+    const std::uint64_t hash_k = matmul_hash({dtype::q5_0, dtype::q5_1, dtype::q4_k, dtype::q5_k, dtype::q6_k});
+    UNSCOPED_INFO(std::hex << "hashes 0x" << hash << ", 0x" << hash_k);
 #if defined(__FMA__) || defined(__AVX512F__) || defined(__ARM_FEATURE_FMA)
     CHECK(hash == fused_bits);
+    CHECK(hash_k == fused_bits_k);
 #else
     CHECK(hash == (path == kernels::isa::generic ? unfused_bits : fused_bits));
+    CHECK(hash_k == (path == kernels::isa::generic ? unfused_bits_k : fused_bits_k));
 #endif
   }
   kernels::select_isa(before);

@@ -2,7 +2,8 @@
 // starcoder2 architectures, over its public C API (llama.h) and its prebuilt CPU libraries, which
 // .ci/setup lays out in .cache/llama.cpp (nothing of llama.cpp is in the repository or copied here).
 //
-//   quantize IN OUT TYPE [--threads N]             TYPE: f16 bf16 q8_0 q4_0 q4_k_m
+//   quantize IN OUT TYPE [--threads N]             TYPE: f16 bf16 q8_0 q4_0 q4_k_m q5_k_m q6_k
+//   quantize-rows TYPE N IN OUT                    ggml's quantizer on raw f32 rows of N (TYPE: a ggml type)
 //   logits MODEL --ids "i j ..." [--all] [--threads N] [--kv f32|f16] [--batch N]
 //   generate MODEL --ids "i j ..." --n N [--threads N] [--kv f32|f16]
 //   bench MODEL [--pp 512] [--tg 128] [--threads N] [--reps 3] [--kv f16|f32] [--fa auto|on|off] [--ubatch 512]
@@ -79,7 +80,9 @@ namespace {
 
 constexpr const char* usage_text =
     "usage: efim-llama-reference COMMAND ...\n"
-    "  quantize IN OUT TYPE [--threads N]            TYPE: f16 bf16 q8_0 q4_0 q4_k_m\n"
+    "  quantize IN OUT TYPE [--threads N]            TYPE: f16 bf16 q8_0 q4_0 q4_k_m q5_k_m q6_k\n"
+    "  quantize-rows TYPE N IN OUT                   ggml_quantize_chunk on IN's f32 rows of N; TYPE q4_0 q5_0\n"
+    "                                                q5_1 q8_0 q4_k q5_k q6_k\n"
     "  logits MODEL --ids \"i j ...\" [--all] [--threads N] [--kv f32|f16] [--batch N]\n"
     "  generate MODEL --ids \"i j ...\" --n N [--threads N] [--kv f32|f16]\n"
     "  bench MODEL [--pp 512] [--tg 128] [--threads N] [--reps 3] [--kv f16|f32] [--fa auto|on|off] [--ubatch 512]\n"
@@ -394,10 +397,11 @@ int cmd_quantize(int argc, char** argv) {
   static const std::map<std::string, llama_ftype> types = {
       {"f16", LLAMA_FTYPE_MOSTLY_F16},   {"bf16", LLAMA_FTYPE_MOSTLY_BF16},     {"q8_0", LLAMA_FTYPE_MOSTLY_Q8_0},
       {"q4_0", LLAMA_FTYPE_MOSTLY_Q4_0}, {"q4_k_m", LLAMA_FTYPE_MOSTLY_Q4_K_M},
+      {"q5_k_m", LLAMA_FTYPE_MOSTLY_Q5_K_M}, {"q6_k", LLAMA_FTYPE_MOSTLY_Q6_K},
   };
   const auto type = types.find(args.positional[2]);
   if (type == types.end()) {
-    throw usage_error("TYPE must be one of f16 bf16 q8_0 q4_0 q4_k_m, not '" + args.positional[2] + "'");
+    throw usage_error("TYPE must be one of f16 bf16 q8_0 q4_0 q4_k_m q5_k_m q6_k, not '" + args.positional[2] + "'");
   }
   const int threads = threads_option(args);
   if (!std::filesystem::exists(args.positional[0])) {
@@ -409,6 +413,43 @@ int cmd_quantize(int argc, char** argv) {
   params.ftype = type->second;
   if (llama_model_quantize(args.positional[0].c_str(), args.positional[1].c_str(), &params) != 0) {
     throw std::runtime_error("llama_model_quantize failed (--verbose shows why)");
+  }
+  return 0;
+}
+
+// ggml's own quantizer (ggml_quantize_chunk, no importance matrix: what `quantize` uses) on raw f32
+// rows, so that another implementation's bytes can be compared with it.
+int cmd_quantize_rows(int argc, char** argv) {
+  const arguments args = parse_arguments(argc, argv, 2, 4, {}, {});
+  static const std::map<std::string, ggml_type> types = {
+      {"q4_0", GGML_TYPE_Q4_0}, {"q5_0", GGML_TYPE_Q5_0}, {"q5_1", GGML_TYPE_Q5_1}, {"q8_0", GGML_TYPE_Q8_0},
+      {"q4_k", GGML_TYPE_Q4_K}, {"q5_k", GGML_TYPE_Q5_K}, {"q6_k", GGML_TYPE_Q6_K},
+  };
+  const auto type = types.find(args.positional[0]);
+  if (type == types.end()) {
+    throw usage_error("TYPE must be one of q4_0 q5_0 q5_1 q8_0 q4_k q5_k q6_k, not '" + args.positional[0] + "'");
+  }
+  const long long n = std::atoll(args.positional[1].c_str());
+  if (n <= 0 || n % ggml_blck_size(type->second) != 0) {
+    throw usage_error("N must be a positive multiple of " + std::to_string(ggml_blck_size(type->second)));
+  }
+  std::ifstream in(args.positional[2], std::ios::binary);
+  if (!in) {
+    throw std::runtime_error(args.positional[2] + ": cannot read");
+  }
+  const std::string bytes(std::istreambuf_iterator<char>(in), {});
+  if (bytes.size() % (sizeof(float) * static_cast<std::size_t>(n)) != 0) {
+    throw std::runtime_error(args.positional[2] + ": not a whole number of f32 rows of " + args.positional[1]);
+  }
+  const std::int64_t rows = static_cast<std::int64_t>(bytes.size() / (sizeof(float) * static_cast<std::size_t>(n)));
+  std::vector<float> src(static_cast<std::size_t>(rows * n));
+  std::memcpy(src.data(), bytes.data(), bytes.size());
+  std::vector<char> dst(static_cast<std::size_t>(rows) * ggml_row_size(type->second, n));
+  const std::size_t written = ggml_quantize_chunk(type->second, src.data(), dst.data(), 0, rows, n, nullptr);
+  std::ofstream out(args.positional[3], std::ios::binary);
+  out.write(dst.data(), static_cast<std::streamsize>(written));
+  if (!out) {
+    throw std::runtime_error(args.positional[3] + ": cannot write");
   }
   return 0;
 }
@@ -1212,7 +1253,7 @@ int main(int argc, char** argv) {
   }
   const std::string command = argv[1];
   static const std::pair<std::string_view, int (*)(int, char**)> commands[] = {
-      {"quantize", cmd_quantize}, {"logits", cmd_logits}, {"generate", cmd_generate}, {"bench", cmd_bench},
+      {"quantize", cmd_quantize}, {"quantize-rows", cmd_quantize_rows}, {"logits", cmd_logits}, {"generate", cmd_generate}, {"bench", cmd_bench},
       {"info", cmd_info},         {"smoke", cmd_smoke},   {"tokenize", cmd_tokenize},
       {"tokenize-bench", cmd_tokenize_bench}};
   try {

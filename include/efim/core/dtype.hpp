@@ -1,10 +1,13 @@
 #pragma once
-// Element types of weight and KV tensors: f32, f16, bf16 and the block-quantized q8_0 and q4_0, with
-// the byte layouts GGUF files use (ggml type ids), conversions, and plain reference quantizers.
+// Element types of weight and KV tensors: f32, f16, bf16, the block-quantized q8_0, q4_0, q5_0 and q5_1,
+// and ggml's k-quants q4_k, q5_k and q6_k (kquants.hpp), with the byte layouts GGUF files use (ggml
+// type ids), conversions, and reference quantizers whose bytes equal llama.cpp's.
 //
-// Dequantization is exact in f32 for every type here (an int8 or int4 times an f16 scale needs at most
-// 19 significant bits), so a kernel that dequantizes on the fly computes the same products as one that
-// reads dequantized f32 weights.
+// Dequantization gives one f32 value per weight that does not depend on how it is computed: exact for
+// every type but q4_k, q5_k and q5_1 (an integer times an f16 scale needs at most 24 significant bits), and
+// for those one rounding of an exact product minus an exact product, the same with or without a fused
+// multiply-add. So a kernel that dequantizes on the fly computes the same products as one that reads
+// dequantized f32 weights.
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -17,6 +20,8 @@
 
 #include "efim/core/config.hpp"
 #include "efim/core/error.hpp"
+#include "efim/core/float16.hpp"
+#include "efim/core/kquants.hpp"
 
 namespace efim {
 
@@ -25,11 +30,17 @@ enum class dtype : std::uint32_t {
   f32 = 0,
   f16 = 1,
   q4_0 = 2,
+  q5_0 = 6,
+  q5_1 = 7,
   q8_0 = 8,
+  q4_k = 12,
+  q5_k = 13,
+  q6_k = 14,
   bf16 = 30,
 };
 
-inline constexpr dtype all_dtypes[] = {dtype::f32, dtype::f16, dtype::bf16, dtype::q8_0, dtype::q4_0};
+inline constexpr dtype all_dtypes[] = {dtype::f32,  dtype::f16,  dtype::bf16, dtype::q8_0, dtype::q4_0,
+                                       dtype::q5_0, dtype::q5_1, dtype::q4_k, dtype::q5_k, dtype::q6_k};
 
 struct dtype_info {
   std::string_view name;
@@ -49,6 +60,16 @@ constexpr dtype_info info(dtype t) noexcept {
       return {"q8_0", 32, 34};
     case dtype::q4_0:
       return {"q4_0", 32, 18};
+    case dtype::q5_0:
+      return {"q5_0", 32, 22};
+    case dtype::q5_1:
+      return {"q5_1", 32, 24};
+    case dtype::q4_k:
+      return {"q4_k", 256, 144};
+    case dtype::q5_k:
+      return {"q5_k", 256, 176};
+    case dtype::q6_k:
+      return {"q6_k", 256, 210};
   }
   return {"?", 0, 0};
 }
@@ -65,7 +86,8 @@ constexpr std::optional<dtype> dtype_of_ggml(std::uint32_t ggml_type) noexcept {
 inline dtype parse_dtype(std::string_view name) {
   for (const dtype t : all_dtypes)
     if (info(t).name == name) return t;
-  throw error(errc::invalid_argument, "unknown tensor type '" + std::string(name) + "' (f32, f16, bf16, q8_0, q4_0)");
+  throw error(errc::invalid_argument, "unknown tensor type '" + std::string(name) +
+                                          "' (f32, f16, bf16, q8_0, q4_0, q5_0, q5_1, q4_k, q5_k, q6_k)");
 }
 
 // Bytes of a row of n elements; n must be a whole number of blocks.
@@ -79,48 +101,6 @@ inline std::size_t row_bytes(dtype t, std::size_t n) {
   return n / i.block * i.bytes;
 }
 
-// IEEE half and bfloat16, rounded to nearest even (what F16C and ggml do).
-EFIM_HOST_DEVICE float f16_to_f32(std::uint16_t h) noexcept {
-  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
-  const std::uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
-  if (exp == 0) {  // zero or subnormal: mant * 2^-24, exact in f32
-    const float v = static_cast<float>(mant) * 0x1p-24f;
-    return sign ? -v : v;
-  }
-  const std::uint32_t bits = exp == 31 ? sign | 0x7f800000u | (mant << 13) : sign | ((exp + 112) << 23) | (mant << 13);
-  return efim::bit_cast<float>(bits);
-}
-
-EFIM_HOST_DEVICE std::uint16_t f32_to_f16(float f) noexcept {
-  const std::uint32_t x = efim::bit_cast<std::uint32_t>(f);
-  const auto sign = static_cast<std::uint16_t>((x >> 16) & 0x8000u);
-  const std::uint32_t ax = x & 0x7fffffffu;
-  if (ax > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));  // NaN, quiet
-  if (ax >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // 65520 and up round to infinity
-  if (ax < 0x38800000u) {
-    // Below 2^-14: a multiple of 2^-24. Adding 0.5 puts 2^-24 at the f32 ulp, so the hardware rounds it.
-    const float r = efim::bit_cast<float>(ax) + 0.5f;
-    return static_cast<std::uint16_t>(sign | (efim::bit_cast<std::uint32_t>(r) - 0x3f000000u));
-  }
-  const std::uint32_t rounded = ax - 0x38000000u + 0xfffu + ((ax >> 13) & 1u);
-  return static_cast<std::uint16_t>(sign | (rounded >> 13));
-}
-
-EFIM_HOST_DEVICE float bf16_to_f32(std::uint16_t h) noexcept {
-  return efim::bit_cast<float>(static_cast<std::uint32_t>(h) << 16);
-}
-
-EFIM_HOST_DEVICE std::uint16_t f32_to_bf16(float f) noexcept {
-  const std::uint32_t x = efim::bit_cast<std::uint32_t>(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((x >> 16) | 64u);  // NaN, quiet
-  return static_cast<std::uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
-}
-
-// An f16 value as stored (KV caches in f16 hold these).
-struct half {
-  std::uint16_t bits;
-};
-
 // Block layouts (ggml's): a scale in f16, then the quants.
 struct block_q8_0 {
   std::uint16_t d;
@@ -131,6 +111,25 @@ struct block_q4_0 {
   std::uint8_t qs[16];  // element j = ((qs[j] & 15) - 8) * d, element j + 16 = ((qs[j] >> 4) - 8) * d
 };
 static_assert(sizeof(block_q8_0) == 34 && sizeof(block_q4_0) == 18);
+
+namespace detail {
+template <class Block>
+void dequantize_blocks(const std::byte* src, float* dst, std::size_t n) {
+  for (std::size_t b = 0; b < n / Block::weights; ++b) {
+    Block blk;
+    std::memcpy(&blk, src + b * sizeof blk, sizeof blk);
+    kquant::dequantize(blk, dst + b * Block::weights);
+  }
+}
+template <class Block>
+void quantize_blocks(const float* src, std::byte* dst, std::size_t n) {
+  for (std::size_t b = 0; b < n / Block::weights; ++b) {
+    Block blk;
+    kquant::quantize(src + b * Block::weights, blk);
+    std::memcpy(dst + b * sizeof blk, &blk, sizeof blk);
+  }
+}
+}  // namespace detail
 
 // Plain conversions of one row (n elements, a whole number of blocks), the reference for the kernels.
 inline void dequantize_row(dtype t, const std::byte* src, float* dst, std::size_t n) {
@@ -166,12 +165,23 @@ inline void dequantize_row(dtype t, const std::byte* src, float* dst, std::size_
         }
       }
       return;
+    case dtype::q5_0:
+      return detail::dequantize_blocks<block_q5_0>(src, dst, n);
+    case dtype::q5_1:
+      return detail::dequantize_blocks<block_q5_1>(src, dst, n);
+    case dtype::q4_k:
+      return detail::dequantize_blocks<block_q4_k>(src, dst, n);
+    case dtype::q5_k:
+      return detail::dequantize_blocks<block_q5_k>(src, dst, n);
+    case dtype::q6_k:
+      return detail::dequantize_blocks<block_q6_k>(src, dst, n);
   }
 }
 
 // The reference quantizers GGUF tools use (so a file written here has the bytes theirs would have):
 // q8_0 scales each block by max|x| / 127 and rounds half away from zero; q4_0 scales by the element of
-// largest magnitude / -8 and truncates x / d + 8.5, at most 15.
+// largest magnitude / -8 and truncates x / d + 8.5, at most 15; q5_0 and the k-quants as kquants.hpp
+// says (llama.cpp's reference quantizers, without an importance matrix).
 inline void quantize_row(dtype t, const float* src, std::byte* dst, std::size_t n) {
   (void)row_bytes(t, n);
   switch (t) {
@@ -222,6 +232,16 @@ inline void quantize_row(dtype t, const float* src, std::byte* dst, std::size_t 
         std::memcpy(dst + b * sizeof blk, &blk, sizeof blk);
       }
       return;
+    case dtype::q5_0:
+      return detail::quantize_blocks<block_q5_0>(src, dst, n);
+    case dtype::q5_1:
+      return detail::quantize_blocks<block_q5_1>(src, dst, n);
+    case dtype::q4_k:
+      return detail::quantize_blocks<block_q4_k>(src, dst, n);
+    case dtype::q5_k:
+      return detail::quantize_blocks<block_q5_k>(src, dst, n);
+    case dtype::q6_k:
+      return detail::quantize_blocks<block_q6_k>(src, dst, n);
   }
 }
 

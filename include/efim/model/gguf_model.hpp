@@ -27,6 +27,7 @@
 #include "efim/core/random.hpp"
 #include "efim/core/thread_pool.hpp"
 #include "efim/model/config.hpp"
+#include "efim/model/quant_mix.hpp"
 #include "efim/model/weights.hpp"
 
 namespace efim::model {
@@ -205,6 +206,7 @@ inline metadata config_metadata(const config& c) {
 struct random_spec {
   dtype type = dtype::f32;  // of every matrix, token embeddings and output included
   bool tied = false;        // no output matrix: logits come from the token embeddings
+  std::optional<quant_mix> mix = std::nullopt;  // llama.cpp's recipe instead of `type` (quant_mix.hpp)
 };
 
 namespace detail {
@@ -263,8 +265,9 @@ inline std::vector<random_tensor> random_layout(const config& c, const random_sp
 // GGUF bytes with `meta` and random tensors for `c` (see random_model).
 inline std::vector<std::byte> random_gguf(const config& c, std::uint64_t seed, const random_spec& s, metadata meta,
                                           std::size_t threads) {
+  const std::string_view format = s.mix ? to_string(*s.mix) : to_string(s.type);
   meta.try_emplace("general.name", gguf::make_string("efim random " + std::string(to_string(c.arch)) + ", seed " +
-                                                     std::to_string(seed) + ", " + std::string(to_string(s.type))));
+                                                     std::to_string(seed) + ", " + std::string(format)));
   thread_pool pool(threads);
   constexpr std::size_t run = 1u << 16;
   const auto layout = random_layout(c, s);
@@ -274,7 +277,7 @@ inline std::vector<std::byte> random_gguf(const config& c, std::uint64_t seed, c
   for (std::size_t i = 0; i < layout.size(); ++i) {
     const auto& t = layout[i];
     const std::size_t n = t.rows * t.cols;
-    const dtype type = t.rows == 1 ? dtype::f32 : s.type;
+    const dtype type = t.rows == 1 ? dtype::f32 : s.mix ? mixed_type(*s.mix, t.name, t.cols, c.layers, !s.tied) : s.type;
     const std::size_t row = row_bytes(type, t.cols);
     values.resize(n);
     const std::uint64_t tensor_seed = XXH3_64bits_withSeed(t.name.data(), t.name.size(), seed);
@@ -301,7 +304,8 @@ inline std::vector<std::byte> random_gguf(const config& c, std::uint64_t seed, c
 // A random-weight model as the bytes of a GGUF file: `c`'s architecture keys, `extra` metadata (a
 // tokenizer's, say), and every tensor drawn from `seed`. Each run of 64Ki values has a generator of its
 // own (seeded from the seed, the tensor's name and the run), so the bytes are the same for a seed
-// whatever the number of threads. Vectors stay f32; matrices are stored as `s.type`.
+// whatever the number of threads. Vectors stay f32; matrices are stored as `s.type`, or as `s.mix`
+// chooses (llama.cpp's recipe: the same types and bytes as its quantizer on the f32 model).
 inline std::vector<std::byte> random_model(const config& c, std::uint64_t seed, const random_spec& s = {},
                                            const metadata& extra = {}, std::size_t threads = 0) {
   metadata meta = config_metadata(c);

@@ -123,7 +123,7 @@ class tensor_table {
     const auto type = dtype_of_ggml(t.type);
     require(type.has_value(), errc::invalid_argument,
             "model: tensor '" + t.name + "' has ggml type " + std::to_string(t.type) +
-                ", which is not supported (f32, f16, bf16, q8_0, q4_0)");
+                ", which is not supported (f32, f16, bf16, q8_0, q4_0, q5_0, q5_1, q4_k, q5_k, q6_k)");
     return *type;
   }
 

@@ -753,6 +753,12 @@ inline void matmul(thread_pool& pool, const float* x, const weight_view& w, floa
       return matmul_typed<dtype::q8_0>(pool, x, w, y, m, acc);
     case dtype::q4_0:
       return matmul_typed<dtype::q4_0>(pool, x, w, y, m, acc);
+    case dtype::q5_0:
+    case dtype::q5_1:
+    case dtype::q4_k:
+    case dtype::q5_k:
+    case dtype::q6_k:
+      break;  // (the portable path's panels for now)
   }
 #endif
   pool.parallel_for((w.rows + 3) / 4, [&](std::size_t b, std::size_t e) {
