@@ -903,6 +903,63 @@ TEST_CASE("a model file with a wrong tensor shape, type, name or offset gives a 
                     Catch::Contains("vector tensor 'blk.0.attn_norm.weight' is q8_0"));
 }
 
+TEST_CASE("fuzzing k-quant files: corrupt scales and truncated super-blocks give an error or a model that runs",
+          "[model][gguf][fuzz]") {
+  thread_pool pool(1);
+  kernels::host::context ctx{pool};
+  const std::vector<token_id> tokens{1, 2, 3, 39};
+  const std::vector<block_id> table{0, 1};
+  rng r(50);
+  for (const auto mix : model::all_quant_mixes)
+    for (const std::size_t width : {256, 64}) {  // k-quants; their fallbacks (q5_0, q5_1, q8_0)
+      INFO(model::to_string(mix) << ", hidden " << width);
+      auto cfg = arch_config(model::architecture::qwen2, 300, width == 256 ? dtype::q4_k : dtype::f32);
+      cfg.layers = 8;
+      const auto bytes = model::random_model(cfg, 51, {dtype::f32, false, mix});
+      const auto f = gguf::parse(bytes);
+      std::size_t ran = 0, refused = 0;
+      for (int trial = 0; trial < 300; ++trial) {
+        auto copy = bytes;
+        const auto& t = f.tensors[r.below(f.tensors.size())];
+        const std::size_t start = static_cast<std::size_t>(f.data_offset + t.offset);
+        if (trial % 5 == 0) {
+          copy.resize(start + r.below(static_cast<std::size_t>(t.bytes)));  // inside a tensor's blocks
+        } else {
+          // Bytes of one block, mostly its f16 scales and sub-block scales (the first 16 bytes of a q4_k
+          // or q5_k block, the last 18 of a q6_k block).
+          const std::size_t block = info(*dtype_of_ggml(t.type)).bytes, blocks = t.bytes / block;
+          const std::size_t at = start + r.below(blocks) * block;
+          for (int i = 0, flips = 1 + static_cast<int>(r.below(8)); i < flips; ++i) {
+            const std::size_t in = t.type == 14 ? block - 1 - r.below(18) : r.below(std::min<std::size_t>(16, block));
+            copy[at + (r.below(4) == 0 ? r.below(block) : in)] = static_cast<std::byte>(r.below(256));
+          }
+        }
+        try {
+          const auto w = model::open_model(std::move(copy)).bind();
+          model::transformer<kernels::host> m(w);
+          kv::host_storage kv(w.cfg.layers, m.kv_layout(2, 4));
+          const model::batch_item item{tokens, 0, table, true};
+          std::vector<float> logits;
+          m.forward(ctx, kv, std::span(&item, 1), logits);
+          CHECK(logits.size() == cfg.vocab);
+          ++ran;
+        } catch (const efim::error& e) {
+          CHECK(std::string(e.what()).find("gguf") != std::string::npos);  // a truncation: the file is short
+          ++refused;
+        }
+      }
+      CHECK(ran > 0);
+      CHECK(refused > 0);
+    }
+  // A k-quant type on rows that are not a whole number of super-blocks: refused by name.
+  CHECK_THROWS_WITH(model::open_model(edited_model([](auto& ts) {
+                      auto& t = named(ts, "blk.0.attn_q.weight");
+                      t.type = 12;
+                      t.data = t.data.first(9 * 144);  // the bytes 64 x 64 would take if 64 divided
+                    })).bind(),
+                    Catch::Contains("blk.0.attn_q.weight"));
+}
+
 TEST_CASE("fuzzing model files: every corruption gives an error or a model that runs", "[model][gguf][fuzz]") {
   thread_pool pool(1);
   kernels::host::context ctx{pool};
