@@ -456,20 +456,21 @@ float logit_error(const std::vector<float>& a, const std::vector<float>& b) {
   return worst / top;
 }
 
-model::config decoder_config(model::architecture arch) {
+// Rows of whole blocks of `weights` (super-blocks of 256 for the k-quants).
+model::config decoder_config(model::architecture arch, dtype weights = dtype::f16) {
   auto c = model::for_architecture(arch);
   c.vocab = 300;
-  c.hidden = 128;
+  c.hidden = info(weights).block == 256 ? 256 : 128;
   c.layers = 2;
   c.heads = 8;
   c.kv_heads = 2;
-  c.ffn = 256;
+  c.ffn = 2 * c.hidden;
   c.max_context = 512;
   return c;
 }
 
 // The bound on logit_error for weights of `type` (f32 sums in another order; 16-bit types: the
-// activations are rounded to the weights' type for cuBLAS; q8_0/q4_0 go up as f16).
+// activations are rounded to the weights' type for cuBLAS; block-quantized types go up as f16).
 float logit_bound(dtype type) { return type == dtype::f32 ? 1e-4f : type == dtype::bf16 ? 3e-2f : 1e-2f; }
 
 }  // namespace
@@ -480,7 +481,7 @@ TEST_CASE("cuda: the decoder's logits equal the host's (every architecture, weig
     for (const auto type : all_dtypes)
       for (const auto kv_type : {dtype::f32, dtype::f16}) {
         INFO(model::to_string(arch) << ", " << to_string(type) << " weights, " << to_string(kv_type) << " KV");
-        const auto c = decoder_config(arch);
+        const auto c = decoder_config(arch, type);
         const auto w = model::random_weights(c, 7, {type, arch == model::architecture::qwen2});
         rng r(11);
         passes_spec spec(c, {70, 33, 1}, 16, r);

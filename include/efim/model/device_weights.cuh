@@ -1,8 +1,8 @@
 #pragma once
 // A model's weights in device memory, uploaded once from the host views (a mapped GGUF file):
-// matrices stored as f32, f16 or bf16 go up as they are; q8_0 and q4_0 matrices are dequantized to
-// f16 on the way (cuBLAS multiplies 16-bit types; each element d * q rounded once to f16, a relative
-// change of at most 2^-11); norm weights and biases go up as f32. A tied output matrix is the token
+// matrices stored as f32, f16 or bf16 go up as they are; block-quantized ones (q8_0, q4_0, q5_0,
+// q5_1, the k-quants) are dequantized to f16 on the way (cuBLAS multiplies 16-bit types; each element
+// rounded once more, to f16, a relative change of at most 2^-11); norm weights and biases go up as f32. A tied output matrix is the token
 // embedding's device copy, uploaded once.
 #include <cuda_runtime.h>
 
