@@ -62,6 +62,36 @@ inline float weight_at(const std::byte* row, std::size_t k) noexcept {
   }
 }
 
+// Types the tiles read 32 weights at a time: a q8_0, q4_0, q5_0 or q5_1 block, or an eighth of a
+// k-quant super-block (group b of a row is sub-block b % 8 of super-block b / 8).
+template <dtype T>
+inline constexpr bool grouped = info(T).block >= 32;
+
+// Types whose groups unpack nibbles and bits: their decode is bound by unpacking rather than by
+// memory, so several weight rows share each x vector in decode tiles.
+template <dtype T>
+inline constexpr bool unpacked = grouped<T> && T != dtype::q8_0;
+
+// An f16 value stored at p, widened (exact).
+[[gnu::always_inline]] inline float f16_at(const std::byte* p) noexcept {
+  std::uint16_t bits;
+  std::memcpy(&bits, p, sizeof bits);
+  return _cvtsh_ss(bits);
+}
+
+// q4_k and q5_k: sub-block j's scale d * sc and min dmin * m (exact products, as dequantize_row).
+[[gnu::always_inline]] inline void k_scale_min(const std::byte* blk, std::size_t j, float& ds, float& mm) noexcept {
+  std::uint8_t sc, m;
+  kquant::scale_min(reinterpret_cast<const std::uint8_t*>(blk + 4), j, sc, m);
+  ds = f16_at(blk) * static_cast<float>(sc);
+  mm = f16_at(blk + 2) * static_cast<float>(m);
+}
+
+// q6_k: the scale d * sc of 16-weight sub-block s of a super-block (an exact product).
+[[gnu::always_inline]] inline float q6_scale(const std::byte* blk, std::size_t s) noexcept {
+  return f16_at(blk + 208) * static_cast<float>(static_cast<std::int8_t>(blk[192 + s]));
+}
+
 // Memory to prefetch a few lines per step of a tile's k loop: in decode, the next block of weight rows,
 // whose short rows (432 bytes for q4_0 at 768 columns) the hardware prefetchers do not follow well.
 struct prefetch_plan {
@@ -93,28 +123,91 @@ template <dtype T>
   }
 }
 
-// The 32 weights of block b of a q8_0 or q4_0 row: lo = elements 0..15, hi = 16..31. Each is
-// float(quant) * scale, one exact product, as dequantize_row computes it.
+// 16 bytes at p as 16 int32 lanes.
+[[gnu::always_inline]] inline __m512i bytes16(const std::byte* p) noexcept {
+  return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// Lanes >> shift, & mask.
+[[gnu::always_inline]] inline __m512i field(__m512i v, int shift, int mask) noexcept {
+  return _mm512_and_si512(_mm512_srl_epi32(v, _mm_cvtsi32_si128(shift)), _mm512_set1_epi32(mask));
+}
+
+// The 32 weights of group b of a row of a grouped type (lo = elements 0..15, hi = 16..31), each the
+// value dequantize_row gives: float(quant) * scale (exact), or scale * quant - min and quant * d + m
+// (an exact product, then one rounding, fused here).
 template <dtype T>
 [[gnu::always_inline]] inline void load_block(__m512& lo, __m512& hi, const std::byte* row, std::size_t b) noexcept {
-  const std::byte* blk = row + b * info(T).bytes;
-  std::uint16_t bits;
-  std::memcpy(&bits, blk, sizeof bits);
-  const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16(static_cast<short>(bits)));
-  const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
-  if constexpr (T == dtype::q8_0) {
-    const __m128i qs_hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18));
-    lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(qs)), d);
-    hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(qs_hi)), d);
+  if constexpr (T == dtype::q5_0 || T == dtype::q5_1) {
+    const std::byte* blk = row + b * info(T).bytes;
+    const std::size_t at = T == dtype::q5_0 ? 2 : 4;  // qh, then the 16 bytes of nibbles
+    std::uint32_t qh;
+    std::memcpy(&qh, blk + at, sizeof qh);
+    const __m512i q = bytes16(blk + at + 4), bits = _mm512_set1_epi32(static_cast<int>(qh));
+    const __m512i e = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i one = _mm512_set1_epi32(1);
+    const __m512i fifth_lo = _mm512_slli_epi32(_mm512_and_si512(_mm512_srlv_epi32(bits, e), one), 4);
+    const __m512i fifth_hi =
+        _mm512_slli_epi32(_mm512_and_si512(_mm512_srlv_epi32(bits, _mm512_add_epi32(e, _mm512_set1_epi32(16))), one), 4);
+    __m512i ql = _mm512_or_si512(_mm512_and_si512(q, _mm512_set1_epi32(15)), fifth_lo);
+    __m512i qu = _mm512_or_si512(_mm512_srli_epi32(q, 4), fifth_hi);
+    const __m512 d = _mm512_set1_ps(f16_at(blk));
+    if constexpr (T == dtype::q5_0) {
+      lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(ql, _mm512_set1_epi32(16))), d);
+      hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(qu, _mm512_set1_epi32(16))), d);
+    } else {
+      const __m512 m = _mm512_set1_ps(f16_at(blk + 2));
+      lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ql), d, m);
+      hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(qu), d, m);
+    }
+  } else if constexpr (T == dtype::q4_k || T == dtype::q5_k) {
+    const std::byte* blk = row + b / 8 * info(T).bytes;
+    const std::size_t j = b % 8;
+    float ds, mm;
+    k_scale_min(blk, j, ds, mm);
+    const std::byte* qs = blk + (T == dtype::q4_k ? 16 : 48) + 32 * (j / 2);
+    const int shift = 4 * static_cast<int>(j % 2);
+    __m512i ql = field(bytes16(qs), shift, 15), qu = field(bytes16(qs + 16), shift, 15);
+    if constexpr (T == dtype::q5_k) {
+      ql = _mm512_or_si512(ql, _mm512_slli_epi32(field(bytes16(blk + 16), static_cast<int>(j), 1), 4));
+      qu = _mm512_or_si512(qu, _mm512_slli_epi32(field(bytes16(blk + 32), static_cast<int>(j), 1), 4));
+    }
+    const __m512 s = _mm512_set1_ps(ds), m = _mm512_set1_ps(mm);
+    lo = _mm512_fmsub_ps(s, _mm512_cvtepi32_ps(ql), m);
+    hi = _mm512_fmsub_ps(s, _mm512_cvtepi32_ps(qu), m);
+  } else if constexpr (T == dtype::q6_k) {
+    const std::byte* blk = row + b / 8 * info(T).bytes;
+    const std::size_t g = b % 8, h = g / 4, r = g % 4;
+    const std::byte* low = blk + 64 * h + 32 * (r % 2);  // ql: the low 4 bits
+    const std::byte* high = blk + 128 + 32 * h;          // qh: the high 2 bits
+    const int ls = 4 * static_cast<int>(r / 2), hs = 2 * static_cast<int>(r);
+    const __m512i off = _mm512_set1_epi32(32);
+    const __m512i ql = _mm512_sub_epi32(
+        _mm512_or_si512(field(bytes16(low), ls, 15), _mm512_slli_epi32(field(bytes16(high), hs, 3), 4)), off);
+    const __m512i qu = _mm512_sub_epi32(
+        _mm512_or_si512(field(bytes16(low + 16), ls, 15), _mm512_slli_epi32(field(bytes16(high + 16), hs, 3), 4)), off);
+    lo = _mm512_mul_ps(_mm512_cvtepi32_ps(ql), _mm512_set1_ps(q6_scale(blk, 2 * g)));
+    hi = _mm512_mul_ps(_mm512_cvtepi32_ps(qu), _mm512_set1_ps(q6_scale(blk, 2 * g + 1)));
   } else {
-    static_assert(T == dtype::q4_0);
-    // A table of the 16 values (q - 8) * d; vpermps reads only an index's low 4 bits, so the low
-    // nibble needs no mask.
-    const __m512 levels = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
-    const __m512 table = _mm512_mul_ps(levels, d);
-    const __m512i q = _mm512_cvtepu8_epi32(qs);
-    lo = _mm512_permutexvar_ps(q, table);
-    hi = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table);
+    const std::byte* blk = row + b * info(T).bytes;
+    std::uint16_t bits;
+    std::memcpy(&bits, blk, sizeof bits);
+    const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16(static_cast<short>(bits)));
+    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+    if constexpr (T == dtype::q8_0) {
+      const __m128i qs_hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18));
+      lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(qs)), d);
+      hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(qs_hi)), d);
+    } else {
+      static_assert(T == dtype::q4_0);
+      // A table of the 16 values (q - 8) * d; vpermps reads only an index's low 4 bits, so the low
+      // nibble needs no mask.
+      const __m512 levels = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+      const __m512 table = _mm512_mul_ps(levels, d);
+      const __m512i q = _mm512_cvtepu8_epi32(qs);
+      lo = _mm512_permutexvar_ps(q, table);
+      hi = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table);
+    }
   }
 }
 
@@ -158,7 +251,7 @@ template <dtype T, std::size_t MR, std::size_t NR>
 #pragma GCC unroll 16
   for (std::size_t t = 0; t < MR * NR; ++t) acc[t] = _mm512_setzero_ps();
   alignas(64) float tail[16] = {};
-  if constexpr (info(T).block == 32) {
+  if constexpr (grouped<T>) {
     for (std::size_t blk = 0; blk < n / 32; ++blk) {
       prefetch_step(pf);
       __m512 xl[MR], xh[MR];
@@ -265,7 +358,7 @@ template <bool From_state, bool To_state>
 // A weight row of n elements dequantized into out, with the same conversions the tiles use.
 template <dtype T>
 inline void unpack_row(const std::byte* row, std::size_t n, float* out) noexcept {
-  if constexpr (info(T).block == 32) {
+  if constexpr (grouped<T>) {
     for (std::size_t blk = 0; blk < n / 32; ++blk) {
       __m512 lo, hi;
       load_block<T>(lo, hi, row, blk);
@@ -308,29 +401,85 @@ template <dtype T>
   }
 }
 
-// The 32 weights of block b of a q8_0 or q4_0 row, v[h] = elements 8h .. 8h + 7: each float(quant) *
-// scale, one exact product, as dequantize_row computes it.
+// 8 bytes at p as 8 int32 lanes.
+[[gnu::always_inline]] inline __m256i bytes8(const std::byte* p) noexcept {
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+
+// Lanes >> shift, & mask.
+[[gnu::always_inline]] inline __m256i field(__m256i v, int shift, int mask) noexcept {
+  return _mm256_and_si256(_mm256_srl_epi32(v, _mm_cvtsi32_si128(shift)), _mm256_set1_epi32(mask));
+}
+
+// The 32 weights of group b of a row of a grouped type, v[h] = elements 8h .. 8h + 7, each the value
+// dequantize_row gives (see the AVX-512 path's load_block).
 template <dtype T>
 [[gnu::always_inline]] inline void load_block(__m256 (&v)[4], const std::byte* row, std::size_t b) noexcept {
-  const std::byte* blk = row + b * info(T).bytes;
-  std::uint16_t bits;
-  std::memcpy(&bits, blk, sizeof bits);
-  const __m256 d = _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(bits)));
-  if constexpr (T == dtype::q8_0) {
+  if constexpr (T == dtype::q5_0 || T == dtype::q5_1) {
+    const std::byte* blk = row + b * info(T).bytes;
+    const std::size_t at = T == dtype::q5_0 ? 2 : 4;
+    std::uint32_t qh;
+    std::memcpy(&qh, blk + at, sizeof qh);
+    const __m256i bits = _mm256_set1_epi32(static_cast<int>(qh)), one = _mm256_set1_epi32(1);
+    const __m256 d = _mm256_set1_ps(f16_at(blk));
     for (std::size_t h = 0; h < 4; ++h) {
-      const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + 8 * h));
-      v[h] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
+      const __m256i e = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+      const __m256i fifth = _mm256_slli_epi32(
+          _mm256_and_si256(_mm256_srlv_epi32(bits, _mm256_add_epi32(e, _mm256_set1_epi32(8 * static_cast<int>(h)))), one),
+          4);
+      const __m256i q = _mm256_or_si256(field(bytes8(blk + at + 4 + 8 * (h % 2)), 4 * static_cast<int>(h / 2), 15), fifth);
+      if constexpr (T == dtype::q5_0)
+        v[h] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q, _mm256_set1_epi32(16))), d);
+      else
+        v[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), d, _mm256_set1_ps(f16_at(blk + 2)));
+    }
+  } else if constexpr (T == dtype::q4_k || T == dtype::q5_k) {
+    const std::byte* blk = row + b / 8 * info(T).bytes;
+    const std::size_t j = b % 8;
+    float ds, mm;
+    k_scale_min(blk, j, ds, mm);
+    const std::byte* qs = blk + (T == dtype::q4_k ? 16 : 48) + 32 * (j / 2);
+    const __m256 s = _mm256_set1_ps(ds), m = _mm256_set1_ps(mm);
+    for (std::size_t h = 0; h < 4; ++h) {
+      __m256i q = field(bytes8(qs + 8 * h), 4 * static_cast<int>(j % 2), 15);
+      if constexpr (T == dtype::q5_k)
+        q = _mm256_or_si256(q, _mm256_slli_epi32(field(bytes8(blk + 16 + 8 * h), static_cast<int>(j), 1), 4));
+      v[h] = _mm256_fmsub_ps(s, _mm256_cvtepi32_ps(q), m);
+    }
+  } else if constexpr (T == dtype::q6_k) {
+    const std::byte* blk = row + b / 8 * info(T).bytes;
+    const std::size_t g = b % 8, half = g / 4, r = g % 4;
+    const std::byte* low = blk + 64 * half + 32 * (r % 2);
+    const std::byte* high = blk + 128 + 32 * half;
+    const float s[2] = {q6_scale(blk, 2 * g), q6_scale(blk, 2 * g + 1)};
+    for (std::size_t h = 0; h < 4; ++h) {
+      const __m256i q = _mm256_sub_epi32(
+          _mm256_or_si256(field(bytes8(low + 8 * h), 4 * static_cast<int>(r / 2), 15),
+                          _mm256_slli_epi32(field(bytes8(high + 8 * h), 2 * static_cast<int>(r), 3), 4)),
+          _mm256_set1_epi32(32));
+      v[h] = _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(s[h / 2]));
     }
   } else {
-    static_assert(T == dtype::q4_0);
-    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
-    const __m128i low = _mm_set1_epi8(15);
-    const __m128i q[2] = {_mm_and_si128(qs, low), _mm_and_si128(_mm_srli_epi16(qs, 4), low)};  // 0-15, 16-31
-    const __m256i eight = _mm256_set1_epi32(8);
-    for (std::size_t h = 0; h < 4; ++h) {
-      const __m128i bytes = h % 2 == 0 ? q[h / 2] : _mm_unpackhi_epi64(q[h / 2], q[h / 2]);
-      const __m256i level = _mm256_sub_epi32(_mm256_cvtepu8_epi32(bytes), eight);
-      v[h] = _mm256_mul_ps(_mm256_cvtepi32_ps(level), d);
+    const std::byte* blk = row + b * info(T).bytes;
+    std::uint16_t bits;
+    std::memcpy(&bits, blk, sizeof bits);
+    const __m256 d = _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(bits)));
+    if constexpr (T == dtype::q8_0) {
+      for (std::size_t h = 0; h < 4; ++h) {
+        const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + 8 * h));
+        v[h] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
+      }
+    } else {
+      static_assert(T == dtype::q4_0);
+      const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+      const __m128i low = _mm_set1_epi8(15);
+      const __m128i q[2] = {_mm_and_si128(qs, low), _mm_and_si128(_mm_srli_epi16(qs, 4), low)};  // 0-15, 16-31
+      const __m256i eight = _mm256_set1_epi32(8);
+      for (std::size_t h = 0; h < 4; ++h) {
+        const __m128i bytes = h % 2 == 0 ? q[h / 2] : _mm_unpackhi_epi64(q[h / 2], q[h / 2]);
+        const __m256i level = _mm256_sub_epi32(_mm256_cvtepu8_epi32(bytes), eight);
+        v[h] = _mm256_mul_ps(_mm256_cvtepi32_ps(level), d);
+      }
     }
   }
 }
@@ -370,7 +519,7 @@ template <dtype T, std::size_t MR, std::size_t NR>
 #pragma GCC unroll 16
   for (std::size_t t = 0; t < MR * NR; ++t) lo[t] = hi[t] = _mm256_setzero_ps();
   float tail[MR * NR] = {};
-  if constexpr (info(T).block == 32) {
+  if constexpr (grouped<T>) {
     for (std::size_t blk = 0; blk < n / 32; ++blk) {
       prefetch_step(pf);
 #pragma GCC unroll 16
@@ -473,7 +622,7 @@ template <bool From_state, class W>
 // A weight row of n elements dequantized into out, with the same conversions the tiles use.
 template <dtype T>
 inline void unpack_row(const std::byte* row, std::size_t n, float* out) noexcept {
-  if constexpr (info(T).block == 32) {
+  if constexpr (grouped<T>) {
     for (std::size_t blk = 0; blk < n / 32; ++blk) {
       __m256 v[4];
       load_block<T>(v, row, blk);
@@ -510,7 +659,7 @@ inline void stream_block(const float* x, std::size_t i0, const weight_view& w, s
   const std::size_t n = w.cols;
   const float* xs[MR];
   for (std::size_t i = 0; i < MR; ++i) xs[i] = x + (i0 + i) * n;
-  constexpr std::size_t tiles = 16 / NR, step = info(T).block == 32 ? 32 : lanes;
+  constexpr std::size_t tiles = 16 / NR, step = grouped<T> ? 32 : lanes;
   prefetch_plan plan{reinterpret_cast<std::uintptr_t>(pf_begin), reinterpret_cast<std::uintptr_t>(pf_end), 0};
   const std::size_t lines = (plan.end - plan.next + 63) / 64, steps = std::max<std::size_t>(1, n / step * tiles);
   plan.per_step = (lines + steps - 1) / steps;
@@ -533,11 +682,11 @@ template <dtype T>
 inline void stream_rows(const float* x, std::size_t m, const weight_view& w, std::size_t r0, std::size_t r1, float* y,
                         accumulate acc) noexcept {
 #if defined(EFIM_K_AVX2_PATH_DEFINED)
-  // One row of every type but q4_0, and any rows of f16, stream faster through the AVX2 path's tiles
-  // (one row: f16 1.3x, f32 1.3-1.4x, bf16 1.6-2.5x, q8_0 1.1-1.3x on Zen 4, whose 512-bit conversions are
-  // double-pumped), whose lane sums and reduction give the same bits. (A generic path compiled for
+  // One row of every type that unpacks no nibbles, and any rows of f16, stream faster through the AVX2
+  // path's tiles (one row: f16 1.3x, f32 1.3-1.4x, bf16 1.6-2.5x, q8_0 1.1-1.3x on Zen 4, whose 512-bit
+  // conversions are double-pumped), whose lane sums and reduction give the same bits. (A generic path compiled for
   // AVX-512 comes before the AVX2 one and keeps its own tiles.)
-  if (T != dtype::q4_0 && (T == dtype::f16 || m == 1)) return isa_avx2::stream_rows<T>(x, m, w, r0, r1, y, acc);
+  if (!unpacked<T> && (T == dtype::f16 || m == 1)) return isa_avx2::stream_rows<T>(x, m, w, r0, r1, y, acc);
 #endif
   const std::size_t rb = row_bytes(w.type, w.cols);
   for (std::size_t j0 = r0; j0 < r1; j0 += 16) {
@@ -633,7 +782,7 @@ inline void stream_rows(const float* x, std::size_t m, const weight_view& w, std
       if (m - i0 >= 2) {
         stream_block<T, 2, 2>(x, i0, w, rb, j0, nj, y, acc, pf_begin, pf_end);
         i0 += 2;
-      } else if constexpr (T == dtype::q4_0) {
+      } else if constexpr (unpacked<T>) {
         stream_block<T, 1, 4>(x, i0, w, rb, j0, nj, y, acc, pf_begin, pf_end);  // unpacking-bound: 4 rows share x
         i0 += 1;
       } else {
@@ -754,11 +903,15 @@ inline void matmul(thread_pool& pool, const float* x, const weight_view& w, floa
     case dtype::q4_0:
       return matmul_typed<dtype::q4_0>(pool, x, w, y, m, acc);
     case dtype::q5_0:
+      return matmul_typed<dtype::q5_0>(pool, x, w, y, m, acc);
     case dtype::q5_1:
+      return matmul_typed<dtype::q5_1>(pool, x, w, y, m, acc);
     case dtype::q4_k:
+      return matmul_typed<dtype::q4_k>(pool, x, w, y, m, acc);
     case dtype::q5_k:
+      return matmul_typed<dtype::q5_k>(pool, x, w, y, m, acc);
     case dtype::q6_k:
-      break;  // (the portable path's panels for now)
+      return matmul_typed<dtype::q6_k>(pool, x, w, y, m, acc);
   }
 #endif
   pool.parallel_for((w.rows + 3) / 4, [&](std::size_t b, std::size_t e) {
