@@ -92,6 +92,29 @@ inline constexpr bool unpacked = grouped<T> && T != dtype::q8_0;
   return f16_at(blk + 208) * static_cast<float>(static_cast<std::int8_t>(blk[192 + s]));
 }
 
+// The scales of one k-quant super-block, widened once for its 8 groups of 32: q4_k and q5_k give
+// a[g] = d * sc and a[8 + g] = dmin * m of sub-block g; q6_k a[s] = d * sc of 16-weight sub-block s.
+template <dtype T>
+[[gnu::always_inline]] inline void decode_scales(const std::byte* blk, float* a) noexcept {
+  if constexpr (T == dtype::q6_k) {
+    for (std::size_t s = 0; s < 16; ++s) a[s] = q6_scale(blk, s);
+  } else {
+    for (std::size_t g = 0; g < 8; ++g) k_scale_min(blk, g, a[g], a[8 + g]);
+  }
+}
+
+// q6_k: the 32 quants of group g (-32..31) as bytes: the low 4 bits from ql, the high 2 from qh.
+[[gnu::always_inline]] inline __m256i q6_bytes(const std::byte* blk, std::size_t g) noexcept {
+  const std::size_t h = g / 4, r = g % 4;
+  const __m256i low = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h + 32 * (r % 2)));
+  const __m256i high = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h));
+  const __m256i nib = _mm256_and_si256(_mm256_srl_epi16(low, _mm_cvtsi32_si128(4 * static_cast<int>(r / 2))),
+                                       _mm256_set1_epi8(15));
+  const __m256i top = _mm256_and_si256(_mm256_srl_epi16(high, _mm_cvtsi32_si128(2 * static_cast<int>(r))),
+                                       _mm256_set1_epi8(3));
+  return _mm256_sub_epi8(_mm256_or_si256(nib, _mm256_slli_epi16(top, 4)), _mm256_set1_epi8(32));
+}
+
 // Memory to prefetch a few lines per step of a tile's k loop: in decode, the next block of weight rows,
 // whose short rows (432 bytes for q4_0 at 768 columns) the hardware prefetchers do not follow well.
 struct prefetch_plan {
@@ -167,14 +190,21 @@ template <dtype T>
     k_scale_min(blk, j, ds, mm);
     const std::byte* qs = blk + (T == dtype::q4_k ? 16 : 48) + 32 * (j / 2);
     const int shift = 4 * static_cast<int>(j % 2);
-    __m512i ql = field(bytes16(qs), shift, 15), qu = field(bytes16(qs + 16), shift, 15);
-    if constexpr (T == dtype::q5_k) {
+    const __m512 s = _mm512_set1_ps(ds), m = _mm512_set1_ps(mm);
+    if constexpr (T == dtype::q4_k) {
+      // A table of the 16 values scale * q - min; vpermps reads only an index's low 4 bits.
+      const __m512 levels = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+      const __m512 table = _mm512_fmsub_ps(s, levels, m);
+      const __m128i shift_by = _mm_cvtsi32_si128(shift);
+      lo = _mm512_permutexvar_ps(_mm512_srl_epi32(bytes16(qs), shift_by), table);
+      hi = _mm512_permutexvar_ps(_mm512_srl_epi32(bytes16(qs + 16), shift_by), table);
+    } else {
+      __m512i ql = field(bytes16(qs), shift, 15), qu = field(bytes16(qs + 16), shift, 15);
       ql = _mm512_or_si512(ql, _mm512_slli_epi32(field(bytes16(blk + 16), static_cast<int>(j), 1), 4));
       qu = _mm512_or_si512(qu, _mm512_slli_epi32(field(bytes16(blk + 32), static_cast<int>(j), 1), 4));
+      lo = _mm512_fmsub_ps(s, _mm512_cvtepi32_ps(ql), m);
+      hi = _mm512_fmsub_ps(s, _mm512_cvtepi32_ps(qu), m);
     }
-    const __m512 s = _mm512_set1_ps(ds), m = _mm512_set1_ps(mm);
-    lo = _mm512_fmsub_ps(s, _mm512_cvtepi32_ps(ql), m);
-    hi = _mm512_fmsub_ps(s, _mm512_cvtepi32_ps(qu), m);
   } else if constexpr (T == dtype::q6_k) {
     const std::byte* blk = row + b / 8 * info(T).bytes;
     const std::size_t g = b % 8, h = g / 4, r = g % 4;
@@ -207,6 +237,38 @@ template <dtype T>
       const __m512i q = _mm512_cvtepu8_epi32(qs);
       lo = _mm512_permutexvar_ps(q, table);
       hi = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table);
+    }
+  }
+}
+
+// Group g of a k-quant super-block with its scales widened (decode_scales): the values load_block
+// gives, unpacked with fewer operations. q4_k and q5_k look each quant up in a table of the group's 16
+// or 32 values (scale * q - min, computed as load_block computes them), q6_k widens its quant bytes.
+template <dtype T>
+[[gnu::always_inline]] inline void load_k(__m512& lo, __m512& hi, const std::byte* blk, std::size_t g,
+                                          const float* a) noexcept {
+  if constexpr (T == dtype::q6_k) {
+    const __m256i q = q6_bytes(blk, g);
+    lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))), _mm512_set1_ps(a[2 * g]));
+    hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))),
+                       _mm512_set1_ps(a[2 * g + 1]));
+  } else {
+    const __m512 levels = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512 s = _mm512_set1_ps(a[g]), m = _mm512_set1_ps(a[8 + g]);
+    const std::byte* qs = blk + (T == dtype::q4_k ? 16 : 48) + 32 * (g / 2);
+    __m512i ql = bytes16(qs), qu = bytes16(qs + 16);
+    if (g % 2 == 1) ql = _mm512_srli_epi32(ql, 4), qu = _mm512_srli_epi32(qu, 4);
+    const __m512 t0 = _mm512_fmsub_ps(s, levels, m);
+    if constexpr (T == dtype::q4_k) {  // vpermps reads an index's low 4 bits only
+      lo = _mm512_permutexvar_ps(ql, t0);
+      hi = _mm512_permutexvar_ps(qu, t0);
+    } else {  // the fifth bit selects the second table
+      const __m512 t1 = _mm512_fmsub_ps(s, _mm512_add_ps(levels, _mm512_set1_ps(16)), m);
+      const __m512i low4 = _mm512_set1_epi32(15);
+      ql = _mm512_or_si512(_mm512_and_si512(ql, low4), _mm512_slli_epi32(field(bytes16(blk + 16), static_cast<int>(g), 1), 4));
+      qu = _mm512_or_si512(_mm512_and_si512(qu, low4), _mm512_slli_epi32(field(bytes16(blk + 32), static_cast<int>(g), 1), 4));
+      lo = _mm512_permutex2var_ps(t0, ql, t1);
+      hi = _mm512_permutex2var_ps(t0, qu, t1);
     }
   }
 }
@@ -251,7 +313,37 @@ template <dtype T, std::size_t MR, std::size_t NR>
 #pragma GCC unroll 16
   for (std::size_t t = 0; t < MR * NR; ++t) acc[t] = _mm512_setzero_ps();
   alignas(64) float tail[16] = {};
-  if constexpr (grouped<T>) {
+  if constexpr (T == dtype::q6_k) {
+    // Super-block by super-block: each row's scales widened once, then its 8 groups.
+    alignas(64) float a[NR][16];
+    for (std::size_t sb = 0; sb < n / 256; ++sb) {
+#pragma GCC unroll 16
+      for (std::size_t j = 0; j < NR; ++j) decode_scales<T>(w[j] + sb * info(T).bytes, a[j]);
+#pragma GCC unroll 8
+      for (std::size_t g = 0; g < 8; ++g) {
+        prefetch_step(pf);
+        __m512 xl[MR], xh[MR];
+#pragma GCC unroll 16
+        for (std::size_t i = 0; i < MR; ++i) {
+          xl[i] = _mm512_loadu_ps(x[i] + 256 * sb + 32 * g);
+          xh[i] = _mm512_loadu_ps(x[i] + 256 * sb + 32 * g + 16);
+          if constexpr (NR > 1) {
+            in_register(xl[i]);
+            in_register(xh[i]);
+          }
+        }
+#pragma GCC unroll 16
+        for (std::size_t j = 0; j < NR; ++j) {
+          __m512 lo, hi;
+          load_k<T>(lo, hi, w[j] + sb * info(T).bytes, g, a[j]);
+#pragma GCC unroll 16
+          for (std::size_t i = 0; i < MR; ++i) acc[i * NR + j] = _mm512_fmadd_ps(xl[i], lo, acc[i * NR + j]);
+#pragma GCC unroll 16
+          for (std::size_t i = 0; i < MR; ++i) acc[i * NR + j] = _mm512_fmadd_ps(xh[i], hi, acc[i * NR + j]);
+        }
+      }
+    }
+  } else if constexpr (grouped<T>) {
     for (std::size_t blk = 0; blk < n / 32; ++blk) {
       prefetch_step(pf);
       __m512 xl[MR], xh[MR];
@@ -484,6 +576,29 @@ template <dtype T>
   }
 }
 
+// Group g of a k-quant super-block with its scales widened (decode_scales), v[h] = elements 8h ..
+// 8h + 7: the values load_block gives, with the scales decoded once per super-block and q6_k's quants
+// built as bytes.
+template <dtype T>
+[[gnu::always_inline]] inline void load_k(__m256 (&v)[4], const std::byte* blk, std::size_t g, const float* a) noexcept {
+  if constexpr (T == dtype::q6_k) {
+    const __m256i q = q6_bytes(blk, g);
+    const __m128i q0 = _mm256_castsi256_si128(q), q1 = _mm256_extracti128_si256(q, 1);
+    const __m128i part[4] = {q0, _mm_srli_si128(q0, 8), q1, _mm_srli_si128(q1, 8)};
+    for (std::size_t h = 0; h < 4; ++h)
+      v[h] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part[h])), _mm256_set1_ps(a[2 * g + h / 2]));
+  } else {
+    const std::byte* qs = blk + (T == dtype::q4_k ? 16 : 48) + 32 * (g / 2);
+    const __m256 s = _mm256_set1_ps(a[g]), m = _mm256_set1_ps(a[8 + g]);
+    for (std::size_t h = 0; h < 4; ++h) {
+      __m256i q = field(bytes8(qs + 8 * h), 4 * static_cast<int>(g % 2), 15);
+      if constexpr (T == dtype::q5_k)
+        q = _mm256_or_si256(q, _mm256_slli_epi32(field(bytes8(blk + 16 + 8 * h), static_cast<int>(g), 1), 4));
+      v[h] = _mm256_fmsub_ps(s, _mm256_cvtepi32_ps(q), m);
+    }
+  }
+}
+
 // reduce_lanes of the 16 lanes (lo, hi) plus the tail.
 [[gnu::always_inline]] inline float reduce8x2(__m256 lo, __m256 hi, float tail) noexcept {
   const __m256 t8 = _mm256_add_ps(lo, hi);                                                 // a[i] + a[i + 8]
@@ -519,7 +634,31 @@ template <dtype T, std::size_t MR, std::size_t NR>
 #pragma GCC unroll 16
   for (std::size_t t = 0; t < MR * NR; ++t) lo[t] = hi[t] = _mm256_setzero_ps();
   float tail[MR * NR] = {};
-  if constexpr (grouped<T>) {
+  if constexpr (T == dtype::q6_k) {
+    // Super-block by super-block: each row's scales widened once, then its 8 groups.
+    alignas(32) float a[NR][16];
+    for (std::size_t sb = 0; sb < n / 256; ++sb) {
+#pragma GCC unroll 16
+      for (std::size_t j = 0; j < NR; ++j) decode_scales<T>(w[j] + sb * info(T).bytes, a[j]);
+#pragma GCC unroll 8
+      for (std::size_t g = 0; g < 8; ++g) {
+        prefetch_step(pf);
+#pragma GCC unroll 16
+        for (std::size_t j = 0; j < NR; ++j) {
+          __m256 v[4];
+          load_k<T>(v, w[j] + sb * info(T).bytes, g, a[j]);
+#pragma GCC unroll 16
+          for (std::size_t i = 0; i < MR; ++i) {
+            const float* xb = x[i] + 256 * sb + 32 * g;
+            lo[i * NR + j] = _mm256_fmadd_ps(_mm256_loadu_ps(xb), v[0], lo[i * NR + j]);
+            hi[i * NR + j] = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 8), v[1], hi[i * NR + j]);
+            lo[i * NR + j] = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 16), v[2], lo[i * NR + j]);
+            hi[i * NR + j] = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 24), v[3], hi[i * NR + j]);
+          }
+        }
+      }
+    }
+  } else if constexpr (grouped<T>) {
     for (std::size_t blk = 0; blk < n / 32; ++blk) {
       prefetch_step(pf);
 #pragma GCC unroll 16
