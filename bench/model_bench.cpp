@@ -38,8 +38,8 @@ The host backend and llama.cpp are timed after one untimed warm-up of each (as l
 Prints the CPU and its vector extensions, the kernels' instruction-set path, the memory copy bandwidth,
 tokens/s and ratios, and the weight bytes decode reads per second as a share of the copy bandwidth.
   --model FILE        a GGUF model (repeatable). Default: the Qwen2-shaped model of hidden 768, 12 layers,
-                      12 heads / 2 KV heads, FFN 2048, vocabulary 151,936, in f16 and in q8_0, made with
-                      efim-model's maker into --dir (kept there for later runs)
+                      12 heads / 2 KV heads, FFN 2048, vocabulary 151,936, in f16, q8_0 and q4_k_m
+                      (llama.cpp's Q4_K_M recipe), made with efim-model's maker into --dir (kept there)
   --dir DIR           where default models are made (bench-models)
   --prompt N          prefill tokens (512)
   --decode N          decode steps (128)
@@ -216,11 +216,13 @@ std::vector<std::string> default_models(const fs::path& dir) {
   c.vocab = 151936;
   fs::create_directories(dir);
   std::vector<std::string> paths;
-  for (const dtype type : {dtype::f16, dtype::q8_0}) {
-    const auto path = (dir / ("qwen2-768x12-" + std::string(to_string(type)) + ".gguf")).string();
+  const model::random_spec specs[] = {{dtype::f16}, {dtype::q8_0}, {dtype::q4_k, false, model::quant_mix::q4_k_m}};
+  for (const auto& spec : specs) {
+    const std::string format(spec.mix ? model::to_string(*spec.mix) : to_string(spec.type));
+    const auto path = (dir / ("qwen2-768x12-" + format + ".gguf")).string();
     if (!fs::exists(path)) {
       std::cerr << "efim-model-bench: making " << path << "\n";
-      model::write_file(path, model::random_model(c, 1, {type}, vocab));
+      model::write_file(path, model::random_model(c, 1, spec, vocab));
     }
     paths.push_back(path);
   }
