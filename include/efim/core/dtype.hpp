@@ -211,13 +211,7 @@ inline void quantize_row(dtype t, const float* src, std::byte* dst, std::size_t 
     case dtype::q4_0:
       for (std::size_t b = 0; b < n / 32; ++b) {
         const float* x = src + b * 32;
-        float amax = 0.0f, max = 0.0f;
-        for (std::size_t j = 0; j < 32; ++j)
-          if (amax < std::fabs(x[j])) {
-            amax = std::fabs(x[j]);
-            max = x[j];
-          }
-        const float d = max / -8.0f;
+        const float d = kquant::largest_magnitude(x, 32) / -8.0f;
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
         block_q4_0 blk;
         blk.d = f32_to_f16(d);

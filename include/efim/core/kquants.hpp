@@ -89,32 +89,29 @@ inline int nearest_int(float x) noexcept {
 
 // ---- dequantizers (256 or 32 weights) ----
 
-inline void dequantize(const block_q4_k& b, float* y) noexcept {
-  const float d = f16_to_f32(b.d), dmin = f16_to_f32(b.dmin);
+// q4_k and q5_k (qh: the fifth bits, or null): w = (d * sc) * q - (dmin * m) per sub-block.
+inline void dequantize_scale_min(std::uint16_t d16, std::uint16_t dmin16, const std::uint8_t* scales,
+                                 const std::uint8_t* qs, const std::uint8_t* qh, float* y) noexcept {
+  const float d = f16_to_f32(d16), dmin = f16_to_f32(dmin16);
   for (std::size_t j = 0; j < 8; ++j) {
     std::uint8_t sc, m;
-    scale_min(b.scales, j, sc, m);
+    scale_min(scales, j, sc, m);
     const float ds = d * static_cast<float>(sc), mm = dmin * static_cast<float>(m);
-    const std::uint8_t* q = b.qs + 32 * (j / 2);
+    const std::uint8_t* q = qs + 32 * (j / 2);
     for (std::size_t l = 0; l < 32; ++l) {
-      const int v = j % 2 == 0 ? q[l] & 0xF : q[l] >> 4;
+      int v = j % 2 == 0 ? q[l] & 0xF : q[l] >> 4;
+      if (qh != nullptr) v |= ((qh[l] >> j) & 1) << 4;
       y[32 * j + l] = ds * static_cast<float>(v) - mm;
     }
   }
 }
 
+inline void dequantize(const block_q4_k& b, float* y) noexcept {
+  dequantize_scale_min(b.d, b.dmin, b.scales, b.qs, nullptr, y);
+}
+
 inline void dequantize(const block_q5_k& b, float* y) noexcept {
-  const float d = f16_to_f32(b.d), dmin = f16_to_f32(b.dmin);
-  for (std::size_t j = 0; j < 8; ++j) {
-    std::uint8_t sc, m;
-    scale_min(b.scales, j, sc, m);
-    const float ds = d * static_cast<float>(sc), mm = dmin * static_cast<float>(m);
-    const std::uint8_t* q = b.qs + 32 * (j / 2);
-    for (std::size_t l = 0; l < 32; ++l) {
-      const int v = (j % 2 == 0 ? q[l] & 0xF : q[l] >> 4) | (((b.qh[l] >> j) & 1) << 4);
-      y[32 * j + l] = ds * static_cast<float>(v) - mm;
-    }
-  }
+  dequantize_scale_min(b.d, b.dmin, b.scales, b.qs, b.qh, y);
 }
 
 // Weight i of a q6_k super-block, as a quant in -32..31: 128-weight halves h, each of four runs of 32;
@@ -159,6 +156,17 @@ inline void dequantize(const block_q5_1& b, float* y) noexcept {
 }
 
 // ---- reference quantizers (llama.cpp's arithmetic, operation by operation) ----
+
+// The weight of largest magnitude among n (the first of equals), signed.
+inline float largest_magnitude(const float* x, std::size_t n) noexcept {
+  float amax = 0, max = 0;
+  for (std::size_t j = 0; j < n; ++j)
+    if (amax < std::fabs(x[j])) {
+      amax = std::fabs(x[j]);
+      max = x[j];
+    }
+  return max;
+}
 
 // Below this a group is all zeros.
 inline constexpr float group_max_eps = 1e-15f;
@@ -237,15 +245,8 @@ EFIM_SEPARATE_ROUNDING float fit_scale_min(std::size_t n, int nmax, const float*
 // scales, keeping the one whose fit explains most. L gets the levels (L - nmax + nmax).
 EFIM_SEPARATE_ROUNDING float fit_symmetric(std::size_t n, int nmax, const float* x, std::int8_t* L) noexcept {
   EFIM_SEPARATE_ROUNDING_BODY
-  float max = 0, amax = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    const float ax = std::fabs(x[i]);
-    if (ax > amax) {
-      amax = ax;
-      max = x[i];
-    }
-  }
-  if (amax < group_max_eps) {
+  const float max = largest_magnitude(x, n);
+  if (std::fabs(max) < group_max_eps) {
     for (std::size_t i = 0; i < n; ++i) L[i] = 0;
     return 0.0f;
   }
@@ -401,13 +402,7 @@ EFIM_SEPARATE_ROUNDING void quantize(const float* x, block_q6_k& b) noexcept {
 // q5_0: the scale is the weight of largest magnitude / -16; each weight x / d + 16.5 truncated, at most 31.
 EFIM_SEPARATE_ROUNDING void quantize(const float* x, block_q5_0& b) noexcept {
   EFIM_SEPARATE_ROUNDING_BODY
-  float amax = 0, max = 0;
-  for (std::size_t j = 0; j < 32; ++j)
-    if (amax < std::fabs(x[j])) {
-      amax = std::fabs(x[j]);
-      max = x[j];
-    }
-  const float d = max / -16;
+  const float d = largest_magnitude(x, 32) / -16;
   const float id = d != 0 ? 1.0f / d : 0.0f;
   b.d = f32_to_f16(d);
   std::uint32_t qh = 0;
