@@ -456,7 +456,10 @@ TEST_CASE("efim-model makes deterministic models of each architecture that load 
   }
   const auto out = (dir.path / "x.gguf").string();
   expect_failure("make --arch gpt2 --tokenizer none --vocab 10 " + out, "'gpt2' is not supported");
-  expect_failure("make --type q5_k --tokenizer none --vocab 10 " + out, "unknown tensor type 'q5_k'");
+  expect_failure("make --type q3_k --tokenizer none --vocab 10 " + out, "unknown tensor type 'q3_k'");
+  // A k-quant on rows that are not a whole number of its super-blocks of 256.
+  expect_failure("make --type q4_k --hidden 64 --heads 4 --ffn 128 --tokenizer none --vocab 10 " + out,
+                 "not a whole number of q4_k blocks of 256");
   expect_failure("make --hidden 48 --heads 4 --ffn 64 --type q8_0 --tokenizer none --vocab 10 " + out,
                  "not a whole number of q8_0 blocks");
   expect_failure("make --tokenizer none " + out, "--vocab N is needed");

@@ -42,8 +42,8 @@ std::uint64_t matmul_hash(std::initializer_list<dtype> types) {
           std::memcpy(row + 2 * e, &h, 2);
         }
       }
-      // Raw blocks: each f16 scale (d, the offset m of q5_1, dmin of q4_k and q5_k) random in [2^-10, 2^-9), random quants
-      // (and 6- or 8-bit sub-block scales).
+      // Raw blocks: each f16 scale (d, the offset m of q5_1, dmin of q4_k and q5_k) random in
+      // [2^-10, 2^-9), random quants (and 6- or 8-bit sub-block scales).
       const auto scale = [&] { return f32_to_f16(0x1p-10f * (1.0f + 0.5f * (value() + 1.0f))); };
       if (info(t).block == 32)
         for (std::size_t b = 0; b < cols / 32; ++b) {

@@ -1064,12 +1064,16 @@ void for_each_healing_tokenizer(Check&& check) {
     WARN("skipped tokenizer.json: needs " << json.string() << " (fetched by .ci/setup)");
 }
 
-// This repository's headers, as code to cut at random places.
+// This repository's headers, as code to cut at random places (in name order: a directory lists its
+// files in an order of the file system's own).
 std::string healing_corpus() {
-  std::string all;
   const auto root = std::filesystem::path(__FILE__).parent_path().parent_path() / "include" / "efim" / "text";
-  for (const auto& e : std::filesystem::directory_iterator(root)) {
-    std::ifstream in(e.path(), std::ios::binary);
+  std::vector<std::filesystem::path> files;
+  for (const auto& e : std::filesystem::directory_iterator(root)) files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  std::string all;
+  for (const auto& f : files) {
+    std::ifstream in(f, std::ios::binary);
     all += std::string(std::istreambuf_iterator<char>(in), {});
   }
   return all;
@@ -1142,6 +1146,9 @@ TEST_CASE("token healing: cut code anywhere, constrained generation gives the pr
         prompt = i == 0 ? "r" : i == 1 ? "    " : i == 2 ? "\n\n" : "x = \xE4\xB8\xAD";
       } else {
         std::size_t from = r.below(code.size() - 2000), to = from + 1 + r.below(600);
+        // Both ends on character boundaries (the headers' comments hold some non-ASCII characters).
+        while ((static_cast<unsigned char>(code[from]) & 0xC0) == 0x80) ++from;
+        to = std::max(to, from + 1);
         while (to < code.size() && (static_cast<unsigned char>(code[to]) & 0xC0) == 0x80) ++to;
         prompt = code.substr(from, to - from);
       }

@@ -12,8 +12,20 @@ function(run)
 endfunction()
 
 run(${CMAKE_COMMAND} --install ${EFIM_BINARY_DIR} --prefix ${prefix})
+# The dependencies where the project's build found them (empty on a machine with the Debian packages),
+# through the environment (searched after -DCMAKE_PREFIX_PATH, so efim still comes from the prefix).
+foreach(var PREFIX LIBRARY)
+  if(DEPS_${var}_PATH)
+    string(REPLACE "|" ":" paths "${DEPS_${var}_PATH}")
+    set(ENV{CMAKE_${var}_PATH} "${paths}")
+  endif()
+endforeach()
+set(extra)
+if(POLICY_VERSION_MINIMUM)
+  set(extra -DCMAKE_POLICY_VERSION_MINIMUM=${POLICY_VERSION_MINIMUM})
+endif()
 run(${CMAKE_COMMAND} -S ${EFIM_SOURCE_DIR}/tests/install_consumer -B ${WORK_DIR}/build -G ${GENERATOR}
-    -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release -DCONSUMER_CUDA=${CONSUMER_CUDA})
+    -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release -DCONSUMER_CUDA=${CONSUMER_CUDA} ${extra})
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 run(${WORK_DIR}/build/consumer)
 if(CONSUMER_CUDA)  # the same request on the GPU through efim::cuda (says so where there is no device)
