@@ -556,7 +556,7 @@ model::config arch_config(model::architecture a, std::size_t vocab = 300, dtype 
   c.layers = 2;
   c.heads = 4;
   c.kv_heads = 2;
-  c.ffn = info(weights).block == 256 ? 512 : 96;
+  c.ffn = info(weights).block == 256 ? 256 : 96;
   c.max_context = 512;
   c.rope_theta = a == model::architecture::llama ? 10000.0 : 1e6;
   c.norm_eps = a == model::architecture::starcoder2 ? 1e-5f : 1e-6f;
@@ -914,11 +914,11 @@ TEST_CASE("fuzzing k-quant files: corrupt scales and truncated super-blocks give
     for (const std::size_t width : {256, 64}) {  // k-quants; their fallbacks (q5_0, q5_1, q8_0)
       INFO(model::to_string(mix) << ", hidden " << width);
       auto cfg = arch_config(model::architecture::qwen2, 300, width == 256 ? dtype::q4_k : dtype::f32);
-      cfg.layers = 8;
+      cfg.layers = 4;  // layers 2 and 3 get q6_k's more bits in the k_m mixes
       const auto bytes = model::random_model(cfg, 51, {dtype::f32, false, mix});
       const auto f = gguf::parse(bytes);
       std::size_t ran = 0, refused = 0;
-      for (int trial = 0; trial < 300; ++trial) {
+      for (int trial = 0; trial < 100; ++trial) {
         auto copy = bytes;
         const auto& t = f.tensors[r.below(f.tensors.size())];
         const std::size_t start = static_cast<std::size_t>(f.data_offset + t.offset);
