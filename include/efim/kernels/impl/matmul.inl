@@ -92,15 +92,12 @@ inline constexpr bool unpacked = grouped<T> && T != dtype::q8_0;
   return f16_at(blk + 208) * static_cast<float>(static_cast<std::int8_t>(blk[192 + s]));
 }
 
-// The scales of one k-quant super-block, widened once for its 8 groups of 32: q4_k and q5_k give
-// a[g] = d * sc and a[8 + g] = dmin * m of sub-block g; q6_k a[s] = d * sc of 16-weight sub-block s.
+// The scales of one q6_k super-block, widened once for its 8 groups of 32: a[s] = d * sc of 16-weight
+// sub-block s.
 template <dtype T>
 [[gnu::always_inline]] inline void decode_scales(const std::byte* blk, float* a) noexcept {
-  if constexpr (T == dtype::q6_k) {
-    for (std::size_t s = 0; s < 16; ++s) a[s] = q6_scale(blk, s);
-  } else {
-    for (std::size_t g = 0; g < 8; ++g) k_scale_min(blk, g, a[g], a[8 + g]);
-  }
+  static_assert(T == dtype::q6_k);
+  for (std::size_t s = 0; s < 16; ++s) a[s] = q6_scale(blk, s);
 }
 
 // q6_k: the 32 quants of group g (-32..31) as bytes: the low 4 bits from ql, the high 2 from qh.
@@ -241,36 +238,16 @@ template <dtype T>
   }
 }
 
-// Group g of a k-quant super-block with its scales widened (decode_scales): the values load_block
-// gives, unpacked with fewer operations. q4_k and q5_k look each quant up in a table of the group's 16
-// or 32 values (scale * q - min, computed as load_block computes them), q6_k widens its quant bytes.
+// Group g of a q6_k super-block with its scales widened (decode_scales): the values load_block gives,
+// with the quants built as bytes.
 template <dtype T>
 [[gnu::always_inline]] inline void load_k(__m512& lo, __m512& hi, const std::byte* blk, std::size_t g,
                                           const float* a) noexcept {
-  if constexpr (T == dtype::q6_k) {
-    const __m256i q = q6_bytes(blk, g);
-    lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))), _mm512_set1_ps(a[2 * g]));
-    hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))),
-                       _mm512_set1_ps(a[2 * g + 1]));
-  } else {
-    const __m512 levels = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512 s = _mm512_set1_ps(a[g]), m = _mm512_set1_ps(a[8 + g]);
-    const std::byte* qs = blk + (T == dtype::q4_k ? 16 : 48) + 32 * (g / 2);
-    __m512i ql = bytes16(qs), qu = bytes16(qs + 16);
-    if (g % 2 == 1) ql = _mm512_srli_epi32(ql, 4), qu = _mm512_srli_epi32(qu, 4);
-    const __m512 t0 = _mm512_fmsub_ps(s, levels, m);
-    if constexpr (T == dtype::q4_k) {  // vpermps reads an index's low 4 bits only
-      lo = _mm512_permutexvar_ps(ql, t0);
-      hi = _mm512_permutexvar_ps(qu, t0);
-    } else {  // the fifth bit selects the second table
-      const __m512 t1 = _mm512_fmsub_ps(s, _mm512_add_ps(levels, _mm512_set1_ps(16)), m);
-      const __m512i low4 = _mm512_set1_epi32(15);
-      ql = _mm512_or_si512(_mm512_and_si512(ql, low4), _mm512_slli_epi32(field(bytes16(blk + 16), static_cast<int>(g), 1), 4));
-      qu = _mm512_or_si512(_mm512_and_si512(qu, low4), _mm512_slli_epi32(field(bytes16(blk + 32), static_cast<int>(g), 1), 4));
-      lo = _mm512_permutex2var_ps(t0, ql, t1);
-      hi = _mm512_permutex2var_ps(t0, qu, t1);
-    }
-  }
+  static_assert(T == dtype::q6_k);
+  const __m256i q = q6_bytes(blk, g);
+  lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))), _mm512_set1_ps(a[2 * g]));
+  hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))),
+                     _mm512_set1_ps(a[2 * g + 1]));
 }
 
 // out[n] = reduce_lanes(acc[n], tail[n]) for n < N, all 16 at once. Slot s of the network ends in
@@ -576,27 +553,16 @@ template <dtype T>
   }
 }
 
-// Group g of a k-quant super-block with its scales widened (decode_scales), v[h] = elements 8h ..
-// 8h + 7: the values load_block gives, with the scales decoded once per super-block and q6_k's quants
-// built as bytes.
+// Group g of a q6_k super-block with its scales widened (decode_scales), v[h] = elements 8h .. 8h + 7:
+// the values load_block gives, with the quants built as bytes.
 template <dtype T>
 [[gnu::always_inline]] inline void load_k(__m256 (&v)[4], const std::byte* blk, std::size_t g, const float* a) noexcept {
-  if constexpr (T == dtype::q6_k) {
-    const __m256i q = q6_bytes(blk, g);
-    const __m128i q0 = _mm256_castsi256_si128(q), q1 = _mm256_extracti128_si256(q, 1);
-    const __m128i part[4] = {q0, _mm_srli_si128(q0, 8), q1, _mm_srli_si128(q1, 8)};
-    for (std::size_t h = 0; h < 4; ++h)
-      v[h] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part[h])), _mm256_set1_ps(a[2 * g + h / 2]));
-  } else {
-    const std::byte* qs = blk + (T == dtype::q4_k ? 16 : 48) + 32 * (g / 2);
-    const __m256 s = _mm256_set1_ps(a[g]), m = _mm256_set1_ps(a[8 + g]);
-    for (std::size_t h = 0; h < 4; ++h) {
-      __m256i q = field(bytes8(qs + 8 * h), 4 * static_cast<int>(g % 2), 15);
-      if constexpr (T == dtype::q5_k)
-        q = _mm256_or_si256(q, _mm256_slli_epi32(field(bytes8(blk + 16 + 8 * h), static_cast<int>(g), 1), 4));
-      v[h] = _mm256_fmsub_ps(s, _mm256_cvtepi32_ps(q), m);
-    }
-  }
+  static_assert(T == dtype::q6_k);
+  const __m256i q = q6_bytes(blk, g);
+  const __m128i q0 = _mm256_castsi256_si128(q), q1 = _mm256_extracti128_si256(q, 1);
+  const __m128i part[4] = {q0, _mm_srli_si128(q0, 8), q1, _mm_srli_si128(q1, 8)};
+  for (std::size_t h = 0; h < 4; ++h)
+    v[h] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part[h])), _mm256_set1_ps(a[2 * g + h / 2]));
 }
 
 // reduce_lanes of the 16 lanes (lo, hi) plus the tail.
