@@ -22,6 +22,14 @@
 #else
 #define EFIM_KERNELS_X86 0
 #endif
+// EFIM_KERNELS_GENERIC_ONLY, defined for a whole program, compiles the generic path alone (about a
+// third of the kernels' compile time): for a program built for its CPU (-march=native), which needs no
+// other path, and for test builds whose point is elsewhere (the sanitizer builds of the servers).
+#if EFIM_KERNELS_X86 && !defined(EFIM_KERNELS_GENERIC_ONLY)
+#define EFIM_KERNELS_DISPATCHED 1
+#else
+#define EFIM_KERNELS_DISPATCHED 0
+#endif
 
 namespace efim::kernels {
 
@@ -41,7 +49,7 @@ constexpr std::string_view isa_name(isa i) noexcept {
 
 // The best path this CPU runs.
 inline isa detected_isa() noexcept {
-#if EFIM_KERNELS_X86 && (defined(__GNUC__) || defined(__clang__))
+#if EFIM_KERNELS_DISPATCHED && (defined(__GNUC__) || defined(__clang__))
   __builtin_cpu_init();
   const bool v3 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
                   __builtin_cpu_supports("bmi2");

@@ -69,7 +69,7 @@
 #define EFIM_K_NAMESPACE isa_generic
 #include "efim/kernels/impl/path.inl"
 
-#if EFIM_KERNELS_X86
+#if EFIM_KERNELS_DISPATCHED
 // ---- AVX2 + FMA + F16C ----
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx2,fma,f16c,bmi,bmi2,lzcnt,popcnt"))), apply_to = function)

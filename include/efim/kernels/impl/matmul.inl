@@ -92,24 +92,82 @@ inline constexpr bool unpacked = grouped<T> && T != dtype::q8_0;
   return f16_at(blk + 208) * static_cast<float>(static_cast<std::int8_t>(blk[192 + s]));
 }
 
-// The scales of one q6_k super-block, widened once for its 8 groups of 32: a[s] = d * sc of 16-weight
-// sub-block s.
-template <dtype T>
-[[gnu::always_inline]] inline void decode_scales(const std::byte* blk, float* a) noexcept {
-  static_assert(T == dtype::q6_k);
-  for (std::size_t s = 0; s < 16; ++s) a[s] = q6_scale(blk, s);
+// Decode tiles take the k-quants a super-block at a time: each weight row's super-block is first
+// "staged" (its scales widened to floats once, and for q5_k and q6_k its quants built as whole bytes),
+// then its 8 groups of 32 go through the FMAs. Every value is the one dequantize_row gives.
+
+// q4_k and q5_k: a[g] = d * sc and a[8 + g] = dmin * m of group g (the exact products k_scale_min
+// gives), the 6-bit fields taken out of the 12 bytes 32 bits at a time (kquant::scale_min's layout:
+// groups 0-3 in the low 6 bits of bytes 0-7, groups 4-7 in the nibbles of bytes 8-11 with their top 2
+// bits in the top bits of bytes 0-7).
+[[gnu::always_inline]] inline void k_scales_mins(const std::byte* blk, float* a) noexcept {
+  std::uint32_t u[3];
+  std::memcpy(u, blk + 4, sizeof u);
+  constexpr std::uint32_t low6 = 0x3f3f3f3f, low4 = 0x0f0f0f0f, top2 = 0x03030303;
+  const std::uint32_t sc_high = (u[2] & low4) | (((u[0] >> 6) & top2) << 4);
+  const std::uint32_t m_high = ((u[2] >> 4) & low4) | (((u[1] >> 6) & top2) << 4);
+  const __m128i v = _mm_setr_epi32(static_cast<int>(u[0] & low6), static_cast<int>(sc_high),
+                                   static_cast<int>(u[1] & low6), static_cast<int>(m_high));
+  _mm256_storeu_ps(a, _mm256_mul_ps(_mm256_set1_ps(f16_at(blk)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v))));
+  _mm256_storeu_ps(a + 8, _mm256_mul_ps(_mm256_set1_ps(f16_at(blk + 2)),
+                                        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(v, v)))));
 }
 
-// q6_k: the 32 quants of group g (-32..31) as bytes: the low 4 bits from ql, the high 2 from qh.
-[[gnu::always_inline]] inline __m256i q6_bytes(const std::byte* blk, std::size_t g) noexcept {
-  const std::size_t h = g / 4, r = g % 4;
-  const __m256i low = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h + 32 * (r % 2)));
-  const __m256i high = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h));
-  const __m256i nib = _mm256_and_si256(_mm256_srl_epi16(low, _mm_cvtsi32_si128(4 * static_cast<int>(r / 2))),
-                                       _mm256_set1_epi8(15));
-  const __m256i top = _mm256_and_si256(_mm256_srl_epi16(high, _mm_cvtsi32_si128(2 * static_cast<int>(r))),
-                                       _mm256_set1_epi8(3));
-  return _mm256_sub_epi8(_mm256_or_si256(nib, _mm256_slli_epi16(top, 4)), _mm256_set1_epi8(32));
+// Bits `from` and `from` + 1 (or just `from`) of each byte moved to bits 4 and 5, masked by `mask`.
+[[gnu::always_inline]] inline __m256i to_bit4(__m256i v, int from, __m256i mask) noexcept {
+  const __m256i moved = from <= 4 ? _mm256_sll_epi16(v, _mm_cvtsi32_si128(4 - from))
+                                  : _mm256_srl_epi16(v, _mm_cvtsi32_si128(from - 4));
+  return _mm256_and_si256(moved, mask);
+}
+
+// 32 bytes at p; v stored at p (32-byte aligned). (Helpers, not lambdas: GCC does not give lambdas
+// the target of the path being compiled.)
+[[gnu::always_inline]] inline __m256i load(const std::byte* p) noexcept {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+[[gnu::always_inline]] inline void store(std::byte* p, __m256i v) noexcept {
+  _mm256_store_si256(reinterpret_cast<__m256i*>(p), v);
+}
+
+// A q5_k or q6_k super-block staged: q[0..255] its quants as bytes (q5_k: 0..31 unsigned; q6_k:
+// -32..31 signed), a[0..15] its scales (q5_k: as k_scales_mins; q6_k: a[s] = d * sc of 16-weight
+// sub-block s, the exact products q6_scale gives).
+template <dtype T>
+[[gnu::always_inline]] inline void stage_k(const std::byte* blk, std::byte* q, float* a) noexcept {
+  const __m256i low4 = _mm256_set1_epi8(15);
+  if constexpr (T == dtype::q5_k) {
+    k_scales_mins(blk, a);
+    // Group g: the nibbles of qs[32 (g / 2) ..] (low for even g), bit g of qh[0..31] as the fifth bit.
+    const __m256i qh = load(blk + 16), bit4 = _mm256_set1_epi8(16);
+#pragma GCC unroll 4
+    for (std::size_t p = 0; p < 4; ++p) {
+      const __m256i qs = load(blk + 48 + 32 * p);
+      const int g = 2 * static_cast<int>(p);
+      store(q + 64 * p, _mm256_or_si256(_mm256_and_si256(qs, low4), to_bit4(qh, g, bit4)));
+      store(q + 64 * p + 32,
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qs, 4), low4), to_bit4(qh, g + 1, bit4)));
+    }
+  } else {
+    static_assert(T == dtype::q6_k);
+    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));
+    const __m256 d = _mm256_set1_ps(f16_at(blk + 208));
+    _mm256_storeu_ps(a, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc))));
+    _mm256_storeu_ps(a + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(sc, sc)))));
+    // Half h, run r of 32 (kquant::q6_quant): the low 4 bits from ql[64 h + 32 (r % 2) ..] (low nibbles
+    // for r < 2), bits 4 and 5 from bits 2r, 2r + 1 of qh[32 h ..]; then minus 32.
+    const __m256i top = _mm256_set1_epi8(0x30), offset = _mm256_set1_epi8(32);
+#pragma GCC unroll 2
+    for (std::size_t h = 0; h < 2; ++h) {
+      const __m256i l0 = load(blk + 64 * h), l1 = load(blk + 64 * h + 32), qh = load(blk + 128 + 32 * h);
+      const __m256i run[4] = {_mm256_and_si256(l0, low4), _mm256_and_si256(l1, low4),
+                              _mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
+                              _mm256_and_si256(_mm256_srli_epi16(l1, 4), low4)};
+#pragma GCC unroll 4
+      for (std::size_t r = 0; r < 4; ++r)
+        store(q + 128 * h + 32 * r,
+              _mm256_sub_epi8(_mm256_or_si256(run[r], to_bit4(qh, 2 * static_cast<int>(r), top)), offset));
+    }
+  }
 }
 
 // Memory to prefetch a few lines per step of a tile's k loop: in decode, the next block of weight rows,
@@ -238,16 +296,21 @@ template <dtype T>
   }
 }
 
-// Group g of a q6_k super-block with its scales widened (decode_scales): the values load_block gives,
-// with the quants built as bytes.
+// Group g of a staged q5_k or q6_k super-block (stage_k): the values load_block gives.
 template <dtype T>
-[[gnu::always_inline]] inline void load_k(__m512& lo, __m512& hi, const std::byte* blk, std::size_t g,
-                                          const float* a) noexcept {
-  static_assert(T == dtype::q6_k);
-  const __m256i q = q6_bytes(blk, g);
-  lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))), _mm512_set1_ps(a[2 * g]));
-  hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))),
-                     _mm512_set1_ps(a[2 * g + 1]));
+[[gnu::always_inline]] inline void load_staged(__m512& lo, __m512& hi, const std::byte* q, const float* a,
+                                               std::size_t g) noexcept {
+  const __m128i q0 = _mm_load_si128(reinterpret_cast<const __m128i*>(q + 32 * g));
+  const __m128i q1 = _mm_load_si128(reinterpret_cast<const __m128i*>(q + 32 * g + 16));
+  if constexpr (T == dtype::q5_k) {
+    const __m512 s = _mm512_set1_ps(a[g]), m = _mm512_set1_ps(a[8 + g]);
+    lo = _mm512_fmsub_ps(s, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q0)), m);
+    hi = _mm512_fmsub_ps(s, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q1)), m);
+  } else {
+    static_assert(T == dtype::q6_k);
+    lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0)), _mm512_set1_ps(a[2 * g]));
+    hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)), _mm512_set1_ps(a[2 * g + 1]));
+  }
 }
 
 // out[n] = reduce_lanes(acc[n], tail[n]) for n < N, all 16 at once. Slot s of the network ends in
@@ -280,6 +343,36 @@ template <std::size_t N>
 // value, and a 4 x 4 tile then issues 32 loads per 16 FMAs, twice what the load ports sustain.
 [[gnu::always_inline]] inline void in_register(__m512& v) noexcept { __asm__("" : "+v"(v)); }
 
+// The 32 x values of each tile row from element k, pinned to registers when weight rows share them.
+template <std::size_t MR, std::size_t NR>
+[[gnu::always_inline]] inline void load_x(const float* const (&x)[MR], std::size_t k, __m512 (&xl)[MR],
+                                          __m512 (&xh)[MR]) noexcept {
+#pragma GCC unroll 16
+  for (std::size_t i = 0; i < MR; ++i) {
+    xl[i] = _mm512_loadu_ps(x[i] + k);
+    xh[i] = _mm512_loadu_ps(x[i] + k + 16);
+    if constexpr (NR > 1) {
+      in_register(xl[i]);
+      in_register(xh[i]);
+    }
+  }
+}
+
+// Group g of a q4_k weight row j (its quants q0, q1 as lanes; a: its row's k_scales_mins) into the
+// sums: the weights through a table of the group's 16 values (vpermps reads an index's low 4 bits).
+template <std::size_t MR, std::size_t NR>
+[[gnu::always_inline]] inline void q4k_group(__m512 (&acc)[MR * NR], std::size_t j, const float* a, std::size_t g,
+                                             __m512i q0, __m512i q1, const __m512 (&xl)[MR],
+                                             const __m512 (&xh)[MR]) noexcept {
+  const __m512 levels = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512 table = _mm512_fmsub_ps(_mm512_set1_ps(a[g]), levels, _mm512_set1_ps(a[8 + g]));
+  const __m512 lo = _mm512_permutexvar_ps(q0, table), hi = _mm512_permutexvar_ps(q1, table);
+#pragma GCC unroll 16
+  for (std::size_t i = 0; i < MR; ++i) acc[i * NR + j] = _mm512_fmadd_ps(xl[i], lo, acc[i * NR + j]);
+#pragma GCC unroll 16
+  for (std::size_t i = 0; i < MR; ++i) acc[i * NR + j] = _mm512_fmadd_ps(xh[i], hi, acc[i * NR + j]);
+}
+
 // out[i * NR + j] = dot(x[i], dequantized w[j]) over n elements, in the canonical order, with the
 // weights read as stored.
 template <dtype T, std::size_t MR, std::size_t NR>
@@ -290,29 +383,65 @@ template <dtype T, std::size_t MR, std::size_t NR>
 #pragma GCC unroll 16
   for (std::size_t t = 0; t < MR * NR; ++t) acc[t] = _mm512_setzero_ps();
   alignas(64) float tail[16] = {};
-  if constexpr (T == dtype::q6_k) {
-    // Super-block by super-block: each row's scales widened once, then its 8 groups.
+  if constexpr (T == dtype::q4_k) {
+    // Super-block by super-block, each row's scales widened once (k_scales_mins); then pairs of groups,
+    // which share their quant bytes (low and high nibbles), each through a table of its 16 values.
+    // With few x rows the pair's bytes are widened once for both groups; otherwise the x vectors of two
+    // groups would not fit in the registers beside the sums, and each group widens them again.
+    constexpr bool share = MR * 4 + MR * NR + 6 <= 32;
     alignas(64) float a[NR][16];
     for (std::size_t sb = 0; sb < n / 256; ++sb) {
 #pragma GCC unroll 16
-      for (std::size_t j = 0; j < NR; ++j) decode_scales<T>(w[j] + sb * info(T).bytes, a[j]);
-#pragma GCC unroll 8
+      for (std::size_t j = 0; j < NR; ++j) k_scales_mins(w[j] + sb * info(T).bytes, a[j]);
+      for (std::size_t p = 0; p < 4; ++p) {
+        prefetch_step(pf);
+        prefetch_step(pf);
+        const std::size_t at = 256 * sb + 64 * p;
+        const std::byte* qs[NR];
+#pragma GCC unroll 16
+        for (std::size_t j = 0; j < NR; ++j) qs[j] = w[j] + sb * info(T).bytes + 16 + 32 * p;
+        if constexpr (share) {
+          __m512 xl0[MR], xh0[MR], xl1[MR], xh1[MR];
+          load_x<MR, NR>(x, at, xl0, xh0);
+          load_x<MR, NR>(x, at + 32, xl1, xh1);
+#pragma GCC unroll 16
+          for (std::size_t j = 0; j < NR; ++j) {
+            const __m512i q0 = bytes16(qs[j]), q1 = bytes16(qs[j] + 16);  // vpermps reads the low 4 bits
+            q4k_group<MR, NR>(acc, j, a[j], 2 * p, q0, q1, xl0, xh0);
+            q4k_group<MR, NR>(acc, j, a[j], 2 * p + 1, _mm512_srli_epi32(q0, 4), _mm512_srli_epi32(q1, 4), xl1, xh1);
+          }
+        } else {
+#pragma GCC unroll 2
+          for (std::size_t half = 0; half < 2; ++half) {
+            __m512 xl[MR], xh[MR];
+            load_x<MR, NR>(x, at + 32 * half, xl, xh);
+#pragma GCC unroll 16
+            for (std::size_t j = 0; j < NR; ++j) {
+              const __m512i q0 = bytes16(qs[j]), q1 = bytes16(qs[j] + 16);
+              if (half == 0)
+                q4k_group<MR, NR>(acc, j, a[j], 2 * p, q0, q1, xl, xh);
+              else
+                q4k_group<MR, NR>(acc, j, a[j], 2 * p + 1, _mm512_srli_epi32(q0, 4), _mm512_srli_epi32(q1, 4), xl, xh);
+            }
+          }
+        }
+      }
+    }
+  } else if constexpr (T == dtype::q5_k || T == dtype::q6_k) {
+    // Super-block by super-block: each row's super-block staged (stage_k), then its 8 groups.
+    alignas(64) std::byte q[NR][256];
+    alignas(64) float a[NR][16];
+    for (std::size_t sb = 0; sb < n / 256; ++sb) {
+#pragma GCC unroll 16
+      for (std::size_t j = 0; j < NR; ++j) stage_k<T>(w[j] + sb * info(T).bytes, q[j], a[j]);
       for (std::size_t g = 0; g < 8; ++g) {
         prefetch_step(pf);
         __m512 xl[MR], xh[MR];
-#pragma GCC unroll 16
-        for (std::size_t i = 0; i < MR; ++i) {
-          xl[i] = _mm512_loadu_ps(x[i] + 256 * sb + 32 * g);
-          xh[i] = _mm512_loadu_ps(x[i] + 256 * sb + 32 * g + 16);
-          if constexpr (NR > 1) {
-            in_register(xl[i]);
-            in_register(xh[i]);
-          }
-        }
+        load_x<MR, NR>(x, 256 * sb + 32 * g, xl, xh);
 #pragma GCC unroll 16
         for (std::size_t j = 0; j < NR; ++j) {
           __m512 lo, hi;
-          load_k<T>(lo, hi, w[j] + sb * info(T).bytes, g, a[j]);
+          load_staged<T>(lo, hi, q[j], a[j], g);
 #pragma GCC unroll 16
           for (std::size_t i = 0; i < MR; ++i) acc[i * NR + j] = _mm512_fmadd_ps(xl[i], lo, acc[i * NR + j]);
 #pragma GCC unroll 16
@@ -553,16 +682,20 @@ template <dtype T>
   }
 }
 
-// Group g of a q6_k super-block with its scales widened (decode_scales), v[h] = elements 8h .. 8h + 7:
-// the values load_block gives, with the quants built as bytes.
+// Group g of a staged q5_k or q6_k super-block (stage_k), v[h] = elements 8h .. 8h + 7: the values
+// load_block gives.
 template <dtype T>
-[[gnu::always_inline]] inline void load_k(__m256 (&v)[4], const std::byte* blk, std::size_t g, const float* a) noexcept {
-  static_assert(T == dtype::q6_k);
-  const __m256i q = q6_bytes(blk, g);
-  const __m128i q0 = _mm256_castsi256_si128(q), q1 = _mm256_extracti128_si256(q, 1);
-  const __m128i part[4] = {q0, _mm_srli_si128(q0, 8), q1, _mm_srli_si128(q1, 8)};
-  for (std::size_t h = 0; h < 4; ++h)
-    v[h] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part[h])), _mm256_set1_ps(a[2 * g + h / 2]));
+[[gnu::always_inline]] inline void load_staged(__m256 (&v)[4], const std::byte* q, const float* a,
+                                               std::size_t g) noexcept {
+#pragma GCC unroll 4
+  for (std::size_t h = 0; h < 4; ++h) {
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 32 * g + 8 * h));
+    if constexpr (T == dtype::q5_k)
+      v[h] = _mm256_fmsub_ps(_mm256_set1_ps(a[g]), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)),
+                             _mm256_set1_ps(a[8 + g]));
+    else
+      v[h] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)), _mm256_set1_ps(a[2 * g + h / 2]));
+  }
 }
 
 // reduce_lanes of the 16 lanes (lo, hi) plus the tail.
@@ -592,6 +725,12 @@ template <dtype T>
   _mm_storeu_ps(out, _mm_add_ps(sums, _mm_loadu_ps(tail)));
 }
 
+// One step of a canonical sum (lo, hi): 8 weights v times x from element k (lanes 8 (k / 8 % 2) ..).
+[[gnu::always_inline]] inline void fma8(__m256& lo, __m256& hi, const float* x, std::size_t k, __m256 v) noexcept {
+  __m256& sum = k / 8 % 2 == 0 ? lo : hi;
+  sum = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), v, sum);
+}
+
 // Decode: out[i * NR + j] = dot(x[i], dequantized w[j]) over n elements with the weights read as stored.
 template <dtype T, std::size_t MR, std::size_t NR>
 [[gnu::always_inline]] inline void tile(const float* const (&x)[MR], const std::byte* const (&w)[NR], std::size_t n,
@@ -600,27 +739,55 @@ template <dtype T, std::size_t MR, std::size_t NR>
 #pragma GCC unroll 16
   for (std::size_t t = 0; t < MR * NR; ++t) lo[t] = hi[t] = _mm256_setzero_ps();
   float tail[MR * NR] = {};
-  if constexpr (T == dtype::q6_k) {
-    // Super-block by super-block: each row's scales widened once, then its 8 groups.
+  if constexpr (T == dtype::q4_k) {
+    // Super-block by super-block, each row's scales widened once (k_scales_mins); then pairs of groups,
+    // which share their quant bytes (low and high nibbles): widened once, then group 2p, then 2p + 1.
+    alignas(32) float a[NR][16];
+    const __m256i low4 = _mm256_set1_epi32(15);
+    for (std::size_t sb = 0; sb < n / 256; ++sb) {
+#pragma GCC unroll 16
+      for (std::size_t j = 0; j < NR; ++j) k_scales_mins(w[j] + sb * info(T).bytes, a[j]);
+      for (std::size_t p = 0; p < 4; ++p) {
+        prefetch_step(pf);
+        prefetch_step(pf);
+#pragma GCC unroll 16
+        for (std::size_t j = 0; j < NR; ++j) {
+          const std::byte* qs = w[j] + sb * info(T).bytes + 16 + 32 * p;
+          __m256i q[4];
+#pragma GCC unroll 4
+          for (std::size_t h = 0; h < 4; ++h) q[h] = bytes8(qs + 8 * h);
+#pragma GCC unroll 2
+          for (std::size_t half = 0; half < 2; ++half) {
+            const std::size_t g = 2 * p + half;
+            const __m256 s = _mm256_set1_ps(a[j][g]), m = _mm256_set1_ps(a[j][8 + g]);
+#pragma GCC unroll 4
+            for (std::size_t h = 0; h < 4; ++h) {
+              const __m256i level = half == 0 ? _mm256_and_si256(q[h], low4) : _mm256_srli_epi32(q[h], 4);
+              const __m256 v = _mm256_fmsub_ps(s, _mm256_cvtepi32_ps(level), m);
+#pragma GCC unroll 16
+              for (std::size_t i = 0; i < MR; ++i) fma8(lo[i * NR + j], hi[i * NR + j], x[i], 256 * sb + 32 * g + 8 * h, v);
+            }
+          }
+        }
+      }
+    }
+  } else if constexpr (T == dtype::q5_k || T == dtype::q6_k) {
+    // Super-block by super-block: each row's super-block staged (stage_k), then its 8 groups.
+    alignas(32) std::byte q[NR][256];
     alignas(32) float a[NR][16];
     for (std::size_t sb = 0; sb < n / 256; ++sb) {
 #pragma GCC unroll 16
-      for (std::size_t j = 0; j < NR; ++j) decode_scales<T>(w[j] + sb * info(T).bytes, a[j]);
-#pragma GCC unroll 8
+      for (std::size_t j = 0; j < NR; ++j) stage_k<T>(w[j] + sb * info(T).bytes, q[j], a[j]);
       for (std::size_t g = 0; g < 8; ++g) {
         prefetch_step(pf);
 #pragma GCC unroll 16
         for (std::size_t j = 0; j < NR; ++j) {
           __m256 v[4];
-          load_k<T>(v, w[j] + sb * info(T).bytes, g, a[j]);
+          load_staged<T>(v, q[j], a[j], g);
 #pragma GCC unroll 16
-          for (std::size_t i = 0; i < MR; ++i) {
-            const float* xb = x[i] + 256 * sb + 32 * g;
-            lo[i * NR + j] = _mm256_fmadd_ps(_mm256_loadu_ps(xb), v[0], lo[i * NR + j]);
-            hi[i * NR + j] = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 8), v[1], hi[i * NR + j]);
-            lo[i * NR + j] = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 16), v[2], lo[i * NR + j]);
-            hi[i * NR + j] = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 24), v[3], hi[i * NR + j]);
-          }
+          for (std::size_t i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+            for (std::size_t h = 0; h < 4; ++h) fma8(lo[i * NR + j], hi[i * NR + j], x[i], 256 * sb + 32 * g + 8 * h, v[h]);
         }
       }
     }
