@@ -5,8 +5,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <numeric>
+#include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "../tests/support.hpp"
@@ -239,16 +242,24 @@ void bench_model(thread_pool& pool) {
 
 // Typed matmul at the shapes of a Qwen2-like model (hidden 768, 12 heads / 2 KV heads, FFN 2048,
 // vocabulary 151936): prefill of 512 tokens, and decode.
-void bench_typed(thread_pool& pool) {
+// `words`: the command line's section words; type names among them (q4_k, q6_k, ...) keep those types
+// alone, and "decode" skips the prefill rows.
+void bench_typed(thread_pool& pool, const std::vector<std::string>& words) {
   struct shape {
     std::size_t rows, cols;
   };
+  const auto named = [&](std::string_view w) { return std::find(words.begin(), words.end(), w) != words.end(); };
+  const bool some =
+      std::any_of(std::begin(all_dtypes), std::end(all_dtypes), [&](dtype t) { return named(to_string(t)); });
   for (const dtype t : all_dtypes) {
-    prefill_total total;
-    for (const auto [rows, cols] : {shape{768, 768}, shape{128, 768}, shape{2048, 768}, shape{768, 2048}})
-      bench_typed_matmul(pool, t, 512, rows, cols, &total);
-    std::printf("matmul %-4s prefill m=512, 4 shapes   host %10.2f GMAC/s in all\n", std::string(to_string(t)).c_str(),
-                total.macs / total.seconds / 1e9);
+    if (some && !named(to_string(t))) continue;
+    if (!named("decode")) {
+      prefill_total total;
+      for (const auto [rows, cols] : {shape{768, 768}, shape{128, 768}, shape{2048, 768}, shape{768, 2048}})
+        bench_typed_matmul(pool, t, 512, rows, cols, &total);
+      std::printf("matmul %-4s prefill m=512, 4 shapes   host %10.2f GMAC/s in all\n",
+                  std::string(to_string(t)).c_str(), total.macs / total.seconds / 1e9);
+    }
     for (const auto [rows, cols] : {shape{2048, 768}, shape{768, 2048}, shape{151936, 768}})
       bench_typed_matmul(pool, t, 1, rows, cols);
     bench_typed_matmul(pool, t, 4, 2048, 768);
@@ -257,12 +268,18 @@ void bench_typed(thread_pool& pool) {
 
 }  // namespace
 
-// Arguments: threads (0: one per hardware thread), then optionally which sections to run (a string
-// naming any of: matmul, typed, attention, model).
+// Arguments: threads (0: one per hardware thread), then optionally which sections to run (words
+// naming any of: matmul, typed, attention, model; for typed, also element types and "decode", as in
+// `efim-kernels-bench 2 typed decode q4_k q6_k`).
 int main(int argc, char** argv) {
   const std::size_t threads = argc > 1 ? static_cast<std::size_t>(std::stoul(argv[1])) : 0;
-  const std::string only = argc > 2 ? argv[2] : "matmul typed attention model";
-  const auto run = [&](const char* section) { return only.find(section) != std::string::npos; };
+  std::vector<std::string> words;
+  for (int i = 2; i < argc; ++i) {
+    std::istringstream in(argv[i]);
+    for (std::string w; in >> w;) words.push_back(w);
+  }
+  if (words.empty()) words = {"matmul", "typed", "attention", "model"};
+  const auto run = [&](const char* section) { return std::find(words.begin(), words.end(), section) != words.end(); };
   thread_pool pool(threads);
   std::printf("efim kernel lab, %zu threads (reference: plain loops, 1 thread)\n", pool.size());
   if (run("matmul")) {
@@ -270,7 +287,7 @@ int main(int argc, char** argv) {
     bench_matmul(pool, 512, 128, 384);
     bench_matmul(pool, 16, 384, 128);
   }
-  if (run("typed")) bench_typed(pool);
+  if (run("typed")) bench_typed(pool, words);
   if (run("attention")) {
     bench_attention(pool, true, 512, 1536);
     bench_attention(pool, false, 16, 2048);

@@ -765,7 +765,8 @@ template <dtype T, std::size_t MR, std::size_t NR>
               const __m256i level = half == 0 ? _mm256_and_si256(q[h], low4) : _mm256_srli_epi32(q[h], 4);
               const __m256 v = _mm256_fmsub_ps(s, _mm256_cvtepi32_ps(level), m);
 #pragma GCC unroll 16
-              for (std::size_t i = 0; i < MR; ++i) fma8(lo[i * NR + j], hi[i * NR + j], x[i], 256 * sb + 32 * g + 8 * h, v);
+              for (std::size_t i = 0; i < MR; ++i)
+                fma8(lo[i * NR + j], hi[i * NR + j], x[i], 256 * sb + 32 * g + 8 * h, v);
             }
           }
         }
@@ -787,7 +788,8 @@ template <dtype T, std::size_t MR, std::size_t NR>
 #pragma GCC unroll 16
           for (std::size_t i = 0; i < MR; ++i)
 #pragma GCC unroll 4
-            for (std::size_t h = 0; h < 4; ++h) fma8(lo[i * NR + j], hi[i * NR + j], x[i], 256 * sb + 32 * g + 8 * h, v[h]);
+            for (std::size_t h = 0; h < 4; ++h)
+              fma8(lo[i * NR + j], hi[i * NR + j], x[i], 256 * sb + 32 * g + 8 * h, v[h]);
         }
       }
     }
