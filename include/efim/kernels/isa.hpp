@@ -62,6 +62,19 @@ inline isa detected_isa() noexcept {
   return isa::generic;
 }
 
+// Whether the CPU is AMD's (some decode tiles are chosen per vendor, by measurement); once per process.
+inline bool amd_cpu() noexcept {
+#if EFIM_KERNELS_DISPATCHED && (defined(__GNUC__) || defined(__clang__))
+  static const bool amd = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_is("amd") != 0;
+  }();
+  return amd;
+#else
+  return false;
+#endif
+}
+
 namespace detail {
 
 constexpr isa lower(isa a, isa b) noexcept { return static_cast<int>(a) < static_cast<int>(b) ? a : b; }
