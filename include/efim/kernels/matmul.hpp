@@ -10,10 +10,11 @@
 //   dequantizes a panel of weight rows once into a per-thread aligned f32 scratch reused by every
 //   4-row tile of x through a 4 x 4 register tile, long rows in column ranges. Both reduce 16
 //   accumulators' lanes at once with a transpose-and-add network that adds the same pairs in the same
-//   order as reduce_lanes. One decode row of every type that unpacks no nibbles (f32, f16, bf16,
-//   q8_0), and f16 decode, take the AVX2 path's tiles (same bits, faster). Block-quantized rows are
-//   read in groups of 32 (a block, or an eighth of a k-quant super-block); q6_k decode goes a
-//   super-block at a time, its scales widened once.
+//   order as reduce_lanes. One decode row of every type that unpacks no nibbles (f32, f16, bf16;
+//   q8_0 on AMD CPUs only), and f16 decode, take the AVX2 path's tiles (same bits, faster).
+//   Block-quantized rows are read in groups of 32 (a block, or an eighth of a k-quant super-block);
+//   k-quant decode goes a super-block at a time, its scales widened once (and q5_k / q6_k quants
+//   staged as bytes).
 // - AVX2 + FMA + F16C: the same structure with each 16-lane sum in two ymm registers (lanes 0-7 and
 //   8-15); 2 x 2 decode tiles, one row alone in 1 x 1 tiles (1 x 4 for the nibble types); prefill in 4 x 3 tiles that
 //   run over lanes 0-7 and then 8-15 (12 sums in registers at a time), f16 weights read where they are
