@@ -48,6 +48,7 @@ tokens/s and ratios, and the weight bytes decode reads per second as a share of 
   --kv TYPE           KV cache of the host backend: f32 or f16 (f16, as llama-bench)
   --no-reference      skip the reference decoder (it takes about a minute per model)
   --no-llama          skip llama.cpp
+  --no-mmap           efim reads the files into memory instead of mapping them
   --json FILE         write the results as JSON
 )";
 
@@ -236,6 +237,7 @@ int main(int argc, char** argv) {
   std::size_t prompt_n = 512, decode_n = 128, threads = 2, reps = 3;
   dtype kv_type = dtype::f16;
   bool reference = true, llama = true;
+  gguf::residency residency = gguf::residency::map;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const auto value = [&]() -> std::string {
@@ -273,6 +275,8 @@ int main(int argc, char** argv) {
       reference = false;
     } else if (a == "--no-llama") {
       llama = false;
+    } else if (a == "--no-mmap") {
+      residency = gguf::residency::read;
     } else if (a == "--json") {
       json_path = value();
     } else {
@@ -290,7 +294,7 @@ int main(int argc, char** argv) {
     std::printf("%-28s %-6s %12s %12s %12s %12s %9s %9s\n", "model", "path", "prefill t/s", "decode t/s", "prefill x",
                 "decode x", "check", "");
     for (const auto& path : models) {
-      const auto file = model::open_model(path);
+      const auto file = model::open_model(path, residency);
       const auto w = file.bind();
       const auto prompt = bench_tokens(prompt_n, w.cfg.vocab);
       const std::string name = fs::path(path).filename().string();

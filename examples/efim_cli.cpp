@@ -26,6 +26,7 @@ Special-token text in the prompt (such as <|fim_prefix|>) stands for those token
   --ids              print the generated token ids, separated by spaces, instead of text
   --threads N        compute threads (0: all cores)
   --kv TYPE          KV cache in f32 or f16 (f32)
+  --no-mmap          read the model file into memory instead of mapping it
 )";
 
 [[noreturn]] void fail(const std::string& message, int code = 2) { efim_examples::fail("efim-cli", message, code); }
@@ -50,6 +51,7 @@ int complete(int argc, char** argv) {
   double temperature = 0, top_p = 1;
   std::uint64_t seed = 0;
   efim::dtype kv_type = efim::dtype::f32;
+  efim::gguf::residency residency = efim::gguf::residency::map;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     const auto value = [&]() -> std::string {
@@ -58,6 +60,8 @@ int complete(int argc, char** argv) {
     };
     if (a == "--model") {
       model_path = value();
+    } else if (a == "--no-mmap") {
+      residency = efim::gguf::residency::read;
     } else if (a == "--prompt") {
       if (have_prompt) fail("one of --prompt and --prompt-file, once");
       prompt = value();
@@ -97,7 +101,7 @@ int complete(int argc, char** argv) {
   if (!have_prompt) fail("--prompt TEXT or --prompt-file FILE is required (see --help)");
   if (!(temperature >= 0 && top_p > 0 && top_p <= 1)) fail("--temperature must be >= 0 and --top-p in (0, 1]");
 
-  const auto file = efim::model::open_model(model_path);
+  const auto file = efim::model::open_model(model_path, residency);
   const auto weights = file.bind();
   const auto tok = efim::text::load_bpe_gguf(file.meta);
   efim::require(tok.vocab_size() <= weights.cfg.vocab, efim::errc::invalid_argument,

@@ -41,6 +41,8 @@ answers 200. SIGINT or SIGTERM: requests in flight finish (or are cancelled afte
 model
   --model FILE             a GGUF model file (weights and tokenizer; its FIM tokens are detected)
   --alias NAME             the model's name in responses (default: the file name, or efim-default)
+  --no-mmap                read the file into memory instead of mapping it (its size in RAM; decode
+                           then does not depend on the state of the page cache: see the README)
 without --model, the embedded default model: a random-weight Qwen2-architecture model made in memory
   --tokenizer PATH         its vocabulary: a tokenizer.json or .gguf with FIM tokens (default: the
                            Qwen2.5-Coder tokenizer.json that .ci/setup fetches)
@@ -88,6 +90,7 @@ struct options {
   std::vector<std::string> api_keys;
   std::chrono::seconds grace{10};
   bool quiet = false;
+  efim::gguf::residency residency = efim::gguf::residency::map;
   std::size_t ctx = 0;  // 0: the model's
   std::size_t parallel = 16, queue = 256, threads = 0, batch_tokens = 512;
   std::size_t cache_tokens = 65536, cache_mib = 0;
@@ -119,10 +122,12 @@ void add_keys(std::vector<std::string>& keys, std::string_view text, char separa
 options parse(int argc, char** argv) {
   options o;
   efim_examples::for_each_flag(
-      argc, argv, program, usage, {"--quiet", "--heal"},
+      argc, argv, program, usage, {"--quiet", "--heal", "--no-mmap"},
       [&](const std::string& flag) {
         if (flag == "--quiet")
           o.quiet = true;
+        else if (flag == "--no-mmap")
+          o.residency = efim::gguf::residency::read;
         else
           o.heal_tokens = efim::text::default_heal_tokens;
       },
@@ -323,7 +328,7 @@ int run(options o) {
   std::string model_name = o.alias;
   std::optional<efim::model::model_file> file;
   if (!o.model_path.empty()) {
-    file.emplace(efim::model::open_model(o.model_path));
+    file.emplace(efim::model::open_model(o.model_path, o.residency));
     if (model_name.empty()) model_name = std::filesystem::path(o.model_path).filename().string();
   } else {
     const std::string tokenizer = o.tokenizer.empty() ? EFIM_DEFAULT_TOKENIZER : o.tokenizer;

@@ -317,6 +317,50 @@ TEST_CASE("gguf: hostile counts and lengths are refused before anything is alloc
   CHECK_THROWS_WITH(gguf::read("/nonexistent/file.gguf"), Catch::Contains("cannot open"));
 }
 
+TEST_CASE("gguf::file_bytes reads a file into memory or maps it: the same bytes, read-only", "[core][gguf]") {
+  const auto dir = std::filesystem::temp_directory_path() / ("efim_core_test_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto path = (dir / "bytes.bin").string();
+  std::vector<std::byte> content(3 * 4096 + 123);  // not a whole number of pages
+  rng r(7);
+  for (auto& b : content) b = static_cast<std::byte>(r.next() & 0xff);
+  {
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    REQUIRE(f != nullptr);
+    REQUIRE(std::fwrite(content.data(), 1, content.size(), f) == content.size());
+    std::fclose(f);
+  }
+  for (const auto how : {gguf::residency::read, gguf::residency::map}) {
+    const gguf::file_bytes held(path, how);
+    const auto bytes = held.bytes();
+    REQUIRE(bytes.size() == content.size());
+    CHECK(std::memcmp(bytes.data(), content.data(), content.size()) == 0);
+    // Read-only either way: a write in a child process faults.
+    const pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      std::signal(SIGSEGV, SIG_DFL);
+      std::signal(SIGBUS, SIG_DFL);
+      const_cast<volatile std::byte&>(bytes[100]) = std::byte{1};
+      _exit(0);
+    }
+    int status = 0;
+    REQUIRE(waitpid(child, &status, 0) == child);
+    CHECK(WIFSIGNALED(status));
+  }
+  {
+    std::FILE* f = std::fopen((dir / "empty.bin").string().c_str(), "wb");
+    REQUIRE(f != nullptr);
+    std::fclose(f);
+  }
+  for (const auto how : {gguf::residency::read, gguf::residency::map}) {
+    CHECK(gguf::file_bytes((dir / "empty.bin").string(), how).bytes().empty());
+    CHECK_THROWS_WITH(gguf::file_bytes(dir.string(), how), Catch::Contains("not a regular file"));
+    CHECK_THROWS_WITH(gguf::file_bytes((dir / "missing.bin").string(), how), Catch::Contains("cannot open"));
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("gguf: the real vocabulary files read", "[core][gguf][shared]") {
   const std::filesystem::path dir = std::filesystem::path(EFIM_SHARED_DATA) / "vocab";
   if (!std::filesystem::is_directory(dir)) {

@@ -743,6 +743,7 @@ TEST_CASE("a model file written and read back computes the same logits", "[model
     const auto path = (dir / (std::string(model::to_string(arch)) + ".gguf")).string();
     model::write_file(path, model::random_model(cfg, 47, spec));
     const auto file = model::open_model(path);
+    CHECK(model::open_model(path, gguf::residency::read).fingerprint == file.fingerprint);
     const auto read = file.cfg();
     CHECK(read.arch == cfg.arch);
     CHECK(read.vocab == cfg.vocab);

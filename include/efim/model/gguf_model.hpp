@@ -149,9 +149,10 @@ inline model_file open_model(std::vector<std::byte> bytes) {
   return m;
 }
 
-// Maps a GGUF file; tensors are read in place when they are used.
-inline model_file open_model(const std::string& path) {
-  auto mapped = std::make_shared<const gguf::mapped_file>(path);
+// Opens a GGUF file, its bytes mapped or read into memory as `how` says (gguf::residency); tensors
+// are read in place when they are used.
+inline model_file open_model(const std::string& path, gguf::residency how = gguf::residency::map) {
+  auto mapped = std::make_shared<const gguf::file_bytes>(path, how);
   model_file m;
   try {
     m.meta = gguf::parse(mapped->bytes());
