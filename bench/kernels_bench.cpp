@@ -98,8 +98,10 @@ struct prefill_total {
 // y (m, rows) = x * dequantize(w)^T against the plain loop (dequantize a row, then a float sum per x
 // row, 1 thread), checked before timing: relative error against the plain loop, and bit equality
 // with the canonical detail::dot on a sample of rows. Prints GMAC/s, and GB/s of weights for decode.
+// With products::int8 (q4_k, q5_k, q6_k) the error is against the same plain loop (the activations'
+// rounding to 8 bits shows in it), and "canonical" means the bits of the generic path's int8 sums.
 void bench_typed_matmul(thread_pool& pool, dtype type, std::size_t m, std::size_t rows, std::size_t cols,
-                        prefill_total* total = nullptr) {
+                        prefill_total* total = nullptr, kernels::products products = kernels::products::exact) {
   rng r(4);
   const bool decode = m <= 8;
   const auto w = make_bench_weights(r, type, rows, cols, decode ? std::size_t{128} << 20 : 0);
@@ -118,25 +120,37 @@ void bench_typed_matmul(thread_pool& pool, dtype type, std::size_t m, std::size_
   };
   std::size_t copy = 0;
   const auto kernel = [&] {
-    kernels::matmul(pool, x.data(), w.view(copy), got.data(), m);
+    kernels::matmul(pool, x.data(), w.view(copy), got.data(), m, kernels::accumulate::no, products);
     copy = (copy + 1) % w.copies;
   };
   reference();
   kernel();
   std::size_t differ = 0;
-  for (std::size_t j = 0; j < rows; j += std::max<std::size_t>(1, rows / 64)) {
-    dequantize_row(type, w.view(0).data + j * w.row_bytes, row.data(), cols);
-    for (std::size_t i = 0; i < m; ++i)
-      differ += kernels::detail::dot(x.data() + i * cols, row.data(), cols) != got[i * rows + j];
+  const bool int8 = products == kernels::products::int8 && kernels::int8_products(type);
+  if (int8) {
+    std::vector<float> generic(m * rows);
+    const kernels::isa was = kernels::active_isa();
+    kernels::select_isa(kernels::isa::generic);
+    kernels::matmul(pool, x.data(), w.view(0), generic.data(), m, kernels::accumulate::no, products);
+    kernels::select_isa(was);
+    for (std::size_t e = 0; e < got.size(); ++e) differ += got[e] != generic[e];
+  } else {
+    for (std::size_t j = 0; j < rows; j += std::max<std::size_t>(1, rows / 64)) {
+      dequantize_row(type, w.view(0).data + j * w.row_bytes, row.data(), cols);
+      for (std::size_t i = 0; i < m; ++i)
+        differ += kernels::detail::dot(x.data() + i * cols, row.data(), cols) != got[i * rows + j];
+    }
   }
   const float error = max_relative_error(got, want);
   const double tr = seconds_per_call(reference, 0.2), tk = seconds_per_call(kernel);
   const double macs = static_cast<double>(m) * static_cast<double>(rows) * static_cast<double>(cols);
   char name[64];
-  std::snprintf(name, sizeof name, "matmul %-4s %zux%zux%zu", std::string(to_string(type)).c_str(), m, rows, cols);
+  std::snprintf(name, sizeof name, "matmul %-4s%s %zux%zux%zu", std::string(to_string(type)).c_str(), int8 ? "*q8" : "",
+                m, rows, cols);
   std::printf("%-34s reference %10.2f GMAC/s   host %10.2f GMAC/s   ratio %6.2fx   max rel err %.1e   %s", name,
               macs / tr / 1e9, macs / tk / 1e9, tr / tk, static_cast<double>(error),
-              differ == 0 ? "canonical" : "NOT CANONICAL");
+              differ == 0 ? (int8 ? "generic's int8 bits" : "canonical")
+                          : (int8 ? "NOT THE GENERIC INT8 BITS" : "NOT CANONICAL"));
   if (decode)
     std::printf("   %6.1f GB/s of weights%s", static_cast<double>(rows * w.row_bytes) / tk / 1e9,
                 w.copies > 1 ? "" : " (one copy)");
@@ -243,7 +257,8 @@ void bench_model(thread_pool& pool) {
 // Typed matmul at the shapes of a Qwen2-like model (hidden 768, 12 heads / 2 KV heads, FFN 2048,
 // vocabulary 151936): prefill of 512 tokens, and decode.
 // `words`: the command line's section words; type names among them (q4_k, q6_k, ...) keep those types
-// alone, and "decode" skips the prefill rows.
+// alone, "decode" skips the prefill rows, and "int8" adds rows with products::int8 after each exact
+// one for q4_k, q5_k and q6_k.
 void bench_typed(thread_pool& pool, const std::vector<std::string>& words) {
   struct shape {
     std::size_t rows, cols;
@@ -251,18 +266,28 @@ void bench_typed(thread_pool& pool, const std::vector<std::string>& words) {
   const auto named = [&](std::string_view w) { return std::find(words.begin(), words.end(), w) != words.end(); };
   const bool some =
       std::any_of(std::begin(all_dtypes), std::end(all_dtypes), [&](dtype t) { return named(to_string(t)); });
+  const auto int8 = [&](dtype t) { return named("int8") && kernels::int8_products(t); };
   for (const dtype t : all_dtypes) {
     if (some && !named(to_string(t))) continue;
     if (!named("decode")) {
-      prefill_total total;
-      for (const auto [rows, cols] : {shape{768, 768}, shape{128, 768}, shape{2048, 768}, shape{768, 2048}})
+      prefill_total total, total8;
+      for (const auto [rows, cols] : {shape{768, 768}, shape{128, 768}, shape{2048, 768}, shape{768, 2048}}) {
         bench_typed_matmul(pool, t, 512, rows, cols, &total);
+        if (int8(t)) bench_typed_matmul(pool, t, 512, rows, cols, &total8, kernels::products::int8);
+      }
       std::printf("matmul %-4s prefill m=512, 4 shapes   host %10.2f GMAC/s in all\n",
                   std::string(to_string(t)).c_str(), total.macs / total.seconds / 1e9);
+      if (int8(t))
+        std::printf("matmul %-4s*q8 prefill m=512, 4 shapes   host %10.2f GMAC/s in all (%.2fx the exact products)\n",
+                    std::string(to_string(t)).c_str(), total8.macs / total8.seconds / 1e9,
+                    total.seconds / total8.seconds);
     }
-    for (const auto [rows, cols] : {shape{2048, 768}, shape{768, 2048}, shape{151936, 768}})
+    for (const auto [rows, cols] : {shape{2048, 768}, shape{768, 2048}, shape{151936, 768}}) {
       bench_typed_matmul(pool, t, 1, rows, cols);
+      if (int8(t)) bench_typed_matmul(pool, t, 1, rows, cols, nullptr, kernels::products::int8);
+    }
     bench_typed_matmul(pool, t, 4, 2048, 768);
+    if (int8(t)) bench_typed_matmul(pool, t, 4, 2048, 768, nullptr, kernels::products::int8);
   }
 }
 

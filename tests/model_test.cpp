@@ -17,6 +17,7 @@
 #include "efim/core/dtype.hpp"
 #include "efim/core/error.hpp"
 #include "efim/core/gguf.hpp"
+#include "efim/core/kquants.hpp"
 #include "efim/core/random.hpp"
 #include "efim/core/thread_pool.hpp"
 #include "efim/kernels/host.hpp"
@@ -244,6 +245,87 @@ TEST_CASE("typed matmul matches a double-precision triple loop, and accumulates"
         for (std::size_t e = 0; e < sum.size(); ++e) differ += sum[e] != y0[e] + y[e];
         CHECK(differ == 0);
       }
+}
+
+TEST_CASE("int8 products: the same bits on every path, batch and thread count, within the rounding of x",
+          "[kernels][matmul][int8]") {
+  thread_pool one(1), two(2), three(3);
+  rng r(15);
+  const kernels::isa before = kernels::active_isa();
+  for (const dtype t : {dtype::q4_k, dtype::q5_k, dtype::q6_k})
+    for (const auto& [rows, cols] : typed_shapes(t)) {
+      const auto w = make_weights(r, t, rows, cols);
+      for (const std::size_t m : {1, 2, 3, 4, 5, 9, 17, 64}) {
+        INFO(to_string(t) << " m " << m << " rows " << rows << " cols " << cols);
+        auto x = random_vector(r, m * cols);
+        if (m == 3) std::fill(x.begin() + static_cast<std::ptrdiff_t>(cols), x.begin() + 256 + static_cast<std::ptrdiff_t>(cols), 0.0f);  // an all-zero block
+        // What the activations are rounded to, and the sum over the dequantized weights in double:
+        // the integer sums are exact, so only the float steps per super-block (a few roundings of
+        // the partial sums) stand between the two.
+        std::vector<kquant::block_q8_k> xq(m * cols / 256);
+        for (std::size_t b = 0; b < xq.size(); ++b) kquant::quantize(x.data() + 256 * b, xq[b]);
+        std::size_t off_rounded = 0, off_exact = 0;
+        std::vector<float> want(m * rows);
+        std::vector<double> magnitude(m * rows), bound(m * rows);
+        for (std::size_t i = 0; i < m; ++i)
+          for (std::size_t j = 0; j < rows; ++j) {
+            double s = 0, a = 0, e = 0;
+            for (std::size_t k = 0; k < cols; ++k) {
+              const auto& blk = xq[(i * cols + k) / 256];
+              const double wk = w.dequantized[j * cols + k];
+              const double p = wk * (static_cast<double>(blk.d) * blk.qs[k % 256]);
+              s += p;
+              a += std::abs(p);
+              e += std::abs(wk) * std::abs(static_cast<double>(blk.d)) * 0.5;  // |x - d q| <= |d| / 2
+            }
+            want[i * rows + j] = static_cast<float>(s);
+            magnitude[i * rows + j] = a;
+            bound[i * rows + j] = e;
+          }
+        std::vector<float> first;
+        for (const kernels::isa path : {kernels::isa::generic, kernels::isa::avx2, kernels::isa::avx512}) {
+          if (kernels::select_isa(path) != path) continue;
+          for (thread_pool* pool : {&one, &two, &three}) {
+            INFO("path " << kernels::isa_name(path) << " threads " << pool->size());
+            std::vector<float> y(m * rows, std::nanf(""));
+            kernels::matmul(*pool, x.data(), w.view, y.data(), m, kernels::accumulate::no, kernels::products::int8);
+            if (first.empty()) {
+              first = y;
+              for (std::size_t e = 0; e < y.size(); ++e)
+                off_rounded += std::abs(y[e] - want[e]) > 1e-6 * magnitude[e] + 1e-30;
+              std::vector<float> exact(m * rows);
+              kernels::matmul(*pool, x.data(), w.view, exact.data(), m);
+              for (std::size_t e = 0; e < y.size(); ++e)
+                off_exact += std::abs(y[e] - exact[e]) > bound[e] + 1e-5 * magnitude[e] + 1e-30;
+              // A row alone gives the bits it gets in the batch.
+              std::vector<float> alone(rows);
+              kernels::matmul(*pool, x.data() + (m - 1) * cols, w.view, alone.data(), 1, kernels::accumulate::no,
+                              kernels::products::int8);
+              CHECK(std::memcmp(alone.data(), y.data() + (m - 1) * rows, rows * sizeof(float)) == 0);
+              // accumulate::yes adds the same sums onto what is there.
+              const auto y0 = random_vector(r, m * rows);
+              auto sum = y0;
+              kernels::matmul(*pool, x.data(), w.view, sum.data(), m, kernels::accumulate::yes,
+                              kernels::products::int8);
+              std::size_t differ = 0;
+              for (std::size_t e = 0; e < sum.size(); ++e) differ += sum[e] != y0[e] + y[e];
+              CHECK(differ == 0);
+            } else {
+              CHECK(std::memcmp(first.data(), y.data(), y.size() * sizeof(float)) == 0);
+            }
+          }
+        }
+        CHECK(off_rounded == 0);
+        CHECK(off_exact == 0);
+      }
+    }
+  kernels::select_isa(before);
+  // Other types multiply exactly whatever is asked.
+  const auto w = make_weights(r, dtype::q8_0, 9, 512);
+  const auto x = random_vector(r, 3 * 512);
+  std::vector<float> y(3 * 9);
+  kernels::matmul(two, x.data(), w.view, y.data(), 3, kernels::accumulate::no, kernels::products::int8);
+  CHECK(non_canonical(x, w, y, 3) == 0);
 }
 
 TEST_CASE("typed matmul refuses rows that are not whole blocks", "[kernels][matmul]") {

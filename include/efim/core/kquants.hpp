@@ -440,5 +440,41 @@ EFIM_SEPARATE_ROUNDING void quantize(const float* x, block_q5_1& b) noexcept {
   std::memcpy(b.qh, &qh, sizeof qh);
 }
 
+// ---- 8-bit activations (llama.cpp's q8_K), for the integer products ----
+
+// 256 activations as 8-bit integers times one f32 scale: x ~ d * qs[i], with the sums of each 16.
+struct block_q8_k {
+  float d;
+  std::int8_t qs[qk_k];
+  std::int16_t bsums[qk_k / 16];
+};
+
+// llama.cpp's quantize_row_q8_K for one super-block: the activation of largest magnitude (the first
+// of them) maps to -127 (d = its value / -127), the others round to nearest; an all-zero block gets
+// d = 0 and zero quants.
+EFIM_SEPARATE_ROUNDING void quantize(const float* x, block_q8_k& b) noexcept {
+  EFIM_SEPARATE_ROUNDING_BODY
+  float amax = 0, max = 0;
+  for (std::size_t j = 0; j < qk_k; ++j) {
+    const float ax = std::fabs(x[j]);
+    if (ax > amax) {
+      amax = ax;
+      max = x[j];
+    }
+  }
+  if (amax == 0) {
+    b = {};
+    return;
+  }
+  const float iscale = -127.0f / max;
+  for (std::size_t j = 0; j < qk_k; ++j) b.qs[j] = static_cast<std::int8_t>(std::min(127, nearest_int(iscale * x[j])));
+  for (std::size_t j = 0; j < qk_k / 16; ++j) {
+    int sum = 0;
+    for (std::size_t i = 0; i < 16; ++i) sum += b.qs[16 * j + i];
+    b.bsums[j] = static_cast<std::int16_t>(sum);
+  }
+  b.d = 1 / iscale;
+}
+
 }  // namespace kquant
 }  // namespace efim

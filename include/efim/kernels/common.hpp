@@ -14,6 +14,14 @@ namespace efim::kernels {
 
 enum class accumulate : bool { no, yes };  // yes: y = y + x w^T (a residual add)
 
+// How a matrix product multiplies (matmul.hpp):
+//   exact: f32 activations times the exactly dequantized weights, the canonical f32 dot product;
+//   int8:  for q4_k, q5_k and q6_k weights, the activations rounded to 8 bits per 256 (llama.cpp's
+//          q8_K) and multiplied in integers, as llama.cpp's CPU backend does: several times the
+//          arithmetic rate, results within llama.cpp's rounding of the exact ones, still the same bits
+//          on every path and batch size. Other weight types multiply exactly either way.
+enum class products : bool { exact, int8 };
+
 // A weight matrix as a GGUF file stores it: `rows` output features of `cols` elements, row-major, each
 // row a whole number of `type` blocks.
 struct weight_view {

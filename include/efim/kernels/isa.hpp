@@ -62,6 +62,19 @@ inline isa detected_isa() noexcept {
   return isa::generic;
 }
 
+// Whether the CPU has AVX-512 VNNI (the integer products' fast tiles); once per process.
+inline bool has_avx512_vnni() noexcept {
+#if EFIM_KERNELS_DISPATCHED && (defined(__GNUC__) || defined(__clang__))
+  static const bool vnni = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vnni") != 0;
+  }();
+  return vnni;
+#else
+  return false;
+#endif
+}
+
 // Whether the CPU is AMD's (some decode tiles are chosen per vendor, by measurement); once per process.
 inline bool amd_cpu() noexcept {
 #if EFIM_KERNELS_DISPATCHED && (defined(__GNUC__) || defined(__clang__))

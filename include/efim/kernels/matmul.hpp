@@ -22,8 +22,10 @@
 // - generic: each panel dequantized, then multiplied by dot_tile (GCC vectors).
 #include <algorithm>
 #include <cstddef>
+#include <vector>
 
 #include "efim/core/dtype.hpp"
+#include "efim/core/kquants.hpp"
 #include "efim/core/thread_pool.hpp"
 #include "efim/kernels/common.hpp"
 #include "efim/kernels/simd.hpp"
@@ -31,12 +33,30 @@
 
 namespace efim::kernels {
 
-// y (m, rows) = [y +] x (m, cols) * dequantize(w)^T, split by output columns over the pool. Each
-// y[i][j] equals detail::dot(x row i, dequantize_row(w row j), cols) bit for bit.
+// Whether matmul with products::int8 multiplies weights of type t in integers (else exactly).
+constexpr bool int8_products(dtype t) noexcept { return t == dtype::q4_k || t == dtype::q5_k || t == dtype::q6_k; }
+
+// y (m, rows) = [y +] x (m, cols) * dequantize(w)^T, split by output columns over the pool. Exact
+// products: each y[i][j] equals detail::dot(x row i, dequantize_row(w row j), cols) bit for bit. int8
+// products (int8_products(w.type)): x row i is rounded to 8 bits per 256 (kquant::quantize into a
+// block_q8_k), and y[i][j] is detail::isa_generic::matmul_int8_reference's sum bit for bit (integer
+// sums per super-block, then one float step each, in order).
 inline void matmul(thread_pool& pool, const float* x, const weight_view& w, float* y, std::size_t m,
-                   accumulate acc = accumulate::no) {
+                   accumulate acc = accumulate::no, products p = products::exact) {
   (void)row_bytes(w.type, w.cols);  // throws unless a row is a whole number of blocks
   if (m == 0 || w.rows == 0) return;
+  if (p == products::int8 && int8_products(w.type)) {
+    const std::size_t nsb = w.cols / qk_k;
+    thread_local std::vector<kquant::block_q8_k> buffer;  // the caller's: the workers see it through xq
+    if (buffer.size() < m * nsb) buffer.resize(m * nsb);
+    kquant::block_q8_k* const xq = buffer.data();
+    pool.parallel_for(m * nsb, [&](std::size_t b, std::size_t e) {
+      for (std::size_t i = b; i < e; ++i) kquant::quantize(x + i * qk_k, xq[i]);
+    });
+    const bool vnni = has_avx512_vnni();
+    EFIM_KERNELS_DISPATCH(matmul_int8(pool, xq, w, y, m, acc, vnni));
+    return;
+  }
   EFIM_KERNELS_DISPATCH(matmul(pool, x, w, y, m, acc));
 }
 

@@ -1,0 +1,254 @@
+// Integer products (products::int8, see matmul.hpp): q4_k, q5_k and q6_k weights against activations
+// rounded to 8 bits per 256 (kquant::block_q8_k), as llama.cpp computes them. Every sum inside a
+// super-block is an integer, exact in any order; the floating-point steps are the same on every path,
+// in the same order (int8_step), so the bits do not depend on the path, the tile or the thread.
+
+// Scale groups per super-block: q6_k scales 16 weights at a time, q4_k and q5_k 32.
+template <dtype T>
+inline constexpr std::size_t q8_groups = T == dtype::q6_k ? 16 : 8;
+
+// Super-block b of a weight row as unsigned quants (q4_k 0..15, q5_k 0..31, q6_k 0..63, its stored
+// value: the weight's quant plus 32), its integer scales sc[g] and subtrahends mn[g] per scale group,
+// and its float factors: a row's integer sum against activations a is
+//   q4_k, q5_k: isum = sum_g sc[g] * sum_{i in g} q_i a_i,  msum = sum_g mn[g] * sum_{i in g} a_i
+//               (mn: the 6-bit mins), and the super-block adds d * da * isum - dmin * da * msum;
+//   q6_k:       isum = sum_g sc[g] * sum_{i in g} q_i a_i,  msum = sum_g (32 sc[g]) * sum_{i in g} a_i,
+//               and the super-block adds d * da * (isum - msum).
+template <dtype T>
+inline void q8_unpack(const std::byte* blk, std::uint8_t* q, std::int32_t* sc, std::int32_t* mn, float& d,
+                      float& dmin) noexcept {
+  if constexpr (T == dtype::q6_k) {
+    block_q6_k b;
+    std::memcpy(&b, blk, sizeof b);
+    for (std::size_t i = 0; i < qk_k; ++i) q[i] = static_cast<std::uint8_t>(kquant::q6_quant(b, i) + 32);
+    for (std::size_t g = 0; g < 16; ++g) {
+      sc[g] = b.scales[g];
+      mn[g] = 32 * b.scales[g];
+    }
+    d = f16_to_f32(b.d);
+    dmin = 0;
+  } else {
+    using block = std::conditional_t<T == dtype::q4_k, block_q4_k, block_q5_k>;
+    block b;
+    std::memcpy(&b, blk, sizeof b);
+    for (std::size_t g = 0; g < 8; ++g) {
+      std::uint8_t s, m;
+      kquant::scale_min(b.scales, g, s, m);
+      sc[g] = s;
+      mn[g] = m;
+      const std::uint8_t* qs = b.qs + 32 * (g / 2);
+      for (std::size_t l = 0; l < 32; ++l) {
+        int v = g % 2 == 0 ? qs[l] & 0xF : qs[l] >> 4;
+        if constexpr (T == dtype::q5_k) v |= ((b.qh[l] >> g) & 1) << 4;
+        q[32 * g + l] = static_cast<std::uint8_t>(v);
+      }
+    }
+    d = f16_to_f32(b.d);
+    dmin = f16_to_f32(b.dmin);
+  }
+}
+
+// The floating-point step of one super-block, the same on every path: acc + (d * da) * isum, then for
+// q4_k and q5_k - (dmin * da) * msum, each a fused multiply-add (q6_k: d * da * (isum - msum)).
+template <dtype T>
+inline float int8_step(float acc, float d, float dmin, float da, std::int32_t isum, std::int32_t msum) noexcept {
+  if constexpr (T == dtype::q6_k) return std::fma(d * da, static_cast<float>(isum - msum), acc);
+  acc = std::fma(d * da, static_cast<float>(isum), acc);
+  return std::fma(-(dmin * da), static_cast<float>(msum), acc);
+}
+
+// Rows [r0, r1) of y = x w^T, one output at a time (the reference every path is tested against).
+template <dtype T>
+inline void matmul_int8_reference(const kquant::block_q8_k* xq, std::size_t m, const weight_view& w, std::size_t r0,
+                                  std::size_t r1, float* y, accumulate acc) {
+  constexpr std::size_t G = q8_groups<T>, L = qk_k / G;
+  const std::size_t nsb = w.cols / qk_k, rb = row_bytes(T, w.cols);
+  std::uint8_t q[qk_k];
+  std::int32_t sc[G], mn[G];
+  for (std::size_t r = r0; r < r1; ++r)
+    for (std::size_t i = 0; i < m; ++i) {
+      float sum = 0;
+      for (std::size_t b = 0; b < nsb; ++b) {
+        float d, dmin;
+        q8_unpack<T>(w.data + r * rb + b * info(T).bytes, q, sc, mn, d, dmin);
+        const kquant::block_q8_k& a = xq[i * nsb + b];
+        std::int32_t isum = 0, msum = 0;
+        for (std::size_t g = 0; g < G; ++g) {
+          std::int32_t s = 0, bs = 0;
+          for (std::size_t l = 0; l < L; ++l) {
+            s += q[g * L + l] * a.qs[g * L + l];
+            bs += a.qs[g * L + l];
+          }
+          isum += sc[g] * s;
+          msum += mn[g] * bs;
+        }
+        sum = int8_step<T>(sum, d, dmin, a.d, isum, msum);
+      }
+      float& out = y[i * w.rows + r];
+      out = acc == accumulate::yes ? out + sum : sum;
+    }
+}
+
+#if EFIM_K_AVX512 && defined(EFIM_K_AVX2_PATH_DEFINED)
+// AVX-512 with VNNI: a panel of 32 weight rows is unpacked once into a per-thread scratch, quants laid
+// out for VPDPBUSD (for each 4 consecutive weights of a row, 4 bytes; 32 rows side by side, so a zmm
+// register holds 16 rows' and each of its 32-bit lanes sums a different output), scales and factors
+// widened; every tile of x rows then multiplies 4 weights of 32 rows per two instructions.
+inline constexpr std::size_t int8_nr = 32;
+
+struct int8_panel {
+  std::uint8_t* q;    // [super-block][64 quads][32 rows][4]
+  std::int32_t* sc;   // [super-block][group][32 rows]
+  std::int32_t* mn;   // [super-block][group][32 rows]
+  float* d;           // [super-block][32 rows]
+  float* dmin;        // [super-block][32 rows]
+};
+
+template <dtype T>
+inline int8_panel int8_pack(const weight_view& w, std::size_t p0, std::size_t nc, std::size_t nsb) {
+  constexpr std::size_t G = q8_groups<T>;
+  const std::size_t quant_bytes = nsb * qk_k * int8_nr, ints = nsb * G * int8_nr, floats = nsb * int8_nr;
+  // One f32 scratch holds the lot (quant bytes first, a multiple of 64 bytes).
+  float* base = panel_scratch(quant_bytes / 4 + 2 * ints + 2 * floats);
+  int8_panel p{reinterpret_cast<std::uint8_t*>(base), reinterpret_cast<std::int32_t*>(base + quant_bytes / 4), nullptr,
+               nullptr, nullptr};
+  p.mn = p.sc + ints;
+  p.d = reinterpret_cast<float*>(p.mn + ints);
+  p.dmin = p.d + floats;
+  const std::size_t rb = row_bytes(T, w.cols);
+  alignas(64) std::uint8_t q[qk_k];
+  std::int32_t sc[G], mn[G];
+  for (std::size_t r = 0; r < int8_nr; ++r) {
+    const std::byte* row = w.data + (p0 + std::min(r, nc - 1)) * rb;  // past nc: repeat, not stored
+    for (std::size_t b = 0; b < nsb; ++b) {
+      q8_unpack<T>(row + b * info(T).bytes, q, sc, mn, p.d[b * int8_nr + r], p.dmin[b * int8_nr + r]);
+      std::uint8_t* dst = p.q + b * qk_k * int8_nr + 4 * r;
+      for (std::size_t quad = 0; quad < qk_k / 4; ++quad) std::memcpy(dst + quad * 4 * int8_nr, q + 4 * quad, 4);
+      for (std::size_t g = 0; g < G; ++g) {
+        p.sc[(b * G + g) * int8_nr + r] = sc[g];
+        p.mn[(b * G + g) * int8_nr + r] = mn[g];
+      }
+    }
+  }
+  return p;
+}
+
+// out[i][j] for x rows xs[0..MR) against the panel's 32 rows.
+template <dtype T, std::size_t MR>
+__attribute__((target("avx512vnni"))) inline void int8_tile(const int8_panel& p, std::size_t nsb,
+                                                             const kquant::block_q8_k* const* xs, float* out) {
+  constexpr std::size_t G = q8_groups<T>, quads = qk_k / G / 4;
+  __m512 f[MR][2];
+  for (std::size_t i = 0; i < MR; ++i) f[i][0] = f[i][1] = _mm512_setzero_ps();
+  for (std::size_t b = 0; b < nsb; ++b) {
+    __m512i is[MR][2], ms[MR][2];
+    for (std::size_t i = 0; i < MR; ++i) is[i][0] = is[i][1] = ms[i][0] = ms[i][1] = _mm512_setzero_si512();
+    const std::uint8_t* wq = p.q + b * qk_k * int8_nr;
+    for (std::size_t g = 0; g < G; ++g) {
+      __m512i s[MR][2];
+      for (std::size_t i = 0; i < MR; ++i) s[i][0] = s[i][1] = _mm512_setzero_si512();
+      for (std::size_t u = 0; u < quads; ++u) {
+        const std::size_t quad = g * quads + u;
+        const __m512i w0 = _mm512_load_si512(wq + quad * 4 * int8_nr);
+        const __m512i w1 = _mm512_load_si512(wq + quad * 4 * int8_nr + 64);
+        for (std::size_t i = 0; i < MR; ++i) {
+          std::int32_t four;
+          std::memcpy(&four, xs[i][b].qs + 4 * quad, sizeof four);
+          const __m512i a = _mm512_set1_epi32(four);
+          s[i][0] = _mm512_dpbusd_epi32(s[i][0], w0, a);
+          s[i][1] = _mm512_dpbusd_epi32(s[i][1], w1, a);
+        }
+      }
+      const std::int32_t* sc = p.sc + (b * G + g) * int8_nr;
+      const std::int32_t* mn = p.mn + (b * G + g) * int8_nr;
+      const __m512i c0 = _mm512_load_si512(sc), c1 = _mm512_load_si512(sc + 16);
+      const __m512i n0 = _mm512_load_si512(mn), n1 = _mm512_load_si512(mn + 16);
+      for (std::size_t i = 0; i < MR; ++i) {
+        const std::int16_t* bsums = xs[i][b].bsums;
+        const __m512i bs = _mm512_set1_epi32(G == 16 ? bsums[g] : bsums[2 * g] + bsums[2 * g + 1]);
+        is[i][0] = _mm512_add_epi32(is[i][0], _mm512_mullo_epi32(s[i][0], c0));
+        is[i][1] = _mm512_add_epi32(is[i][1], _mm512_mullo_epi32(s[i][1], c1));
+        ms[i][0] = _mm512_add_epi32(ms[i][0], _mm512_mullo_epi32(bs, n0));
+        ms[i][1] = _mm512_add_epi32(ms[i][1], _mm512_mullo_epi32(bs, n1));
+      }
+    }
+    for (std::size_t h = 0; h < 2; ++h) {
+      const __m512 d = _mm512_load_ps(p.d + b * int8_nr + 16 * h);
+      const __m512 dmin = _mm512_load_ps(p.dmin + b * int8_nr + 16 * h);
+      for (std::size_t i = 0; i < MR; ++i) {
+        const __m512 da = _mm512_set1_ps(xs[i][b].d);
+        if constexpr (T == dtype::q6_k) {
+          f[i][h] = _mm512_fmadd_ps(_mm512_mul_ps(d, da), _mm512_cvtepi32_ps(_mm512_sub_epi32(is[i][h], ms[i][h])),
+                                    f[i][h]);
+        } else {
+          f[i][h] = _mm512_fmadd_ps(_mm512_mul_ps(d, da), _mm512_cvtepi32_ps(is[i][h]), f[i][h]);
+          f[i][h] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, da), _mm512_cvtepi32_ps(ms[i][h]), f[i][h]);
+        }
+      }
+    }
+  }
+  for (std::size_t i = 0; i < MR; ++i) {
+    _mm512_storeu_ps(out + i * int8_nr, f[i][0]);
+    _mm512_storeu_ps(out + i * int8_nr + 16, f[i][1]);
+  }
+}
+
+template <dtype T>
+inline void int8_panels(const kquant::block_q8_k* xq, std::size_t m, const weight_view& w, std::size_t r0,
+                        std::size_t r1, float* y, accumulate acc) {
+  const std::size_t nsb = w.cols / qk_k;
+  for (std::size_t p0 = r0; p0 < r1; p0 += int8_nr) {
+    const std::size_t nc = std::min(int8_nr, r1 - p0);
+    const int8_panel p = int8_pack<T>(w, p0, nc, nsb);
+    for (std::size_t i0 = 0; i0 < m; i0 += 4) {
+      const std::size_t mr = std::min<std::size_t>(4, m - i0);
+      const kquant::block_q8_k* xs[4];
+      for (std::size_t i = 0; i < 4; ++i) xs[i] = xq + std::min(i0 + i, m - 1) * nsb;
+      alignas(64) float out[4 * int8_nr];
+      if (mr == 4)
+        int8_tile<T, 4>(p, nsb, xs, out);
+      else if (mr == 3)
+        int8_tile<T, 3>(p, nsb, xs, out);
+      else if (mr == 2)
+        int8_tile<T, 2>(p, nsb, xs, out);
+      else
+        int8_tile<T, 1>(p, nsb, xs, out);
+      store_tile(out, int8_nr, y + i0 * w.rows + p0, w.rows, mr, nc, acc);
+    }
+  }
+}
+#endif
+
+// y (m, rows) = [y +] x w^T for x rounded to 8 bits (xq: m rows of cols / 256 blocks) and T one of
+// q4_k, q5_k, q6_k, on this path.
+template <dtype T>
+inline void matmul_int8_typed(thread_pool& pool, const kquant::block_q8_k* xq, const weight_view& w, float* y,
+                              std::size_t m, accumulate acc, bool vnni) {
+#if EFIM_K_AVX512 && defined(EFIM_K_AVX2_PATH_DEFINED)
+  if (vnni) {
+    const std::size_t units = (w.rows + int8_nr - 1) / int8_nr;
+    pool.parallel_for(units, [&](std::size_t b, std::size_t e) {
+      int8_panels<T>(xq, m, w, b * int8_nr, std::min(e * int8_nr, w.rows), y, acc);
+    });
+    return;
+  }
+#endif
+  (void)vnni;
+  pool.parallel_for((w.rows + 7) / 8, [&](std::size_t b, std::size_t e) {
+    matmul_int8_reference<T>(xq, m, w, b * 8, std::min(e * 8, w.rows), y, acc);
+  });
+}
+
+inline void matmul_int8(thread_pool& pool, const kquant::block_q8_k* xq, const weight_view& w, float* y, std::size_t m,
+                        accumulate acc, bool vnni) {
+  switch (w.type) {
+    case dtype::q4_k:
+      return matmul_int8_typed<dtype::q4_k>(pool, xq, w, y, m, acc, vnni);
+    case dtype::q5_k:
+      return matmul_int8_typed<dtype::q5_k>(pool, xq, w, y, m, acc, vnni);
+    case dtype::q6_k:
+      return matmul_int8_typed<dtype::q6_k>(pool, xq, w, y, m, acc, vnni);
+    default:
+      return;  // matmul.hpp sends only these types here
+  }
+}
