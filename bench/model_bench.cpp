@@ -49,6 +49,9 @@ tokens/s and ratios, and the weight bytes decode reads per second as a share of 
   --no-reference      skip the reference decoder (it takes about a minute per model)
   --no-llama          skip llama.cpp
   --no-mmap           efim reads the files into memory instead of mapping them
+  --int8              also time efim with int8 products (kernels::products::int8: activations rounded to
+                      8 bits for k-quant weights, as llama.cpp does), in turn with the others: row "int8",
+                      its x columns over efim's exact products, its ratios to llama.cpp after them
   --json FILE         write the results as JSON
 )";
 
@@ -74,10 +77,11 @@ struct timing {
 
 // The host backend, once: prefill, then decode steps; `prefill_logits` gets the prefill's last row.
 timing time_host(const model::weights& w, std::size_t threads, dtype kv_type, const std::vector<token_id>& prompt,
-                 std::size_t decode, std::vector<float>& prefill_logits) {
+                 std::size_t decode, std::vector<float>& prefill_logits,
+                 kernels::products products = kernels::products::exact) {
   thread_pool pool(threads);
   kernels::host::context ctx{pool};
-  model::transformer<kernels::host> m(w);
+  model::transformer<kernels::host> m(w, products);
   constexpr std::size_t block = 16;
   const std::size_t blocks = (std::max(prompt.size(), decode) + block - 1) / block;
   kv::host_storage kv(w.cfg.layers, m.kv_layout(blocks, block), kv_type);
@@ -238,6 +242,7 @@ int main(int argc, char** argv) {
   dtype kv_type = dtype::f16;
   bool reference = true, llama = true;
   gguf::residency residency = gguf::residency::map;
+  bool int8 = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const auto value = [&]() -> std::string {
@@ -275,6 +280,8 @@ int main(int argc, char** argv) {
       reference = false;
     } else if (a == "--no-llama") {
       llama = false;
+    } else if (a == "--int8") {
+      int8 = true;
     } else if (a == "--no-mmap") {
       residency = gguf::residency::read;
     } else if (a == "--json") {
@@ -301,7 +308,8 @@ int main(int argc, char** argv) {
       std::vector<float> host_logits, ref_logits;
       // efim and llama.cpp take turns, one repetition each, so that both see the same machine (the
       // speed of a shared virtual machine drifts by 10-20% over minutes); the best of each is kept.
-      timing host;
+      timing host, host8;
+      std::vector<float> int8_logits;
       std::optional<nlohmann::json> llama_best[std::size(peers)];
       for (std::size_t rep = 0; rep < reps; ++rep) {
         std::vector<float> logits;
@@ -309,6 +317,12 @@ int main(int argc, char** argv) {
         if (rep == 0) host_logits = std::move(logits);
         host.prefill_tps = std::max(host.prefill_tps, t.prefill_tps);
         host.decode_tps = std::max(host.decode_tps, t.decode_tps);
+        if (int8) {
+          const timing t8 = time_host(w, threads, kv_type, prompt, decode_n, logits, kernels::products::int8);
+          if (rep == 0) int8_logits = std::move(logits);
+          host8.prefill_tps = std::max(host8.prefill_tps, t8.prefill_tps);
+          host8.decode_tps = std::max(host8.decode_tps, t8.decode_tps);
+        }
         if (!llama) continue;
         for (std::size_t p = 0; p < std::size(peers); ++p) {
           const auto l = time_llama(peers[p].second, path, threads, prompt_n, decode_n, 1);
@@ -340,6 +354,23 @@ int main(int argc, char** argv) {
       std::printf("%-28s %-6s %12.1f %12.2f %25s decode reads %.1f GB/s of weights, %.0f%% of the copy bandwidth\n",
                   name.c_str(), "efim", host.prefill_tps, host.decode_tps, "", host.decode_tps * decode_bytes / 1e9,
                   100.0 * host.decode_tps * decode_bytes / bandwidth);
+      if (int8) {
+        const float err = max_relative_error(int8_logits, host_logits);
+        r["efim_int8"] = {{"prefill_tokens_per_s", host8.prefill_tps},
+                          {"decode_tokens_per_s", host8.decode_tps},
+                          {"prefill_logits_max_relative_error_against_exact", err}};
+        std::string vs;
+        if (llama && llama_best[0]) {
+          const double pp = llama_best[0]->at("pp_best").get<double>(), tg = llama_best[0]->at("tg_best").get<double>();
+          r["efim_int8_over_llama_cpp"] = {{"prefill", host8.prefill_tps / pp}, {"decode", host8.decode_tps / tg}};
+          char text[96];
+          std::snprintf(text, sizeof text, "   %.2fx / %.2fx llama.cpp's", host8.prefill_tps / pp, host8.decode_tps / tg);
+          vs = text;
+        }
+        std::printf("%-28s %-6s %12.1f %12.2f %11.2fx %11.2fx %9.1e%s\n", "", "int8", host8.prefill_tps,
+                    host8.decode_tps, host8.prefill_tps / host.prefill_tps, host8.decode_tps / host.decode_tps,
+                    static_cast<double>(err), vs.c_str());
+      }
       if (reference) {
         const timing ref = time_reference(w, prompt, decode_n, ref_logits);
         const float err = max_relative_error(host_logits, ref_logits);
@@ -374,7 +405,8 @@ int main(int argc, char** argv) {
     }
     std::printf(
         "(x: efim's tokens/s over that row's; check: efim's prefill logits against the reference's; llama:\n"
-        " llama.cpp's prebuilt CPU libraries; built: llama.cpp built here by bench/build_llama_cpp.sh)\n");
+        " llama.cpp's prebuilt CPU libraries; built: llama.cpp built here by bench/build_llama_cpp.sh;\n"
+        " int8: efim with int8 products, x over efim's exact products, check against their logits)\n");
     if (!results.empty())
       for (const char* key : {"llama_cpp", "llama_cpp_native"})
         if (results.back().contains(key))

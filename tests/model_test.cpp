@@ -247,6 +247,42 @@ TEST_CASE("typed matmul matches a double-precision triple loop, and accumulates"
       }
 }
 
+TEST_CASE("activations rounded to 8 bits: every path gives kquant::quantize's bytes", "[kernels][int8]") {
+  rng r(16);
+  std::vector<float> x(256 * 8);
+  for (auto& v : x) v = static_cast<float>(r.normal());
+  std::fill(x.begin() + 256, x.begin() + 512, 0.0f);  // block 1: all zero
+  x[512 + 7] = -4.0f;                                 // block 2: the first of two largest magnitudes is negative
+  x[512 + 9] = 4.0f;
+  for (std::size_t k = 0; k < 256; ++k) x[768 + k] = static_cast<float>(k % 64) - 31.5f;  // block 3: ties to even
+  x[768 + 255] = 127.0f;
+  for (std::size_t k = 0; k < 256; ++k) x[1024 + k] = 1e-40f * static_cast<float>(k);  // block 4: subnormal
+  std::vector<kquant::block_q8_k> want(8), got(8);
+  for (std::size_t b = 0; b < 8; ++b) kquant::quantize(x.data() + 256 * b, want[b]);
+  const auto same = [&] {
+    std::size_t differ = 0;
+    for (std::size_t b = 0; b < 8; ++b)
+      differ += std::bit_cast<std::uint32_t>(want[b].d) != std::bit_cast<std::uint32_t>(got[b].d) ||
+                std::memcmp(want[b].qs, got[b].qs, 256) != 0 || std::memcmp(want[b].bsums, got[b].bsums, 32) != 0;
+    return differ;
+  };
+  CHECK(want[2].d == 4.0f / 127.0f);  // d = max / -127 with max = -4
+  kernels::detail::isa_generic::quantize_q8_k(x.data(), 8, got.data());
+  CHECK(same() == 0);
+#if EFIM_KERNELS_DISPATCHED
+  if (kernels::detected_isa() >= kernels::isa::avx2) {
+    got.assign(8, {});
+    kernels::detail::isa_avx2::quantize_q8_k(x.data(), 8, got.data());
+    CHECK(same() == 0);
+  }
+  got.assign(8, {});
+  if (kernels::detected_isa() == kernels::isa::avx512) {
+    kernels::detail::isa_avx512::quantize_q8_k(x.data(), 8, got.data());
+    CHECK(same() == 0);
+  }
+#endif
+}
+
 TEST_CASE("int8 products: the same bits on every path, batch and thread count, within the rounding of x",
           "[kernels][matmul][int8]") {
   thread_pool one(1), two(2), three(3);

@@ -29,6 +29,7 @@
 #include "efim/engine/request.hpp"
 #include "efim/engine/scheduler.hpp"
 #include "efim/engine/stop_rules.hpp"
+#include "efim/kernels/common.hpp"
 #include "efim/kernels/sampling.hpp"
 #include "efim/model/batch.hpp"
 #include "efim/model/weights.hpp"
@@ -61,6 +62,9 @@ struct pipeline_options {
   // cursor are removed and generated again under a constraint (0: off); a request may override it.
   std::size_t heal_tokens = 0;
   std::size_t threads = 0;                   // compute threads, the driving thread included (0: all cores)
+  // How the host backend's matrix products multiply (kernels::products: int8 rounds activations to 8
+  // bits for k-quant weights, as llama.cpp does); another backend takes exact only.
+  kernels::products products = kernels::products::exact;
 };
 
 template <prompt::fim_format F, cache::block_hasher H, cache::eviction_policy E, text::fragmenter G, kernels::backend B,
@@ -78,7 +82,7 @@ class pipeline {
         tok_(std::move(tokenizer)),
         pool_(options_.threads),
         ctx_{pool_},
-        model_(weights),
+        model_(make_model(weights, options_.products)),
         cache_(options_.cache, std::move(eviction)),
         kv_(weights.cfg.layers, model_.kv_layout(options_.cache.blocks, options_.cache.block_size), options_.kv_type),
         scheduler_(options_.schedule),
@@ -93,7 +97,8 @@ class pipeline {
       bos_ = prompt::special_id(tok_, options_.fim, prompt::fim_role::bos);
     eos_ = options_.fim.eos.empty() ? std::nullopt : tok_.special_id(options_.fim.eos);
     if (heals && options_.heal_tokens > 0) (void)heal_index();  // built now rather than in the first request
-    model_key_ = weights.fingerprint;
+    // KV computed with int8 products is another model's: never shared with exact products' KV.
+    model_key_ = weights.fingerprint ^ (options_.products == kernels::products::int8 ? 0x9e3779b97f4a7c15ull : 0);
   }
 
   // Queues a request. Bad input (invalid UTF-8, a prompt or generation too long for the model or
@@ -300,6 +305,16 @@ class pipeline {
   [[nodiscard]] const text::token_memo& memo() const noexcept { return memo_; }
 
  private:
+  static model::transformer<B> make_model(const model::weights& weights, kernels::products products) {
+    if constexpr (std::is_constructible_v<model::transformer<B>, const model::weights&, kernels::products>) {
+      return model::transformer<B>(weights, products);
+    } else {
+      require(products == kernels::products::exact, errc::invalid_argument,
+              "pipeline: int8 products are a host backend option; this backend multiplies exactly");
+      return model::transformer<B>(weights);
+    }
+  }
+
   struct payload {
     std::size_t max_tokens = 0;
     bool limited = false;  // max_tokens was cut to what the context has room for

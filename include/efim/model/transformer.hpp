@@ -26,9 +26,15 @@ class transformer<kernels::host> {
  public:
   using storage = kernels::host::storage;
 
-  explicit transformer(const weights& w) : w_(&w) { validate(w.cfg); }
+  // `products`: how the matrix products multiply (kernels::products; int8 changes the logits within
+  // the rounding of the activations to 8 bits, and the KV they leave).
+  explicit transformer(const weights& w, kernels::products products = kernels::products::exact)
+      : w_(&w), products_(products) {
+    validate(w.cfg);
+  }
 
   [[nodiscard]] const config& cfg() const noexcept { return w_->cfg; }
+  [[nodiscard]] kernels::products products() const noexcept { return products_; }
 
   // The KV layout this model needs for `blocks` blocks of `block_size` tokens.
   [[nodiscard]] kv::paged_layout kv_layout(std::size_t blocks, std::size_t block_size) const noexcept {
@@ -117,19 +123,19 @@ class transformer<kernels::host> {
   }
 
   // y (rows, w.rows) = x w^T + bias.
-  static void linear(kernels::host::context& ctx, const float* x, const matrix& w, vector bias, float* y,
-                     std::size_t rows) {
-    kernels::matmul(ctx.pool, x, w, y, rows);
+  void linear(kernels::host::context& ctx, const float* x, const matrix& w, vector bias, float* y,
+              std::size_t rows) const {
+    kernels::matmul(ctx.pool, x, w, y, rows, kernels::accumulate::no, products_);
     if (!bias.empty()) add_bias(y, bias, rows);
   }
 
   // x += h w^T + bias, the residual stream.
   void residual(kernels::host::context& ctx, const float* h, const matrix& w, vector bias, std::size_t rows) {
     if (bias.empty()) {
-      kernels::matmul(ctx.pool, h, w, x_.data(), rows, kernels::accumulate::yes);
+      kernels::matmul(ctx.pool, h, w, x_.data(), rows, kernels::accumulate::yes, products_);
       return;
     }
-    kernels::matmul(ctx.pool, h, w, branch_.data(), rows);
+    kernels::matmul(ctx.pool, h, w, branch_.data(), rows, kernels::accumulate::no, products_);
     add_bias(branch_.data(), bias, rows);
     for (std::size_t i = 0; i < rows * w.rows; ++i) x_[i] += branch_[i];
   }
@@ -174,6 +180,7 @@ class transformer<kernels::host> {
   }
 
   const weights* w_;
+  kernels::products products_;
   // Cache-line aligned: the matrix products read these rows with vector loads.
   aligned_vector<float> x_, xb_, branch_;  // (tokens, hidden): residual stream, normed input, a biased branch
   aligned_vector<float> q_, att_;          // (tokens, heads, head_dim)

@@ -94,7 +94,134 @@ inline void matmul_int8_reference(const kquant::block_q8_k* xq, std::size_t m, c
 // out for VPDPBUSD (for each 4 consecutive weights of a row, 4 bytes; 32 rows side by side, so a zmm
 // register holds 16 rows' and each of its 32-bit lanes sums a different output), scales and factors
 // widened; every tile of x rows then multiplies 4 weights of 32 rows per two instructions.
+// Few x rows (decode): each weight row's super-block is unpacked in registers, in the order of k, and
+// multiplied by the x rows' quants as they are stored (each 32-bit lane of a VPDPBUSD sums 4
+// consecutive weights, so a register of 64 weights holds two q4_k / q5_k groups or four q6_k
+// groups); lanes are scaled by their group's scale and summed to the super-block's integers.
+
+// 64 weights of super-block `blk` as bytes in the order of k: z = 0..3 covers k in [64 z, 64 z + 64).
+template <dtype T>
+[[gnu::always_inline]] inline __m512i int8_weights(const std::byte* blk, std::size_t z) noexcept {
+  const __m256i low4 = _mm256_set1_epi8(15);
+  __m256i lo, hi;
+  if constexpr (T == dtype::q6_k) {
+    // ql[64 h ..] low nibbles: k 128 h + [0, 32) and [32, 64) from bytes 0-31 and 32-63; high
+    // nibbles the next 64; qh[32 h + l] holds the top 2 bits of the four, 2 bits each.
+    const std::size_t h = z / 2;
+    const __m256i a = load(blk + 64 * h), b = load(blk + 64 * h + 32), q = load(blk + 128 + 32 * h);
+    const __m256i top = _mm256_set1_epi8(0x30);
+    if (z % 2 == 0) {
+      lo = _mm256_or_si256(_mm256_and_si256(a, low4), _mm256_and_si256(_mm256_slli_epi16(q, 4), top));
+      hi = _mm256_or_si256(_mm256_and_si256(b, low4), _mm256_and_si256(_mm256_slli_epi16(q, 2), top));
+    } else {
+      lo = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), low4), _mm256_and_si256(q, top));
+      hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 4), low4),
+                           _mm256_and_si256(_mm256_srli_epi16(q, 2), top));
+    }
+  } else {
+    // qs[32 z ..]: low nibbles group 2 z, high nibbles group 2 z + 1; q5_k's fifth bits: bit g of qh[l].
+    const std::size_t qs = T == dtype::q4_k ? 16 : 48;
+    const __m256i v = load(blk + qs + 32 * z);
+    lo = _mm256_and_si256(v, low4);
+    hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+    if constexpr (T == dtype::q5_k) {
+      const __m256i qh = load(blk + 16), bit4 = _mm256_set1_epi8(0x10);
+      lo = _mm256_or_si256(lo, to_bit4(qh, static_cast<int>(2 * z), bit4));
+      hi = _mm256_or_si256(hi, to_bit4(qh, static_cast<int>(2 * z + 1), bit4));
+    }
+  }
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+// Super-block blk's scales: scale[z] the per-lane scale of int8_weights(blk, z), sub the subtrahend
+// factor of each 16 weights (q4_k, q5_k: the group's min, twice; q6_k: 32 times the scale), and d, dmin.
+template <dtype T>
+[[gnu::always_inline]] inline void int8_scales(const std::byte* blk, __m512i* scale, __m512i& sub, float& d,
+                                               float& dmin) noexcept {
+  if constexpr (T == dtype::q6_k) {
+    const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
+    for (std::size_t z = 0; z < 4; ++z) {
+      const int g = static_cast<int>(4 * z);
+      scale[z] = _mm512_permutexvar_epi32(
+          _mm512_setr_epi32(g, g, g, g, g + 1, g + 1, g + 1, g + 1, g + 2, g + 2, g + 2, g + 2, g + 3, g + 3, g + 3, g + 3),
+          sc);
+    }
+    sub = _mm512_slli_epi32(sc, 5);  // 32 sc: the quants are stored plus 32
+    d = f16_at(blk + 208);
+    dmin = 0;
+  } else {
+    std::uint32_t u[3];
+    std::memcpy(u, blk + 4, sizeof u);
+    constexpr std::uint32_t low6 = 0x3f3f3f3f, low4 = 0x0f0f0f0f, top2 = 0x03030303;
+    const std::uint32_t sc_high = (u[2] & low4) | (((u[0] >> 6) & top2) << 4);
+    const std::uint32_t m_high = ((u[2] >> 4) & low4) | (((u[1] >> 6) & top2) << 4);
+    // lanes 0-7: the 8 scales; 8-15: the 8 mins (kquant::scale_min's layout, as k_scales_mins)
+    const __m512i sm = _mm512_cvtepu8_epi32(_mm_setr_epi32(static_cast<int>(u[0] & low6), static_cast<int>(sc_high),
+                                                           static_cast<int>(u[1] & low6), static_cast<int>(m_high)));
+    for (std::size_t z = 0; z < 4; ++z) {
+      const int a = static_cast<int>(2 * z), c = a + 1;
+      scale[z] = _mm512_permutexvar_epi32(_mm512_setr_epi32(a, a, a, a, a, a, a, a, c, c, c, c, c, c, c, c), sm);
+    }
+    sub = _mm512_permutexvar_epi32(_mm512_setr_epi32(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15), sm);
+    d = f16_at(blk);
+    dmin = f16_at(blk + 2);
+  }
+}
+
+// One weight row against x rows xs[0..MR): out[i] = its int8 product with x row i.
+template <dtype T, std::size_t MR>
+__attribute__((target("avx512vnni"))) inline void int8_stream(const std::byte* row, std::size_t nsb,
+                                                               const kquant::block_q8_k* const* xs,
+                                                               float* out) noexcept {
+  std::array<float, MR> acc{};
+  for (std::size_t b = 0; b < nsb; ++b) {
+    const std::byte* blk = row + b * info(T).bytes;
+    __m512i scale[4], sub;
+    float d, dmin;
+    int8_scales<T>(blk, scale, sub, d, dmin);
+    __m512i w[4];
+    for (std::size_t z = 0; z < 4; ++z) w[z] = int8_weights<T>(blk, z);
+    for (std::size_t i = 0; i < MR; ++i) {
+      const kquant::block_q8_k& a = xs[i][b];
+      __m512i t = _mm512_setzero_si512();
+      for (std::size_t z = 0; z < 4; ++z) {
+        const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[z], _mm512_loadu_si512(a.qs + 64 * z));
+        t = _mm512_add_epi32(t, _mm512_mullo_epi32(s, scale[z]));
+      }
+      const __m512i bs = _mm512_cvtepi16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.bsums)));
+      const std::int32_t isum = _mm512_reduce_add_epi32(t);
+      const std::int32_t msum = _mm512_reduce_add_epi32(_mm512_mullo_epi32(bs, sub));
+      acc[i] = int8_step<T>(acc[i], d, dmin, a.d, isum, msum);
+    }
+  }
+  for (std::size_t i = 0; i < MR; ++i) out[i] = acc[i];
+}
+
+template <dtype T>
+inline void int8_rows(const kquant::block_q8_k* xq, std::size_t m, const weight_view& w, std::size_t r0,
+                      std::size_t r1, float* y, accumulate acc) {
+  const std::size_t nsb = w.cols / qk_k, rb = row_bytes(T, w.cols);
+  for (std::size_t i0 = 0; i0 < m; i0 += 4) {
+    const std::size_t mr = std::min<std::size_t>(4, m - i0);
+    const kquant::block_q8_k* xs[4];
+    for (std::size_t i = 0; i < 4; ++i) xs[i] = xq + std::min(i0 + i, m - 1) * nsb;
+    for (std::size_t r = r0; r < r1; ++r) {
+      float out[4];
+      const std::byte* row = w.data + r * rb;
+      if (mr == 4)
+        int8_stream<T, 4>(row, nsb, xs, out);
+      else if (mr == 3)
+        int8_stream<T, 3>(row, nsb, xs, out);
+      else if (mr == 2)
+        int8_stream<T, 2>(row, nsb, xs, out);
+      else
+        int8_stream<T, 1>(row, nsb, xs, out);
+      store_tile(out, 1, y + i0 * w.rows + r, w.rows, mr, 1, acc);
+    }
+  }
+}
 inline constexpr std::size_t int8_nr = 32;
+inline constexpr std::size_t int8_stream_rows = 16;  // x rows up to which weights are streamed, not packed
 
 struct int8_panel {
   std::uint8_t* q;    // [super-block][64 quads][32 rows][4]
@@ -116,14 +243,34 @@ inline int8_panel int8_pack(const weight_view& w, std::size_t p0, std::size_t nc
   p.d = reinterpret_cast<float*>(p.mn + ints);
   p.dmin = p.d + floats;
   const std::size_t rb = row_bytes(T, w.cols);
-  alignas(64) std::uint8_t q[qk_k];
-  std::int32_t sc[G], mn[G];
+  // Lane l of int8_weights(blk, z) (weights 64 z + 4 l ..) goes to quad 16 z + l of the row.
+  const __m512i quad_at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                             _mm512_set1_epi32(static_cast<int>(4 * int8_nr)));
   for (std::size_t r = 0; r < int8_nr; ++r) {
     const std::byte* row = w.data + (p0 + std::min(r, nc - 1)) * rb;  // past nc: repeat, not stored
     for (std::size_t b = 0; b < nsb; ++b) {
-      q8_unpack<T>(row + b * info(T).bytes, q, sc, mn, p.d[b * int8_nr + r], p.dmin[b * int8_nr + r]);
+      const std::byte* blk = row + b * info(T).bytes;
       std::uint8_t* dst = p.q + b * qk_k * int8_nr + 4 * r;
-      for (std::size_t quad = 0; quad < qk_k / 4; ++quad) std::memcpy(dst + quad * 4 * int8_nr, q + 4 * quad, 4);
+      for (std::size_t z = 0; z < 4; ++z)
+        _mm512_i32scatter_epi32(dst + z * 16 * 4 * int8_nr, quad_at, int8_weights<T>(blk, z), 1);
+      __m512i scale[4], sub;
+      int8_scales<T>(blk, scale, sub, p.d[b * int8_nr + r], p.dmin[b * int8_nr + r]);
+      alignas(64) std::int32_t sc[16], mn[16];
+      if constexpr (T == dtype::q6_k) {
+        _mm512_store_si512(sc, _mm512_srai_epi32(sub, 5));
+        _mm512_store_si512(mn, sub);
+      } else {
+        // scale[z] lanes 0 and 8: groups 2 z and 2 z + 1; sub lanes 2 g: group g's min
+        for (std::size_t z = 0; z < 4; ++z) {
+          alignas(64) std::int32_t lanes[16];
+          _mm512_store_si512(lanes, scale[z]);
+          sc[2 * z] = lanes[0];
+          sc[2 * z + 1] = lanes[8];
+        }
+        alignas(64) std::int32_t lanes[16];
+        _mm512_store_si512(lanes, sub);
+        for (std::size_t g = 0; g < 8; ++g) mn[g] = lanes[2 * g];
+      }
       for (std::size_t g = 0; g < G; ++g) {
         p.sc[(b * G + g) * int8_nr + r] = sc[g];
         p.mn[(b * G + g) * int8_nr + r] = mn[g];
@@ -219,12 +366,51 @@ inline void int8_panels(const kquant::block_q8_k* xq, std::size_t m, const weigh
 }
 #endif
 
+// x[0 .. 256 n) rounded to 8 bits into out[0 .. n): kquant::quantize's bytes (the AVX-512 path takes the
+// largest magnitude and rounds 16 at a time: the same first maximum, the same products, the same
+// round-to-nearest-even).
+inline void quantize_q8_k(const float* x, std::size_t n, kquant::block_q8_k* out) noexcept {
+#if EFIM_K_AVX512
+  const __m512 sign = _mm512_set1_ps(-0.0f);
+  for (std::size_t b = 0; b < n; ++b, x += qk_k) {
+    __m512 m = _mm512_setzero_ps();
+    for (std::size_t k = 0; k < qk_k; k += 16) m = _mm512_max_ps(m, _mm512_andnot_ps(sign, _mm512_loadu_ps(x + k)));
+    const float amax = _mm512_reduce_max_ps(m);
+    kquant::block_q8_k& o = out[b];
+    if (!(amax > 0)) {  // all zero (or NaN: the scalar rounding decides)
+      kquant::quantize(x, o);
+      continue;
+    }
+    std::size_t first = 0;
+    while (std::fabs(x[first]) != amax) ++first;
+    const float iscale = -127.0f / x[first];
+    const __m512 s = _mm512_set1_ps(iscale);
+    const __m512i top = _mm512_set1_epi32(127);
+    for (std::size_t g = 0; g < 16; ++g) {
+      const __m512i q = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(s, _mm512_loadu_ps(x + 16 * g))), top);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o.qs + 16 * g), _mm512_cvtepi32_epi8(q));
+      o.bsums[g] = static_cast<std::int16_t>(_mm512_reduce_add_epi32(q));
+    }
+    o.d = 1 / iscale;
+  }
+#else
+  for (std::size_t b = 0; b < n; ++b) kquant::quantize(x + b * qk_k, out[b]);
+#endif
+}
+
 // y (m, rows) = [y +] x w^T for x rounded to 8 bits (xq: m rows of cols / 256 blocks) and T one of
 // q4_k, q5_k, q6_k, on this path.
 template <dtype T>
 inline void matmul_int8_typed(thread_pool& pool, const kquant::block_q8_k* xq, const weight_view& w, float* y,
                               std::size_t m, accumulate acc, bool vnni) {
 #if EFIM_K_AVX512 && defined(EFIM_K_AVX2_PATH_DEFINED)
+  if (vnni && m <= int8_stream_rows) {
+    const std::size_t units = (w.rows + 15) / 16;
+    pool.parallel_for(
+        units, [&](std::size_t b, std::size_t e) { int8_rows<T>(xq, m, w, b * 16, std::min(e * 16, w.rows), y, acc); },
+        (units + pool.size() - 1) / pool.size());
+    return;
+  }
   if (vnni) {
     const std::size_t units = (w.rows + int8_nr - 1) / int8_nr;
     pool.parallel_for(units, [&](std::size_t b, std::size_t e) {
