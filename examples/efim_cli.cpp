@@ -26,6 +26,7 @@ Special-token text in the prompt (such as <|fim_prefix|>) stands for those token
   --ids              print the generated token ids, separated by spaces, instead of text
   --threads N        compute threads (0: all cores)
   --kv TYPE          KV cache in f32 or f16 (f32)
+  --products P       exact, or int8 (k-quant weights times activations rounded to 8 bits) (exact)
   --no-mmap          read the model file into memory instead of mapping it
 )";
 
@@ -51,6 +52,7 @@ int complete(int argc, char** argv) {
   double temperature = 0, top_p = 1;
   std::uint64_t seed = 0;
   efim::dtype kv_type = efim::dtype::f32;
+  efim::kernels::products products = efim::kernels::products::exact;
   efim::gguf::residency residency = efim::gguf::residency::map;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
@@ -89,6 +91,8 @@ int complete(int argc, char** argv) {
       threads = count(a, value());
     } else if (a == "--kv") {
       kv_type = efim::parse_dtype(value());
+    } else if (a == "--products") {
+      products = efim::kernels::parse_products(value());
     } else if (a == "--ids") {
       ids = true;
     } else if (a == "--ignore-eos") {
@@ -120,7 +124,7 @@ int complete(int argc, char** argv) {
 
   efim::thread_pool pool(threads);
   efim::kernels::host::context ctx{pool};
-  efim::model::transformer<efim::kernels::host> model(weights);
+  efim::model::transformer<efim::kernels::host> model(weights, products);
   constexpr std::size_t block = 16;
   const std::size_t blocks = (tokens.size() + n_predict + block) / block;
   efim::kv::host_storage kv(c.layers, model.kv_layout(blocks, block), kv_type);

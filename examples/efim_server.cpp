@@ -69,6 +69,9 @@ engine
   --cache-mib N            ... or in MiB
   --block-size N           tokens per KV block (16)
   --kv TYPE                KV cache elements: f16 or f32 (f16)
+  --products P             exact, or int8: k-quant weights (q4_k, q5_k, q6_k) multiply activations
+                           rounded to 8 bits, as llama.cpp does (prefill about 1.8x faster with
+                           AVX-512 VNNI; logits within about 1% of the exact ones) (exact)
   --eviction NAME          cache eviction: lru, fifo, lfu (lru)
   --format NAME            prompt layout: efim, psm, spm (efim)
   --n-predict N            tokens per /infill request that names none (128)
@@ -96,6 +99,7 @@ struct options {
   std::size_t cache_tokens = 65536, cache_mib = 0;
   std::size_t block_size = 16;
   efim::dtype kv = efim::dtype::f16;
+  efim::kernels::products products = efim::kernels::products::exact;
   std::string eviction = "lru", format = "efim";
   std::size_t n_predict = 128, max_predict = 4096, reanchor_bytes = 4096, max_sessions = 4096;
   std::size_t heal_tokens = 0;
@@ -186,6 +190,12 @@ options parse(int argc, char** argv) {
             fail(flag + ": " + e.what());
           }
           if (o.kv != efim::dtype::f16 && o.kv != efim::dtype::f32) fail("--kv must be f16 or f32, not " + v);
+        } else if (flag == "--products") {
+          try {
+            o.products = efim::kernels::parse_products(v);
+          } catch (const efim::error& e) {
+            fail(std::string("--products: ") + e.what());
+          }
         } else if (flag == "--eviction") {
           if (v != "lru" && v != "fifo" && v != "lfu") fail("--eviction must be lru, fifo or lfu, not " + v);
           o.eviction = v;
@@ -250,6 +260,7 @@ int serve(const options& o, efim::text::bpe_tokenizer tok, const efim::prompt::f
   po.session.reanchor_bytes = o.reanchor_bytes;
   po.sessions.max_sessions = o.max_sessions;
   po.kv_type = o.kv;
+  po.products = o.products;
   po.threads = o.threads;
   po.heal_tokens = o.heal_tokens;
 

@@ -730,42 +730,67 @@ TEST_CASE("every architecture, weight type and KV type equals the reference deco
       }
 }
 
-TEST_CASE("cached, chunked and batched computation give the same bits for every architecture and type",
-          "[model][arch][cache]") {
+namespace {
+// One shot on one thread against chunks on two threads in a batch with another sequence, and a cache
+// hit against the same tokens computed from scratch: the same bits. Returns the one-shot logits.
+std::vector<float> check_cached_chunked_batched(model::architecture arch, dtype wt, dtype kvt, rng& r,
+                                                kernels::products products) {
   thread_pool one(1), two(2);
   kernels::host::context c1{one}, c2{two};
+  const auto cfg = arch_config(arch, 300, wt);
+  const auto w = model::random_weights(cfg, 43, {wt});
+  model::transformer<kernels::host> m(w, products);
+  const auto tokens = random_tokens(r, 45, cfg.vocab);
+  const auto other = random_tokens(r, 13, cfg.vocab);
+  // One shot, in one order of blocks, on one thread.
+  kv::host_storage kv_a(cfg.layers, m.kv_layout(16, 4), kvt);
+  const auto one_shot = run_chunks(m, c1, kv_a, tokens, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, {45});
+  // Chunked, blocks elsewhere, two threads, in a batch with another sequence.
+  kv::host_storage kv_b(cfg.layers, m.kv_layout(16, 4), kvt);
+  const std::vector<block_id> table{15, 3, 9, 12, 0, 7, 1, 14, 2, 8, 4, 6}, other_table{5, 10, 11, 13};
+  run_chunks(m, c2, kv_b, tokens, table, {16, 5, 3}, 0);  // positions 0..23
+  const std::span<const token_id> rest = std::span(tokens).subspan(24);
+  const model::batch_item items[] = {{other, 0, other_table, true}, {rest, 24, table, true}};
+  std::vector<float> logits;
+  m.forward(c2, kv_b, items, logits);
+  CHECK(std::equal(one_shot.back().begin(), one_shot.back().end(),
+                   logits.begin() + static_cast<std::ptrdiff_t>(cfg.vocab)));
+  // A cache hit: the first 20 positions (5 blocks) reused by a sequence that goes on differently.
+  auto second = std::vector<token_id>(tokens.begin(), tokens.begin() + 20);
+  second.insert(second.end(), other.begin(), other.end());
+  const std::vector<block_id> hit_table{15, 3, 9, 12, 0, 5, 10, 11, 13};
+  const auto reused = run_chunks(m, c2, kv_b, second, hit_table, {13}, 20);
+  kv::host_storage fresh(cfg.layers, m.kv_layout(16, 4), kvt);
+  const auto scratch = run_chunks(m, c1, fresh, second, {0, 1, 2, 3, 4, 5, 6, 7, 8}, {33});
+  CHECK(reused.back() == scratch.back());
+  return one_shot.back();
+}
+}  // namespace
+
+TEST_CASE("cached, chunked and batched computation give the same bits for every architecture and type",
+          "[model][arch][cache]") {
   rng r(42);
   for (const auto arch : all_architectures)
     for (const dtype wt : all_dtypes)
       for (const dtype kvt : {dtype::f32, dtype::f16}) {
         INFO(describe(arch_config(arch), wt, kvt));
-        const auto cfg = arch_config(arch, 300, wt);
-        const auto w = model::random_weights(cfg, 43, {wt});
-        model::transformer<kernels::host> m(w);
-        const auto tokens = random_tokens(r, 45, cfg.vocab);
-        const auto other = random_tokens(r, 13, cfg.vocab);
-        // One shot, in one order of blocks, on one thread.
-        kv::host_storage kv_a(cfg.layers, m.kv_layout(16, 4), kvt);
-        const auto one_shot = run_chunks(m, c1, kv_a, tokens, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, {45});
-        // Chunked, blocks elsewhere, two threads, in a batch with another sequence.
-        kv::host_storage kv_b(cfg.layers, m.kv_layout(16, 4), kvt);
-        const std::vector<block_id> table{15, 3, 9, 12, 0, 7, 1, 14, 2, 8, 4, 6}, other_table{5, 10, 11, 13};
-        run_chunks(m, c2, kv_b, tokens, table, {16, 5, 3}, 0);  // positions 0..23
-        const std::span<const token_id> rest = std::span(tokens).subspan(24);
-        const model::batch_item items[] = {{other, 0, other_table, true}, {rest, 24, table, true}};
-        std::vector<float> logits;
-        m.forward(c2, kv_b, items, logits);
-        CHECK(std::equal(one_shot.back().begin(), one_shot.back().end(),
-                         logits.begin() + static_cast<std::ptrdiff_t>(cfg.vocab)));
-        // A cache hit: the first 20 positions (5 blocks) reused by a sequence that goes on differently.
-        auto second = std::vector<token_id>(tokens.begin(), tokens.begin() + 20);
-        second.insert(second.end(), other.begin(), other.end());
-        const std::vector<block_id> hit_table{15, 3, 9, 12, 0, 5, 10, 11, 13};
-        const auto reused = run_chunks(m, c2, kv_b, second, hit_table, {13}, 20);
-        kv::host_storage fresh(cfg.layers, m.kv_layout(16, 4), kvt);
-        const auto scratch = run_chunks(m, c1, fresh, second, {0, 1, 2, 3, 4, 5, 6, 7, 8}, {33});
-        CHECK(reused.back() == scratch.back());
+        check_cached_chunked_batched(arch, wt, kvt, r, kernels::products::exact);
       }
+}
+
+TEST_CASE("int8 products: cached, chunked and batched computation give the same bits, near the exact logits",
+          "[model][arch][cache][int8]") {
+  for (const auto arch : all_architectures)
+    for (const dtype wt : {dtype::q4_k, dtype::q5_k, dtype::q6_k}) {
+      INFO(describe(arch_config(arch), wt, dtype::f16));
+      rng r1(45), r2(45);
+      const auto int8 = check_cached_chunked_batched(arch, wt, dtype::f16, r1, kernels::products::int8);
+      const auto exact = check_cached_chunked_batched(arch, wt, dtype::f16, r2, kernels::products::exact);
+      // Activations rounded to 8 bits per 256 move the logits by about a percent, not more.
+      const float err = max_relative_error(int8, exact);
+      CHECK(err > 0);
+      CHECK(err < 0.05f);
+    }
 }
 
 TEST_CASE("every instruction-set path with FMA gives the same logits, bit for bit", "[model][arch][isa]") {

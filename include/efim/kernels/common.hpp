@@ -5,9 +5,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "efim/core/dtype.hpp"
+#include "efim/core/error.hpp"
 #include "efim/core/types.hpp"
 
 namespace efim::kernels {
@@ -21,6 +24,13 @@ enum class accumulate : bool { no, yes };  // yes: y = y + x w^T (a residual add
 //          arithmetic rate, results within llama.cpp's rounding of the exact ones, still the same bits
 //          on every path and batch size. Other weight types multiply exactly either way.
 enum class products : bool { exact, int8 };
+
+// "exact" or "int8" (a command line's word); anything else is an error.
+inline products parse_products(std::string_view name) {
+  if (name == "exact") return products::exact;
+  if (name == "int8") return products::int8;
+  throw error(errc::invalid_argument, "products must be exact or int8, not '" + std::string(name) + "'");
+}
 
 // A weight matrix as a GGUF file stores it: `rows` output features of `cols` elements, row-major, each
 // row a whole number of `type` blocks.

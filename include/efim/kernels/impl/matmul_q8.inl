@@ -197,29 +197,6 @@ __attribute__((target("avx512vnni"))) inline void int8_stream(const std::byte* r
   for (std::size_t i = 0; i < MR; ++i) out[i] = acc[i];
 }
 
-template <dtype T>
-inline void int8_rows(const kquant::block_q8_k* xq, std::size_t m, const weight_view& w, std::size_t r0,
-                      std::size_t r1, float* y, accumulate acc) {
-  const std::size_t nsb = w.cols / qk_k, rb = row_bytes(T, w.cols);
-  for (std::size_t i0 = 0; i0 < m; i0 += 4) {
-    const std::size_t mr = std::min<std::size_t>(4, m - i0);
-    const kquant::block_q8_k* xs[4];
-    for (std::size_t i = 0; i < 4; ++i) xs[i] = xq + std::min(i0 + i, m - 1) * nsb;
-    for (std::size_t r = r0; r < r1; ++r) {
-      float out[4];
-      const std::byte* row = w.data + r * rb;
-      if (mr == 4)
-        int8_stream<T, 4>(row, nsb, xs, out);
-      else if (mr == 3)
-        int8_stream<T, 3>(row, nsb, xs, out);
-      else if (mr == 2)
-        int8_stream<T, 2>(row, nsb, xs, out);
-      else
-        int8_stream<T, 1>(row, nsb, xs, out);
-      store_tile(out, 1, y + i0 * w.rows + r, w.rows, mr, 1, acc);
-    }
-  }
-}
 inline constexpr std::size_t int8_nr = 32;
 inline constexpr std::size_t int8_stream_rows = 16;  // x rows up to which weights are streamed, not packed
 
@@ -366,6 +343,118 @@ inline void int8_panels(const kquant::block_q8_k* xq, std::size_t m, const weigh
 }
 #endif
 
+#if EFIM_K_AVX512 || EFIM_K_AVX2
+// Without VNNI (the AVX2 path, and AVX-512 CPUs without it): the same streaming in 256-bit registers,
+// VPMADDUBSW and VPMADDWD in place of VPDPBUSD (no pair of products reaches the 16-bit limit: the
+// quants are at most 63, the activations at most 127 in magnitude).
+
+// 32 weights of super-block blk in the order of k: t = 0..7 covers k in [32 t, 32 t + 32).
+template <dtype T>
+[[gnu::always_inline]] inline __m256i int8_weights256(const std::byte* blk, std::size_t t) noexcept {
+  const __m256i low4 = _mm256_set1_epi8(15);
+  if constexpr (T == dtype::q6_k) {
+    const std::size_t h = t / 4, run = t % 4;
+    const __m256i lq = load(blk + 64 * h + 32 * (run % 2)), q = load(blk + 128 + 32 * h);
+    const __m256i top = _mm256_set1_epi8(0x30);
+    const __m256i low = run < 2 ? _mm256_and_si256(lq, low4) : _mm256_and_si256(_mm256_srli_epi16(lq, 4), low4);
+    const __m256i high = run == 0   ? _mm256_slli_epi16(q, 4)
+                         : run == 1 ? _mm256_slli_epi16(q, 2)
+                         : run == 2 ? q
+                                    : _mm256_srli_epi16(q, 2);
+    return _mm256_or_si256(low, _mm256_and_si256(high, top));
+  } else {
+    const std::size_t qs = T == dtype::q4_k ? 16 : 48;
+    const __m256i v = load(blk + qs + 32 * (t / 2));
+    __m256i q = t % 2 == 0 ? _mm256_and_si256(v, low4) : _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+    if constexpr (T == dtype::q5_k) q = _mm256_or_si256(q, to_bit4(load(blk + 16), static_cast<int>(t), _mm256_set1_epi8(0x10)));
+    return q;
+  }
+}
+
+// One weight row against x rows xs[0..MR), as int8_stream.
+template <dtype T, std::size_t MR>
+inline void int8_stream256(const std::byte* row, std::size_t nsb, const kquant::block_q8_k* const* xs,
+                           float* out) noexcept {
+  std::array<float, MR> acc{};
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (std::size_t b = 0; b < nsb; ++b) {
+    const std::byte* blk = row + b * info(T).bytes;
+    std::int32_t sc[16], sub[16];  // per 16 weights
+    float d, dmin = 0;
+    if constexpr (T == dtype::q6_k) {
+      for (std::size_t g = 0; g < 16; ++g) {
+        sc[g] = static_cast<std::int8_t>(blk[192 + g]);
+        sub[g] = 32 * sc[g];
+      }
+      d = f16_at(blk + 208);
+    } else {
+      for (std::size_t g = 0; g < 8; ++g) {
+        std::uint8_t s, mn;
+        kquant::scale_min(reinterpret_cast<const std::uint8_t*>(blk + 4), g, s, mn);
+        sc[2 * g] = sc[2 * g + 1] = s;
+        sub[2 * g] = sub[2 * g + 1] = mn;
+      }
+      d = f16_at(blk);
+      dmin = f16_at(blk + 2);
+    }
+    __m256i w[8], scale[8];
+    for (std::size_t t = 0; t < 8; ++t) {
+      w[t] = int8_weights256<T>(blk, t);
+      scale[t] = _mm256_set_m128i(_mm_set1_epi32(sc[2 * t + 1]), _mm_set1_epi32(sc[2 * t]));
+    }
+    for (std::size_t i = 0; i < MR; ++i) {
+      const kquant::block_q8_k& a = xs[i][b];
+      __m256i v = _mm256_setzero_si256();
+      for (std::size_t t = 0; t < 8; ++t) {
+        const __m256i pairs = _mm256_maddubs_epi16(w[t], load(reinterpret_cast<const std::byte*>(a.qs) + 32 * t));
+        v = _mm256_add_epi32(v, _mm256_mullo_epi32(_mm256_madd_epi16(pairs, ones), scale[t]));
+      }
+      __m128i h = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+      h = _mm_add_epi32(h, _mm_unpackhi_epi64(h, h));
+      h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 1));
+      const std::int32_t isum = _mm_cvtsi128_si32(h);
+      std::int32_t msum = 0;
+      for (std::size_t g = 0; g < 16; ++g) msum += sub[g] * a.bsums[g];
+      acc[i] = int8_step<T>(acc[i], d, dmin, a.d, isum, msum);
+    }
+  }
+  for (std::size_t i = 0; i < MR; ++i) out[i] = acc[i];
+}
+
+template <dtype T, std::size_t MR, bool Vnni>
+[[gnu::always_inline]] inline void stream(const std::byte* row, std::size_t nsb, const kquant::block_q8_k* const* xs,
+                                          float* out) noexcept {
+#if EFIM_K_AVX512 && defined(EFIM_K_AVX2_PATH_DEFINED)
+  if constexpr (Vnni) return int8_stream<T, MR>(row, nsb, xs, out);
+#endif
+  int8_stream256<T, MR>(row, nsb, xs, out);
+}
+
+template <dtype T, bool Vnni>
+inline void int8_rows(const kquant::block_q8_k* xq, std::size_t m, const weight_view& w, std::size_t r0,
+                      std::size_t r1, float* y, accumulate acc) {
+  const std::size_t nsb = w.cols / qk_k, rb = row_bytes(T, w.cols);
+  for (std::size_t i0 = 0; i0 < m; i0 += 4) {
+    const std::size_t mr = std::min<std::size_t>(4, m - i0);
+    const kquant::block_q8_k* xs[4];
+    for (std::size_t i = 0; i < 4; ++i) xs[i] = xq + std::min(i0 + i, m - 1) * nsb;
+    for (std::size_t r = r0; r < r1; ++r) {
+      float out[4];
+      const std::byte* row = w.data + r * rb;
+      if (mr == 4)
+        stream<T, 4, Vnni>(row, nsb, xs, out);
+      else if (mr == 3)
+        stream<T, 3, Vnni>(row, nsb, xs, out);
+      else if (mr == 2)
+        stream<T, 2, Vnni>(row, nsb, xs, out);
+      else
+        stream<T, 1, Vnni>(row, nsb, xs, out);
+      store_tile(out, 1, y + i0 * w.rows + r, w.rows, mr, 1, acc);
+    }
+  }
+}
+#endif
+
 // x[0 .. 256 n) rounded to 8 bits into out[0 .. n): kquant::quantize's bytes (the AVX-512 path takes the
 // largest magnitude and rounds 16 at a time: the same first maximum, the same products, the same
 // round-to-nearest-even).
@@ -407,7 +496,8 @@ inline void matmul_int8_typed(thread_pool& pool, const kquant::block_q8_k* xq, c
   if (vnni && m <= int8_stream_rows) {
     const std::size_t units = (w.rows + 15) / 16;
     pool.parallel_for(
-        units, [&](std::size_t b, std::size_t e) { int8_rows<T>(xq, m, w, b * 16, std::min(e * 16, w.rows), y, acc); },
+        units,
+        [&](std::size_t b, std::size_t e) { int8_rows<T, true>(xq, m, w, b * 16, std::min(e * 16, w.rows), y, acc); },
         (units + pool.size() - 1) / pool.size());
     return;
   }
@@ -420,6 +510,13 @@ inline void matmul_int8_typed(thread_pool& pool, const kquant::block_q8_k* xq, c
   }
 #endif
   (void)vnni;
+#if EFIM_K_AVX512 || EFIM_K_AVX2
+  const std::size_t units = (w.rows + 15) / 16;
+  pool.parallel_for(
+      units, [&](std::size_t b, std::size_t e) { int8_rows<T, false>(xq, m, w, b * 16, std::min(e * 16, w.rows), y, acc); },
+      (units + pool.size() - 1) / pool.size());
+  return;
+#endif
   pool.parallel_for((w.rows + 7) / 8, [&](std::size_t b, std::size_t e) {
     matmul_int8_reference<T>(xq, m, w, b * 8, std::min(e * 8, w.rows), y, acc);
   });
