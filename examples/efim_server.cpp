@@ -287,7 +287,11 @@ int serve(const options& o, efim::text::bpe_tokenizer tok, const efim::prompt::f
             << "; context " << cfg.max_context << "; KV cache " << po.cache.blocks * po.cache.block_size << " tokens ("
             << efim::to_string(o.kv) << ", " << (po.cache.blocks * po.cache.block_size * kv_token_bytes >> 20)
             << " MiB), " << o.eviction << " eviction; " << o.parallel << " parallel"
-            << (o.api_keys.empty() ? "" : "; API keys required") << "\n";
+            << (o.api_keys.empty() ? "" : "; API keys required")
+            << (o.products == efim::kernels::products::int8 ? "; int8 products" : "") << "\n";
+  if (o.products == efim::kernels::products::int8 && !efim::kernels::has_avx512_vnni())
+    std::cerr << program << ": note: this CPU has no AVX-512 VNNI, where int8 products pay; here they are "
+                            "correct but slower than the exact ones\n";
   const auto at = http->endpoint();
   std::cout << program << ": listening on http://" << at.address().to_string() << ":" << at.port() << std::endl;
 

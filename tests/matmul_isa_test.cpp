@@ -23,7 +23,8 @@ using namespace efim;
 namespace {
 
 // FNV-1a over the bits of the products of random weights of every type and batches of 1 to 17 rows.
-std::uint64_t matmul_hash(std::initializer_list<dtype> types) {
+std::uint64_t matmul_hash(std::initializer_list<dtype> types,
+                          kernels::products products = kernels::products::exact) {
   thread_pool pool(2);
   rng r(13);
   const auto value = [&] { return static_cast<float>(r.uniform() * 2.0 - 1.0); };
@@ -70,7 +71,7 @@ std::uint64_t matmul_hash(std::initializer_list<dtype> types) {
     for (const std::size_t m : {1, 3, 8, 17}) {
       std::vector<float> x(m * cols), y(m * rows);
       for (auto& v : x) v = value();
-      kernels::matmul(pool, x.data(), w, y.data(), m);
+      kernels::matmul(pool, x.data(), w, y.data(), m, kernels::accumulate::no, products);
       for (const float v : y)
         for (int shift = 0; shift < 32; shift += 8) {
           hash ^= (std::bit_cast<std::uint32_t>(v) >> shift) & 0xffu;
@@ -86,6 +87,8 @@ constexpr std::uint64_t fused_bits = 0x4fe871bbbc6d1882ull;    // every multiply
 constexpr std::uint64_t unfused_bits = 0x0d7c75be7d314343ull;  // products and sums rounded apart
 constexpr std::uint64_t fused_bits_k = 0x8bf3f64c38d92eeaull;
 constexpr std::uint64_t unfused_bits_k = 0x06bcf2748149c479ull;
+// int8 products: integer sums and std::fma steps, one set of bits whatever the path or the flags.
+constexpr std::uint64_t int8_bits = 0xce0f4c040b360715ull;
 
 }  // namespace
 
@@ -104,6 +107,18 @@ TEST_CASE("typed matmul gives the same bits on every instruction-set path", "[ke
     CHECK(hash == (path == kernels::isa::generic ? unfused_bits : fused_bits));
     CHECK(hash_k == (path == kernels::isa::generic ? unfused_bits_k : fused_bits_k));
 #endif
+  }
+  kernels::select_isa(before);
+}
+
+TEST_CASE("int8 products give the same bits on every instruction-set path, whatever the flags", "[kernels][matmul]") {
+  const kernels::isa before = kernels::active_isa();
+  for (const kernels::isa path : {kernels::isa::avx512, kernels::isa::avx2, kernels::isa::generic}) {
+    if (kernels::select_isa(path) != path) continue;  // the CPU lacks it
+    INFO("path " << kernels::isa_name(path));
+    const std::uint64_t hash = matmul_hash({dtype::q4_k, dtype::q5_k, dtype::q6_k}, kernels::products::int8);
+    UNSCOPED_INFO(std::hex << "hash 0x" << hash);
+    CHECK(hash == int8_bits);
   }
   kernels::select_isa(before);
 }
