@@ -294,7 +294,10 @@ TEST_CASE("int8 products: the same bits on every path, batch and thread count, w
       for (const std::size_t m : {1, 2, 3, 4, 5, 9, 17, 64}) {
         INFO(to_string(t) << " m " << m << " rows " << rows << " cols " << cols);
         auto x = random_vector(r, m * cols);
-        if (m == 3) std::fill(x.begin() + static_cast<std::ptrdiff_t>(cols), x.begin() + 256 + static_cast<std::ptrdiff_t>(cols), 0.0f);  // an all-zero block
+        if (m == 3) {  // an all-zero block
+          const auto at = x.begin() + static_cast<std::ptrdiff_t>(cols);
+          std::fill(at, at + 256, 0.0f);
+        }
         // What the activations are rounded to, and the sum over the dequantized weights in double:
         // the integer sums are exact, so only the float steps per super-block (a few roundings of
         // the partial sums) stand between the two.

@@ -53,8 +53,9 @@ inline void matmul(thread_pool& pool, const float* x, const weight_view& w, floa
     thread_local std::vector<kquant::block_q8_k> buffer;  // the caller's: the workers see it through xq
     if (buffer.size() < m * nsb) buffer.resize(m * nsb);
     kquant::block_q8_k* const xq = buffer.data();
-    pool.parallel_for(m * nsb,
-                      [&](std::size_t b, std::size_t e) { EFIM_KERNELS_DISPATCH(quantize_q8_k(x + b * qk_k, e - b, xq + b)); });
+    pool.parallel_for(m * nsb, [&](std::size_t b, std::size_t e) {
+      EFIM_KERNELS_DISPATCH(quantize_q8_k(x + b * qk_k, e - b, xq + b));
+    });
     const bool vnni = has_avx512_vnni();
     EFIM_KERNELS_DISPATCH(matmul_int8(pool, xq, w, y, m, acc, vnni));
     return;

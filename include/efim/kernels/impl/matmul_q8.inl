@@ -7,7 +7,7 @@
 template <dtype T>
 inline constexpr std::size_t q8_groups = T == dtype::q6_k ? 16 : 8;
 
-// Super-block b of a weight row as unsigned quants (q4_k 0..15, q5_k 0..31, q6_k 0..63, its stored
+// A weight row's super-block as unsigned quants (q4_k 0..15, q5_k 0..31, q6_k 0..63, its stored
 // value: the weight's quant plus 32), its integer scales sc[g] and subtrahends mn[g] per scale group,
 // and its float factors: a row's integer sum against activations a is
 //   q4_k, q5_k: isum = sum_g sc[g] * sum_{i in g} q_i a_i,  msum = sum_g mn[g] * sum_{i in g} a_i
@@ -90,14 +90,10 @@ inline void matmul_int8_reference(const kquant::block_q8_k* xq, std::size_t m, c
 }
 
 #if EFIM_K_AVX512 && defined(EFIM_K_AVX2_PATH_DEFINED)
-// AVX-512 with VNNI: a panel of 32 weight rows is unpacked once into a per-thread scratch, quants laid
-// out for VPDPBUSD (for each 4 consecutive weights of a row, 4 bytes; 32 rows side by side, so a zmm
-// register holds 16 rows' and each of its 32-bit lanes sums a different output), scales and factors
-// widened; every tile of x rows then multiplies 4 weights of 32 rows per two instructions.
-// Few x rows (decode): each weight row's super-block is unpacked in registers, in the order of k, and
-// multiplied by the x rows' quants as they are stored (each 32-bit lane of a VPDPBUSD sums 4
-// consecutive weights, so a register of 64 weights holds two q4_k / q5_k groups or four q6_k
-// groups); lanes are scaled by their group's scale and summed to the super-block's integers.
+// AVX-512 with VNNI. Few x rows (decode): each weight row's super-block is unpacked in registers, in the order of k,
+// and multiplied by the x rows' quants as they are stored (each 32-bit lane of a VPDPBUSD sums 4 consecutive weights,
+// so a register of 64 weights holds two q4_k / q5_k groups or four q6_k groups); lanes are scaled by their group's
+// scale and summed to the super-block's integers.
 
 // 64 weights of super-block `blk` as bytes in the order of k: z = 0..3 covers k in [64 z, 64 z + 64).
 template <dtype T>
@@ -142,9 +138,9 @@ template <dtype T>
     const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
     for (std::size_t z = 0; z < 4; ++z) {
       const int g = static_cast<int>(4 * z);
-      scale[z] = _mm512_permutexvar_epi32(
-          _mm512_setr_epi32(g, g, g, g, g + 1, g + 1, g + 1, g + 1, g + 2, g + 2, g + 2, g + 2, g + 3, g + 3, g + 3, g + 3),
-          sc);
+      scale[z] = _mm512_permutexvar_epi32(_mm512_setr_epi32(g, g, g, g, g + 1, g + 1, g + 1, g + 1, g + 2, g + 2, g + 2,
+                                                            g + 2, g + 3, g + 3, g + 3, g + 3),
+                                          sc);
     }
     sub = _mm512_slli_epi32(sc, 5);  // 32 sc: the quants are stored plus 32
     d = f16_at(blk + 208);
@@ -171,8 +167,8 @@ template <dtype T>
 // One weight row against x rows xs[0..MR): out[i] = its int8 product with x row i.
 template <dtype T, std::size_t MR>
 __attribute__((target("avx512vnni"))) inline void int8_stream(const std::byte* row, std::size_t nsb,
-                                                               const kquant::block_q8_k* const* xs,
-                                                               float* out) noexcept {
+                                                              const kquant::block_q8_k* const* xs,
+                                                              float* out) noexcept {
   std::array<float, MR> acc{};
   for (std::size_t b = 0; b < nsb; ++b) {
     const std::byte* blk = row + b * info(T).bytes;
@@ -197,15 +193,19 @@ __attribute__((target("avx512vnni"))) inline void int8_stream(const std::byte* r
   for (std::size_t i = 0; i < MR; ++i) out[i] = acc[i];
 }
 
+// Many x rows (prefill): a panel of 32 weight rows is unpacked once into a per-thread scratch, quants
+// laid out for VPDPBUSD (for each 4 consecutive weights of a row, 4 bytes; 32 rows side by side, so a
+// zmm register holds 16 rows' and each of its 32-bit lanes sums a different output), scales widened;
+// every tile of 4 x rows then multiplies 4 weights of 32 rows per two instructions and x row.
 inline constexpr std::size_t int8_nr = 32;
 inline constexpr std::size_t int8_stream_rows = 16;  // x rows up to which weights are streamed, not packed
 
 struct int8_panel {
-  std::uint8_t* q;    // [super-block][64 quads][32 rows][4]
-  std::int32_t* sc;   // [super-block][group][32 rows]
-  std::int32_t* mn;   // [super-block][group][32 rows]
-  float* d;           // [super-block][32 rows]
-  float* dmin;        // [super-block][32 rows]
+  std::uint8_t* q;   // [super-block][64 quads][32 rows][4]
+  std::int32_t* sc;  // [super-block][group][32 rows]
+  std::int32_t* mn;  // [super-block][group][32 rows]
+  float* d;          // [super-block][32 rows]
+  float* dmin;       // [super-block][32 rows]
 };
 
 template <dtype T>
@@ -260,7 +260,7 @@ inline int8_panel int8_pack(const weight_view& w, std::size_t p0, std::size_t nc
 // out[i][j] for x rows xs[0..MR) against the panel's 32 rows.
 template <dtype T, std::size_t MR>
 __attribute__((target("avx512vnni"))) inline void int8_tile(const int8_panel& p, std::size_t nsb,
-                                                             const kquant::block_q8_k* const* xs, float* out) {
+                                                            const kquant::block_q8_k* const* xs, float* out) {
   constexpr std::size_t G = q8_groups<T>, quads = qk_k / G / 4;
   __m512 f[MR][2];
   for (std::size_t i = 0; i < MR; ++i) f[i][0] = f[i][1] = _mm512_setzero_ps();
@@ -302,8 +302,8 @@ __attribute__((target("avx512vnni"))) inline void int8_tile(const int8_panel& p,
       for (std::size_t i = 0; i < MR; ++i) {
         const __m512 da = _mm512_set1_ps(xs[i][b].d);
         if constexpr (T == dtype::q6_k) {
-          f[i][h] = _mm512_fmadd_ps(_mm512_mul_ps(d, da), _mm512_cvtepi32_ps(_mm512_sub_epi32(is[i][h], ms[i][h])),
-                                    f[i][h]);
+          f[i][h] =
+              _mm512_fmadd_ps(_mm512_mul_ps(d, da), _mm512_cvtepi32_ps(_mm512_sub_epi32(is[i][h], ms[i][h])), f[i][h]);
         } else {
           f[i][h] = _mm512_fmadd_ps(_mm512_mul_ps(d, da), _mm512_cvtepi32_ps(is[i][h]), f[i][h]);
           f[i][h] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, da), _mm512_cvtepi32_ps(ms[i][h]), f[i][h]);
@@ -366,7 +366,8 @@ template <dtype T>
     const std::size_t qs = T == dtype::q4_k ? 16 : 48;
     const __m256i v = load(blk + qs + 32 * (t / 2));
     __m256i q = t % 2 == 0 ? _mm256_and_si256(v, low4) : _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-    if constexpr (T == dtype::q5_k) q = _mm256_or_si256(q, to_bit4(load(blk + 16), static_cast<int>(t), _mm256_set1_epi8(0x10)));
+    if constexpr (T == dtype::q5_k)
+      q = _mm256_or_si256(q, to_bit4(load(blk + 16), static_cast<int>(t), _mm256_set1_epi8(0x10)));
     return q;
   }
 }
@@ -431,8 +432,8 @@ template <dtype T, std::size_t MR, bool Vnni>
 }
 
 template <dtype T, bool Vnni>
-inline void int8_rows(const kquant::block_q8_k* xq, std::size_t m, const weight_view& w, std::size_t r0,
-                      std::size_t r1, float* y, accumulate acc) {
+inline void int8_rows(const kquant::block_q8_k* xq, std::size_t m, const weight_view& w, std::size_t r0, std::size_t r1,
+                      float* y, accumulate acc) {
   const std::size_t nsb = w.cols / qk_k, rb = row_bytes(T, w.cols);
   for (std::size_t i0 = 0; i0 < m; i0 += 4) {
     const std::size_t mr = std::min<std::size_t>(4, m - i0);
@@ -513,7 +514,8 @@ inline void matmul_int8_typed(thread_pool& pool, const kquant::block_q8_k* xq, c
 #if EFIM_K_AVX512 || EFIM_K_AVX2
   const std::size_t units = (w.rows + 15) / 16;
   pool.parallel_for(
-      units, [&](std::size_t b, std::size_t e) { int8_rows<T, false>(xq, m, w, b * 16, std::min(e * 16, w.rows), y, acc); },
+      units,
+      [&](std::size_t b, std::size_t e) { int8_rows<T, false>(xq, m, w, b * 16, std::min(e * 16, w.rows), y, acc); },
       (units + pool.size() - 1) / pool.size());
   return;
 #endif
