@@ -73,10 +73,11 @@ std::vector<std::vector<float>> llama_logits(const fs::path& model, const std::v
 }
 
 // efim's logits for every position, token by token through the paged transformer.
-std::vector<std::vector<float>> efim_logits(const model::weights& w, const std::vector<token_id>& ids) {
+std::vector<std::vector<float>> efim_logits(const model::weights& w, const std::vector<token_id>& ids,
+                                            kernels::products products = kernels::products::exact) {
   thread_pool pool(2);
   kernels::host::context ctx{pool};
-  model::transformer<kernels::host> m(w);
+  model::transformer<kernels::host> m(w, products);
   kv::host_storage kv(w.cfg.layers, m.kv_layout(8, 8));
   const std::vector<block_id> table{3, 1, 4, 0, 5, 2, 7, 6};
   std::vector<std::vector<float>> rows;
@@ -302,7 +303,17 @@ TEST_CASE("q4_k_m, q5_k_m and q6_k: efim-model writes llama.cpp's types and byte
         const auto w = theirs.bind();
         const auto mine = efim_logits(w, tokens), want = reference_rows(w, tokens);
         CHECK(worst(mine, want) < 1e-4f);
-        CHECK(worst(mine, llama_logits(theirs_path, tokens)) < 6e-2f);
+        const auto llama = llama_logits(theirs_path, tokens);
+        const float exact_off = worst(mine, llama);
+        CHECK(exact_off < 6e-2f);
+        // With int8 products (activations rounded as llama.cpp rounds them) within the same bound, and
+        // measured no nearer: the rest of llama.cpp's computation differs from efim's by as much (1-4%
+        // here, exact or int8; where it comes from is not traced yet).
+        if (dims == wide) {
+          const float int8_off = worst(efim_logits(w, tokens, kernels::products::int8), llama);
+          UNSCOPED_INFO("against llama.cpp: exact products " << exact_off << ", int8 products " << int8_off);
+          CHECK(int8_off < 6e-2f);
+        }
         // The greedy token at each position is the reference's wherever its top two are not within the
         // 1e-4 the logits may differ by.
         for (std::size_t i = 0; i < want.size(); ++i) {
