@@ -431,6 +431,8 @@ template <dtype T, std::size_t MR, bool Vnni>
   int8_stream256<T, MR>(row, nsb, xs, out);
 }
 
+inline constexpr std::size_t int8_prefetch_rows = 4;
+
 template <dtype T, bool Vnni>
 inline void int8_rows(const kquant::block_q8_k* xq, std::size_t m, const weight_view& w, std::size_t r0, std::size_t r1,
                       float* y, accumulate acc) {
@@ -442,6 +444,12 @@ inline void int8_rows(const kquant::block_q8_k* xq, std::size_t m, const weight_
     for (std::size_t r = r0; r < r1; ++r) {
       float out[4];
       const std::byte* row = w.data + r * rb;
+      // The row int8_prefetch_rows ahead, whole: a row streamed alone does not keep enough loads in
+      // flight (the hardware prefetchers do not follow such short runs well).
+      if (r + int8_prefetch_rows < r1) {
+        const auto* ahead = reinterpret_cast<const char*>(row + int8_prefetch_rows * rb);
+        for (std::size_t line = 0; line < rb; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+      }
       if (mr == 4)
         stream<T, 4, Vnni>(row, nsb, xs, out);
       else if (mr == 3)
@@ -478,8 +486,11 @@ inline void quantize_q8_k(const float* x, std::size_t n, kquant::block_q8_k* out
     const __m512i top = _mm512_set1_epi32(127);
     for (std::size_t g = 0; g < 16; ++g) {
       const __m512i q = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(s, _mm512_loadu_ps(x + 16 * g))), top);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(o.qs + 16 * g), _mm512_cvtepi32_epi8(q));
-      o.bsums[g] = static_cast<std::int16_t>(_mm512_reduce_add_epi32(q));
+      const __m128i bytes = _mm512_cvtepi32_epi8(q);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o.qs + 16 * g), bytes);
+      // Summed as stored (where 1 / max overflows to infinity the lanes hold INT_MIN, kept to their low
+      // byte as the scalar cast keeps nearest_int's): the scalar bsums, and no int overflow.
+      o.bsums[g] = static_cast<std::int16_t>(_mm512_reduce_add_epi32(_mm512_cvtepi8_epi32(bytes)));
     }
     o.d = 1 / iscale;
   }
