@@ -354,6 +354,15 @@ TEST_CASE("int8 products: the same bits on every path, batch and thread count, w
             }
           }
         }
+#if EFIM_KERNELS_DISPATCHED
+        // An AVX-512 CPU without VNNI (Skylake-SP) takes the AVX2 kernels inside the AVX-512 path.
+        if (kernels::detected_isa() == kernels::isa::avx512) {
+          std::vector<float> y(m * rows, std::nanf(""));
+          kernels::detail::isa_avx512::matmul_int8(two, xq.data(), w.view, y.data(), m, kernels::accumulate::no,
+                                                   /*vnni=*/false);
+          CHECK(std::memcmp(first.data(), y.data(), y.size() * sizeof(float)) == 0);
+        }
+#endif
         CHECK(off_rounded == 0);
         CHECK(off_exact == 0);
       }
@@ -365,6 +374,55 @@ TEST_CASE("int8 products: the same bits on every path, batch and thread count, w
   std::vector<float> y(3 * 9);
   kernels::matmul(two, x.data(), w.view, y.data(), 3, kernels::accumulate::no, kernels::products::int8);
   CHECK(non_canonical(x, w, y, 3) == 0);
+}
+
+TEST_CASE("int8 products at the integer limits: the largest quants, scales and activations", "[kernels][matmul][int8]") {
+  // Every quant and 6-bit scale and min at its largest (q6_k: quants 63 as stored, scales -128), and x
+  // constant, so every activation rounds to -127: the AVX2 kernels' 16-bit sums of pairs are then as
+  // large as they get (q4_k 8 x 3,810, q5_k 4 x 7,874, q6_k 2 x 16,002) and must not wrap.
+  thread_pool two(2);
+  const kernels::isa before = kernels::active_isa();
+  for (const dtype t : {dtype::q4_k, dtype::q5_k, dtype::q6_k}) {
+    const std::size_t rows = 41, cols = 512, rb = row_bytes(t, cols);
+    std::vector<std::byte> bytes(rows * rb, std::byte{0xff});
+    for (std::size_t b = 0; b < rows * cols / 256; ++b) {
+      std::byte* blk = bytes.data() + b * info(t).bytes;
+      const std::uint16_t one = f32_to_f16(1.0f);
+      if (t == dtype::q6_k) {
+        std::memset(blk + 192, 0x80, 16);
+        std::memcpy(blk + 208, &one, 2);
+      } else {
+        std::memcpy(blk, &one, 2);
+        std::memcpy(blk + 2, &one, 2);
+      }
+    }
+    const kernels::weight_view w{t, rows, cols, bytes.data()};
+    for (const std::size_t m : {1, 5, 17, 40}) {
+      INFO(to_string(t) << " m " << m);
+      const std::vector<float> x(m * cols, 0.5f);
+      std::vector<float> want(m * rows);
+      kernels::select_isa(kernels::isa::generic);
+      kernels::matmul(two, x.data(), w, want.data(), m, kernels::accumulate::no, kernels::products::int8);
+      // In double over the dequantized weights and the rounded activations: the same up to the float
+      // steps per super-block (no integer wrapped).
+      kquant::block_q8_k xq;
+      kquant::quantize(x.data(), xq);
+      CHECK(xq.qs[0] == -127);
+      std::vector<float> row(cols);
+      dequantize_row(t, bytes.data(), row.data(), cols);
+      double expect = 0;
+      for (std::size_t k = 0; k < cols; ++k) expect += static_cast<double>(row[k]) * xq.d * xq.qs[k % 256];
+      CHECK(std::abs(want[0] - expect) <= 1e-6 * std::abs(expect));
+      for (const kernels::isa path : {kernels::isa::avx2, kernels::isa::avx512}) {
+        if (kernels::select_isa(path) != path) continue;
+        INFO("path " << kernels::isa_name(path));
+        std::vector<float> y(m * rows, std::nanf(""));
+        kernels::matmul(two, x.data(), w, y.data(), m, kernels::accumulate::no, kernels::products::int8);
+        CHECK(std::memcmp(want.data(), y.data(), y.size() * sizeof(float)) == 0);
+      }
+    }
+  }
+  kernels::select_isa(before);
 }
 
 TEST_CASE("typed matmul refuses rows that are not whole blocks", "[kernels][matmul]") {

@@ -96,18 +96,23 @@ inline constexpr bool unpacked = grouped<T> && T != dtype::q8_0;
 // "staged" (its scales widened to floats once, and for q5_k and q6_k its quants built as whole bytes),
 // then its 8 groups of 32 go through the FMAs. Every value is the one dequantize_row gives.
 
-// q4_k and q5_k: a[g] = d * sc and a[8 + g] = dmin * m of group g (the exact products k_scale_min
-// gives), the 6-bit fields taken out of the 12 bytes 32 bits at a time (kquant::scale_min's layout:
-// groups 0-3 in the low 6 bits of bytes 0-7, groups 4-7 in the nibbles of bytes 8-11 with their top 2
-// bits in the top bits of bytes 0-7).
-[[gnu::always_inline]] inline void k_scales_mins(const std::byte* blk, float* a) noexcept {
+// q4_k and q5_k: the 6-bit scales of groups 0-7 in bytes 0-7 and their mins in bytes 8-15, taken out
+// of the 12 bytes 32 bits at a time (kquant::scale_min's layout: groups 0-3 in the low 6 bits of bytes
+// 0-7, groups 4-7 in the nibbles of bytes 8-11 with their top 2 bits in the top bits of bytes 0-7).
+[[gnu::always_inline]] inline __m128i k_scale_bytes(const std::byte* blk) noexcept {
   std::uint32_t u[3];
   std::memcpy(u, blk + 4, sizeof u);
   constexpr std::uint32_t low6 = 0x3f3f3f3f, low4 = 0x0f0f0f0f, top2 = 0x03030303;
   const std::uint32_t sc_high = (u[2] & low4) | (((u[0] >> 6) & top2) << 4);
   const std::uint32_t m_high = ((u[2] >> 4) & low4) | (((u[1] >> 6) & top2) << 4);
-  const __m128i v = _mm_setr_epi32(static_cast<int>(u[0] & low6), static_cast<int>(sc_high),
-                                   static_cast<int>(u[1] & low6), static_cast<int>(m_high));
+  return _mm_setr_epi32(static_cast<int>(u[0] & low6), static_cast<int>(sc_high), static_cast<int>(u[1] & low6),
+                        static_cast<int>(m_high));
+}
+
+// q4_k and q5_k: a[g] = d * sc and a[8 + g] = dmin * m of group g (the exact products k_scale_min
+// gives).
+[[gnu::always_inline]] inline void k_scales_mins(const std::byte* blk, float* a) noexcept {
+  const __m128i v = k_scale_bytes(blk);
   _mm256_storeu_ps(a, _mm256_mul_ps(_mm256_set1_ps(f16_at(blk)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v))));
   _mm256_storeu_ps(a + 8, _mm256_mul_ps(_mm256_set1_ps(f16_at(blk + 2)),
                                         _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(v, v)))));

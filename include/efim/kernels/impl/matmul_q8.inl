@@ -3,6 +3,10 @@
 // super-block is an integer, exact in any order; the floating-point steps are the same on every path,
 // in the same order (int8_step), so the bits do not depend on the path, the tile or the thread.
 
+// x rows up to which weights are streamed, not packed into panels (with and without VNNI, on a
+// Sapphire Rapids Xeon, 2048 x 768: panels 1.0-2.3x as fast from 7 or 8 rows up, slower below 5).
+inline constexpr std::size_t int8_stream_rows = 6;
+
 // Scale groups per super-block: q6_k scales 16 weights at a time, q4_k and q5_k 32.
 template <dtype T>
 inline constexpr std::size_t q8_groups = T == dtype::q6_k ? 16 : 8;
@@ -146,14 +150,7 @@ template <dtype T>
     d = f16_at(blk + 208);
     dmin = 0;
   } else {
-    std::uint32_t u[3];
-    std::memcpy(u, blk + 4, sizeof u);
-    constexpr std::uint32_t low6 = 0x3f3f3f3f, low4 = 0x0f0f0f0f, top2 = 0x03030303;
-    const std::uint32_t sc_high = (u[2] & low4) | (((u[0] >> 6) & top2) << 4);
-    const std::uint32_t m_high = ((u[2] >> 4) & low4) | (((u[1] >> 6) & top2) << 4);
-    // lanes 0-7: the 8 scales; 8-15: the 8 mins (kquant::scale_min's layout, as k_scales_mins)
-    const __m512i sm = _mm512_cvtepu8_epi32(_mm_setr_epi32(static_cast<int>(u[0] & low6), static_cast<int>(sc_high),
-                                                           static_cast<int>(u[1] & low6), static_cast<int>(m_high)));
+    const __m512i sm = _mm512_cvtepu8_epi32(k_scale_bytes(blk));  // lanes 0-7: the 8 scales; 8-15: the 8 mins
     for (std::size_t z = 0; z < 4; ++z) {
       const int a = static_cast<int>(2 * z), c = a + 1;
       scale[z] = _mm512_permutexvar_epi32(_mm512_setr_epi32(a, a, a, a, a, a, a, a, c, c, c, c, c, c, c, c), sm);
@@ -198,7 +195,6 @@ __attribute__((target("avx512vnni"))) inline void int8_stream(const std::byte* r
 // zmm register holds 16 rows' and each of its 32-bit lanes sums a different output), scales widened;
 // every tile of 4 x rows then multiplies 4 weights of 32 rows per two instructions and x row.
 inline constexpr std::size_t int8_nr = 32;
-inline constexpr std::size_t int8_stream_rows = 16;  // x rows up to which weights are streamed, not packed
 
 struct int8_panel {
   std::uint8_t* q;   // [super-block][64 quads][32 rows][4]
@@ -372,54 +368,218 @@ template <dtype T>
   }
 }
 
-// One weight row against x rows xs[0..MR), as int8_stream.
+// One weight row against x rows xs[0..MR), as int8_stream: per 32 weights one VPMADDUBSW and one
+// VPMADDWD by the scales (the second adds pairs and scales them at once), per super-block one
+// VPMADDWD of the mins against the x row's bsums, and the two sums reduced together.
 template <dtype T, std::size_t MR>
 inline void int8_stream256(const std::byte* row, std::size_t nsb, const kquant::block_q8_k* const* xs,
                            float* out) noexcept {
   std::array<float, MR> acc{};
-  const __m256i ones = _mm256_set1_epi16(1);
   for (std::size_t b = 0; b < nsb; ++b) {
     const std::byte* blk = row + b * info(T).bytes;
-    std::int32_t sc[16], sub[16];  // per 16 weights
+    // scale[t]: the 16-bit scale of each pair sum of weights [32 t, 32 t + 32); mins: the factor of
+    // each of the x row's 16 bsums.
+    __m256i scale[8], mins;
     float d, dmin = 0;
     if constexpr (T == dtype::q6_k) {
-      for (std::size_t g = 0; g < 16; ++g) {
-        sc[g] = static_cast<std::int8_t>(blk[192 + g]);
-        sub[g] = 32 * sc[g];
-      }
+      const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));
+      const __m256i sc16 = _mm256_cvtepi8_epi16(sc);
+      mins = _mm256_slli_epi16(sc16, 5);
+      alignas(32) std::int16_t s[16];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(s), sc16);
+      for (std::size_t t = 0; t < 8; ++t)
+        scale[t] = _mm256_set_m128i(_mm_set1_epi16(s[2 * t + 1]), _mm_set1_epi16(s[2 * t]));
       d = f16_at(blk + 208);
     } else {
-      for (std::size_t g = 0; g < 8; ++g) {
-        std::uint8_t s, mn;
-        kquant::scale_min(reinterpret_cast<const std::uint8_t*>(blk + 4), g, s, mn);
-        sc[2 * g] = sc[2 * g + 1] = s;
-        sub[2 * g] = sub[2 * g + 1] = mn;
-      }
+      const __m128i sm = k_scale_bytes(blk);  // bytes 0-7: the 8 scales; 8-15: the 8 mins
+      mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm));
+      alignas(16) std::uint8_t s[16];
+      _mm_store_si128(reinterpret_cast<__m128i*>(s), sm);
+      for (std::size_t t = 0; t < 8; ++t) scale[t] = _mm256_set1_epi16(s[t]);
       d = f16_at(blk);
       dmin = f16_at(blk + 2);
     }
-    __m256i w[8], scale[8];
-    for (std::size_t t = 0; t < 8; ++t) {
-      w[t] = int8_weights256<T>(blk, t);
-      scale[t] = _mm256_set_m128i(_mm_set1_epi32(sc[2 * t + 1]), _mm_set1_epi32(sc[2 * t]));
-    }
+    __m256i w[8];
+    for (std::size_t t = 0; t < 8; ++t) w[t] = int8_weights256<T>(blk, t);
     for (std::size_t i = 0; i < MR; ++i) {
       const kquant::block_q8_k& a = xs[i][b];
       __m256i v = _mm256_setzero_si256();
       for (std::size_t t = 0; t < 8; ++t) {
         const __m256i pairs = _mm256_maddubs_epi16(w[t], load(reinterpret_cast<const std::byte*>(a.qs) + 32 * t));
-        v = _mm256_add_epi32(v, _mm256_mullo_epi32(_mm256_madd_epi16(pairs, ones), scale[t]));
+        v = _mm256_add_epi32(v, _mm256_madd_epi16(pairs, scale[t]));
       }
-      __m128i h = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-      h = _mm_add_epi32(h, _mm_unpackhi_epi64(h, h));
-      h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 1));
-      const std::int32_t isum = _mm_cvtsi128_si32(h);
-      std::int32_t msum = 0;
-      for (std::size_t g = 0; g < 16; ++g) msum += sub[g] * a.bsums[g];
+      const __m256i mv = _mm256_madd_epi16(mins, load(reinterpret_cast<const std::byte*>(a.bsums)));
+      // [v0+v1, v2+v3, m0+m1, m2+m3 | v4+v5, v6+v7, m4+m5, m6+m7], then the halves, then pairs
+      const __m256i t = _mm256_hadd_epi32(v, mv);
+      __m128i h = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+      h = _mm_hadd_epi32(h, h);
+      const std::int32_t isum = _mm_cvtsi128_si32(h), msum = _mm_extract_epi32(h, 1);
       acc[i] = int8_step<T>(acc[i], d, dmin, a.d, isum, msum);
     }
   }
   for (std::size_t i = 0; i < MR; ++i) out[i] = acc[i];
+}
+
+// Many x rows without VNNI (prefill): as the VNNI panels, weight rows packed once per thread, here 8
+// rows side by side per 256-bit register (a slice), the quants of 4 consecutive weights as 4 bytes; a
+// tile of 4 x rows then costs one VPMADDUBSW per 4 weights of 8 rows and x row. Its 16-bit pair sums
+// add up in 16 bits over as many quads as cannot overflow (int16_run), then one VPMADDWD by the group's
+// scale (in both halves of each lane) adds the halves and scales them in one step.
+inline constexpr std::size_t int8_slice_rows = 8;
+inline constexpr std::size_t int8_slices = 4;  // slices per panel: a panel of 32 rows, reused by every x tile
+
+// Quads whose pair sums add in 16 bits without overflow: each pair is at most 2 * qmax * 128 in
+// magnitude (q4_k 3,840, q5_k 7,936, q6_k 16,128), so 8, 4 and 2 of them stay below 2^15.
+template <dtype T>
+inline constexpr std::size_t int16_run = T == dtype::q4_k ? 8 : T == dtype::q5_k ? 4 : 2;
+
+struct int8_slice {
+  std::uint8_t* q;   // [super-block][64 quads][8 rows][4]
+  std::int32_t* sc;  // [super-block][group][8 rows]: the group's scale in both 16-bit halves
+  std::int32_t* mn;  // [super-block][8 pairs][8 rows]: the subtrahend factors of bsums 2p and 2p + 1
+  float* d;          // [super-block][8 rows]
+  float* dmin;       // [super-block][8 rows]
+};
+
+// A 32-bit lane holding lo in its low 16 bits and hi in its high 16 bits (VPMADDWD's pair).
+inline std::int32_t int16_pair(std::int16_t lo, std::int16_t hi) noexcept {
+  return static_cast<std::int32_t>(static_cast<std::uint32_t>(static_cast<std::uint16_t>(lo)) |
+                                   (static_cast<std::uint32_t>(static_cast<std::uint16_t>(hi)) << 16));
+}
+
+// Rows p0 .. p0 + nc of w (nc <= 32; past nc the last row repeats, not stored) packed into slices
+// s[0 .. ceil(nc / 8)).
+template <dtype T>
+inline void int8_pack256(const weight_view& w, std::size_t p0, std::size_t nc, std::size_t nsb, int8_slice* s) {
+  constexpr std::size_t G = q8_groups<T>, R = int8_slice_rows;
+  const std::size_t slices = (nc + R - 1) / R;
+  const std::size_t quant_bytes = nsb * qk_k * R, ints = nsb * G * R, pairs = nsb * 8 * R, floats = nsb * R;
+  const std::size_t per_slice = quant_bytes / 4 + ints + pairs + 2 * floats;  // in 4-byte units
+  float* base = panel_scratch(slices * per_slice);
+  const std::size_t rb = row_bytes(T, w.cols);
+  for (std::size_t k = 0; k < slices; ++k) {
+    float* at = base + k * per_slice;
+    int8_slice& p = s[k];
+    p.q = reinterpret_cast<std::uint8_t*>(at);
+    p.sc = reinterpret_cast<std::int32_t*>(at + quant_bytes / 4);
+    p.mn = p.sc + ints;
+    p.d = reinterpret_cast<float*>(p.mn + pairs);
+    p.dmin = p.d + floats;
+    for (std::size_t r = 0; r < R; ++r) {
+      const std::byte* row = w.data + (p0 + std::min(k * R + r, nc - 1)) * rb;
+      for (std::size_t b = 0; b < nsb; ++b) {
+        const std::byte* blk = row + b * info(T).bytes;
+        std::uint8_t* dst = p.q + b * qk_k * R + 4 * r;
+        for (std::size_t t = 0; t < 8; ++t) {
+          alignas(32) std::uint8_t quads[32];
+          _mm256_store_si256(reinterpret_cast<__m256i*>(quads), int8_weights256<T>(blk, t));
+          for (std::size_t l = 0; l < 8; ++l) std::memcpy(dst + (8 * t + l) * 4 * R, quads + 4 * l, 4);
+        }
+        std::int16_t sc[G], mn[16];  // mn: the factor of each bsums entry (16 weights)
+        if constexpr (T == dtype::q6_k) {
+          for (std::size_t g = 0; g < 16; ++g) {
+            sc[g] = static_cast<std::int8_t>(blk[192 + g]);
+            mn[g] = static_cast<std::int16_t>(32 * sc[g]);
+          }
+          p.d[b * R + r] = f16_at(blk + 208);
+          p.dmin[b * R + r] = 0;
+        } else {
+          alignas(16) std::uint8_t sm[16];  // the 8 scales, then the 8 mins
+          _mm_store_si128(reinterpret_cast<__m128i*>(sm), k_scale_bytes(blk));
+          for (std::size_t g = 0; g < 8; ++g) {
+            sc[g] = sm[g];
+            mn[2 * g] = mn[2 * g + 1] = sm[8 + g];
+          }
+          p.d[b * R + r] = f16_at(blk);
+          p.dmin[b * R + r] = f16_at(blk + 2);
+        }
+        for (std::size_t g = 0; g < G; ++g) p.sc[(b * G + g) * R + r] = int16_pair(sc[g], sc[g]);
+        for (std::size_t q = 0; q < 8; ++q) p.mn[(b * 8 + q) * R + r] = int16_pair(mn[2 * q], mn[2 * q + 1]);
+      }
+    }
+  }
+}
+
+[[gnu::always_inline]] inline __m256i broadcast4(const void* p) noexcept {
+  std::int32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return _mm256_set1_epi32(v);
+}
+
+// out[i][j] (out[i * 8 + j], 32-byte aligned) for x rows xs[0 .. MR) against the slice's 8 rows. The
+// sums in floats stay in `out` between super-blocks (16 registers hold the integer sums and operands).
+template <dtype T, std::size_t MR>
+inline void int8_tile256(const int8_slice& p, std::size_t nsb, const kquant::block_q8_k* const* xs,
+                         float* out) noexcept {
+  constexpr std::size_t G = q8_groups<T>, R = int8_slice_rows, quads = qk_k / G / 4, run = int16_run<T>;
+  static_assert(quads % run == 0);
+  for (std::size_t i = 0; i < MR; ++i) _mm256_store_ps(out + i * R, _mm256_setzero_ps());
+  for (std::size_t b = 0; b < nsb; ++b) {
+    const std::uint8_t* wq = p.q + b * qk_k * R;
+    __m256i is[MR];
+    for (std::size_t i = 0; i < MR; ++i) is[i] = _mm256_setzero_si256();
+    for (std::size_t g = 0; g < G; ++g) {
+      const __m256i sc = _mm256_load_si256(reinterpret_cast<const __m256i*>(p.sc + (b * G + g) * R));
+      for (std::size_t u0 = 0; u0 < quads; u0 += run) {
+        __m256i s[MR];
+        for (std::size_t i = 0; i < MR; ++i) s[i] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+        for (std::size_t u = u0; u < u0 + run; ++u) {
+          const std::size_t quad = g * quads + u;
+          const __m256i wv = _mm256_load_si256(reinterpret_cast<const __m256i*>(wq + quad * 4 * R));
+          for (std::size_t i = 0; i < MR; ++i)
+            s[i] = _mm256_add_epi16(s[i], _mm256_maddubs_epi16(wv, broadcast4(xs[i][b].qs + 4 * quad)));
+        }
+        for (std::size_t i = 0; i < MR; ++i) is[i] = _mm256_add_epi32(is[i], _mm256_madd_epi16(s[i], sc));
+      }
+    }
+    const __m256 d = _mm256_load_ps(p.d + b * R), dmin = _mm256_load_ps(p.dmin + b * R);
+    for (std::size_t i = 0; i < MR; ++i) {
+      __m256i ms = _mm256_setzero_si256();
+      for (std::size_t q = 0; q < 8; ++q) {
+        const __m256i mn = _mm256_load_si256(reinterpret_cast<const __m256i*>(p.mn + (b * 8 + q) * R));
+        ms = _mm256_add_epi32(ms, _mm256_madd_epi16(mn, broadcast4(xs[i][b].bsums + 2 * q)));
+      }
+      const __m256 da = _mm256_set1_ps(xs[i][b].d);
+      __m256 f = _mm256_load_ps(out + i * R);
+      if constexpr (T == dtype::q6_k) {
+        f = _mm256_fmadd_ps(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(_mm256_sub_epi32(is[i], ms)), f);
+      } else {
+        f = _mm256_fmadd_ps(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(is[i]), f);
+        f = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, da), _mm256_cvtepi32_ps(ms), f);
+      }
+      _mm256_store_ps(out + i * R, f);
+    }
+  }
+}
+
+template <dtype T>
+inline void int8_panels256(const kquant::block_q8_k* xq, std::size_t m, const weight_view& w, std::size_t r0,
+                           std::size_t r1, float* y, accumulate acc) {
+  constexpr std::size_t R = int8_slice_rows, panel = R * int8_slices;
+  const std::size_t nsb = w.cols / qk_k;
+  for (std::size_t p0 = r0; p0 < r1; p0 += panel) {
+    const std::size_t nc = std::min(panel, r1 - p0), slices = (nc + R - 1) / R;
+    int8_slice s[int8_slices];
+    int8_pack256<T>(w, p0, nc, nsb, s);
+    for (std::size_t i0 = 0; i0 < m; i0 += 4) {
+      const std::size_t mr = std::min<std::size_t>(4, m - i0);
+      const kquant::block_q8_k* xs[4];
+      for (std::size_t i = 0; i < 4; ++i) xs[i] = xq + std::min(i0 + i, m - 1) * nsb;
+      for (std::size_t k = 0; k < slices; ++k) {
+        alignas(32) float out[4 * R];
+        if (mr == 4)
+          int8_tile256<T, 4>(s[k], nsb, xs, out);
+        else if (mr == 3)
+          int8_tile256<T, 3>(s[k], nsb, xs, out);
+        else if (mr == 2)
+          int8_tile256<T, 2>(s[k], nsb, xs, out);
+        else
+          int8_tile256<T, 1>(s[k], nsb, xs, out);
+        store_tile(out, R, y + i0 * w.rows + p0 + k * R, w.rows, mr, std::min(R, nc - k * R), acc);
+      }
+    }
+  }
 }
 
 template <dtype T, std::size_t MR, bool Vnni>
@@ -523,6 +683,14 @@ inline void matmul_int8_typed(thread_pool& pool, const kquant::block_q8_k* xq, c
 #endif
   (void)vnni;
 #if EFIM_K_AVX512 || EFIM_K_AVX2
+  if (m > int8_stream_rows) {
+    constexpr std::size_t panel = int8_slice_rows * int8_slices;
+    const std::size_t units = (w.rows + panel - 1) / panel;
+    pool.parallel_for(units, [&](std::size_t b, std::size_t e) {
+      int8_panels256<T>(xq, m, w, b * panel, std::min(e * panel, w.rows), y, acc);
+    });
+    return;
+  }
   const std::size_t units = (w.rows + 15) / 16;
   pool.parallel_for(
       units,
