@@ -20,9 +20,10 @@
 //   run over lanes 0-7 and then 8-15 (12 sums in registers at a time), f16 weights read where they are
 //   stored and widened in registers.
 // - generic: each panel dequantized, then multiplied by dot_tile (GCC vectors).
-// With products::int8 (impl/matmul_q8.inl): AVX-512 VNNI packs panels of 32 weight rows for prefill and
-// streams super-blocks unpacked in registers for decode; AVX2 streams with VPMADDUBSW; generic is the
-// one-output-at-a-time reference. All give the reference's bits.
+// With products::int8 (impl/matmul_q8.inl): AVX-512 VNNI packs panels of 32 weight rows for more than 6
+// x rows and streams super-blocks unpacked in registers for fewer; AVX2 (and AVX-512 without VNNI) does
+// the same in 256-bit registers with VPMADDUBSW and VPMADDWD; generic is the one-output-at-a-time
+// reference. All give the reference's bits.
 #include <algorithm>
 #include <cstddef>
 #include <vector>
