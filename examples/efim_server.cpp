@@ -71,7 +71,7 @@ engine
   --kv TYPE                KV cache elements: f16 or f32 (f16)
   --products P             exact, or int8: k-quant weights (q4_k, q5_k, q6_k) multiply activations
                            rounded to 8 bits, as llama.cpp does (prefill about 1.8x faster with
-                           AVX-512 VNNI, 1.4x with AVX2; logits within about 1% of the exact ones)
+                           AVX-512 VNNI, 1.5x with AVX2; logits within about 1% of the exact ones)
                            (exact)
   --eviction NAME          cache eviction: lru, fifo, lfu (lru)
   --format NAME            prompt layout: efim, psm, spm (efim)
