@@ -376,7 +376,8 @@ TEST_CASE("int8 products: the same bits on every path, batch and thread count, w
   CHECK(non_canonical(x, w, y, 3) == 0);
 }
 
-TEST_CASE("int8 products at the integer limits: the largest quants, scales and activations", "[kernels][matmul][int8]") {
+TEST_CASE("int8 products at the integer limits: the largest quants, scales and activations",
+          "[kernels][matmul][int8]") {
   // Every quant and 6-bit scale and min at its largest (q6_k: quants 63 as stored, scales -128), and x
   // constant, so every activation rounds to -127: the AVX2 kernels' 16-bit sums of pairs are then as
   // large as they get (q4_k 8 x 3,810, q5_k 4 x 7,874, q6_k 2 x 16,002) and must not wrap.
@@ -397,21 +398,23 @@ TEST_CASE("int8 products at the integer limits: the largest quants, scales and a
       }
     }
     const kernels::weight_view w{t, rows, cols, bytes.data()};
+    // Every output in double over the dequantized weights and the rounded activations (all rows and x
+    // rows are alike): the reference's up to the float steps per super-block, as no integer wrapped.
+    std::vector<kquant::block_q8_k> xq(cols / 256);
+    const std::vector<float> x_row(cols, 0.5f);
+    for (std::size_t b = 0; b < xq.size(); ++b) kquant::quantize(x_row.data() + 256 * b, xq[b]);
+    CHECK(xq[0].qs[0] == -127);
+    std::vector<float> row(cols);
+    dequantize_row(t, bytes.data(), row.data(), cols);
+    double expect = 0;
+    for (std::size_t k = 0; k < cols; ++k)
+      expect += static_cast<double>(row[k]) * xq[k / 256].d * xq[k / 256].qs[k % 256];
     for (const std::size_t m : {1, 5, 17, 40}) {
       INFO(to_string(t) << " m " << m);
       const std::vector<float> x(m * cols, 0.5f);
       std::vector<float> want(m * rows);
       kernels::select_isa(kernels::isa::generic);
       kernels::matmul(two, x.data(), w, want.data(), m, kernels::accumulate::no, kernels::products::int8);
-      // In double over the dequantized weights and the rounded activations: the same up to the float
-      // steps per super-block (no integer wrapped).
-      kquant::block_q8_k xq;
-      kquant::quantize(x.data(), xq);
-      CHECK(xq.qs[0] == -127);
-      std::vector<float> row(cols);
-      dequantize_row(t, bytes.data(), row.data(), cols);
-      double expect = 0;
-      for (std::size_t k = 0; k < cols; ++k) expect += static_cast<double>(row[k]) * xq.d * xq.qs[k % 256];
       CHECK(std::abs(want[0] - expect) <= 1e-6 * std::abs(expect));
       for (const kernels::isa path : {kernels::isa::avx2, kernels::isa::avx512}) {
         if (kernels::select_isa(path) != path) continue;
@@ -420,6 +423,17 @@ TEST_CASE("int8 products at the integer limits: the largest quants, scales and a
         kernels::matmul(two, x.data(), w, y.data(), m, kernels::accumulate::no, kernels::products::int8);
         CHECK(std::memcmp(want.data(), y.data(), y.size() * sizeof(float)) == 0);
       }
+#if EFIM_KERNELS_DISPATCHED
+      // The AVX2 kernels inside the AVX-512 path, as an AVX-512 CPU without VNNI runs them.
+      if (kernels::detected_isa() == kernels::isa::avx512) {
+        std::vector<kquant::block_q8_k> xs(m * xq.size());
+        for (std::size_t i = 0; i < xs.size(); ++i) xs[i] = xq[i % xq.size()];
+        std::vector<float> y(m * rows, std::nanf(""));
+        kernels::detail::isa_avx512::matmul_int8(two, xs.data(), w, y.data(), m, kernels::accumulate::no,
+                                                 /*vnni=*/false);
+        CHECK(std::memcmp(want.data(), y.data(), y.size() * sizeof(float)) == 0);
+      }
+#endif
     }
   }
   kernels::select_isa(before);
