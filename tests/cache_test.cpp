@@ -13,6 +13,7 @@
 #include "efim/cache/clock.hpp"
 #include "efim/cache/eviction.hpp"
 #include "efim/cache/manager.hpp"
+#include "efim/cache/xxhash.hpp"
 #include "efim/core/error.hpp"
 #include "efim/core/random.hpp"
 
@@ -53,6 +54,30 @@ struct mru {
   std::map<std::pair<cache::tick, block_id>, block_id> order_;
 };
 static_assert(cache::eviction_policy<mru>);
+
+// Hashers a user might write badly: a block's key from its own tokens alone (the parent and the extra
+// keys ignored), and one key for every block. The manager must never give a wrong hit with either.
+struct parent_ignoring_hash {
+  using hash_type = std::uint64_t;
+  static hash_type root(const extra_keys&) noexcept { return 0; }
+  static hash_type chain(const hash_type&, std::span<const token_id> tokens) noexcept {
+    return XXH3_64bits(tokens.data(), tokens.size_bytes());
+  }
+  static std::size_t bucket(const hash_type& h) noexcept { return static_cast<std::size_t>(h); }
+};
+struct constant_hash {
+  using hash_type = std::uint64_t;
+  static hash_type root(const extra_keys&) noexcept { return 1; }
+  static hash_type chain(const hash_type&, std::span<const token_id>) noexcept { return 1; }
+  static std::size_t bucket(const hash_type& h) noexcept { return static_cast<std::size_t>(h); }
+};
+static_assert(cache::block_hasher<parent_ignoring_hash> && cache::block_hasher<constant_hash>);
+
+std::vector<token_id> concat(std::initializer_list<std::vector<token_id>> parts) {
+  std::vector<token_id> out;
+  for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
+  return out;
+}
 }  // namespace
 
 TEMPLATE_TEST_CASE("block hashes chain the parent and the extra keys", "[cache][hash]", cache::xxh3_64_chain,
@@ -297,6 +322,37 @@ TEST_CASE("tenants with different salts never share a block", "[cache][manager][
   m.release(b);
 }
 
+TEST_CASE("a hasher that ignores the parent and the extra keys never gives a wrong hit", "[cache][manager][hash]") {
+  cache::manager<parent_ignoring_hash, cache::lru> m({4, 32, true});
+  const auto w = iota_tokens(4, 0), z = iota_tokens(4, 10), q = iota_tokens(4, 20), one = iota_tokens(1, 30);
+  auto a = admit_and_compute(m, concat({w, z, q, one}), 0, {7, 0, "tenant-a"});
+  CHECK(m.cached_blocks() == 3);
+  // The same prefix under the same keys: every block.
+  CHECK(m.plan(concat({w, z, q, one}), 13, {7, 0, "tenant-a"}).hit_tokens == 12);
+  // z's key is in the index (it ignores the parent), but z's KV was computed after w: no hit.
+  CHECK(m.plan(concat({z, q, one}), 9, {7, 0, "tenant-a"}).hit_tokens == 0);
+  CHECK(m.plan(concat({w, q, one}), 9, {7, 0, "tenant-a"}).hit_tokens == 4);
+  // The hasher ignores the extra keys: another tenant, model or adapter still finds nothing.
+  CHECK(m.plan(concat({w, z, one}), 9, {7, 0, "tenant-b"}).hit_tokens == 0);
+  CHECK(m.plan(concat({w, z, one}), 9, {8, 0, "tenant-a"}).hit_tokens == 0);
+  CHECK(m.plan(concat({w, z, one}), 9, {7, 1, "tenant-a"}).hit_tokens == 0);
+  // A sequence whose blocks collide with indexed ones of another prefix computes and keeps its own;
+  // the index keeps the first, and each prefix finds only its own.
+  auto b = admit_and_compute(m, concat({z, w, one}), 0, {7, 0, "tenant-a"});
+  CHECK(b.hit_tokens == 0);
+  for (const block_id x : a.table)
+    for (const block_id y : b.table) CHECK(x != y);
+  CHECK(m.plan(concat({z, w, one}), 9, {7, 0, "tenant-a"}).hit_tokens == 0);
+  CHECK(m.plan(concat({w, z, one}), 9, {7, 0, "tenant-a"}).hit_tokens == 8);
+  m.release(a);
+  m.release(b);
+  // Once the first prefix's blocks are gone, the second's can be indexed and found.
+  cache::manager<parent_ignoring_hash, cache::lru> fresh({4, 32, true});
+  auto c = admit_and_compute(fresh, concat({z, w, one}), 0, {7, 0, "tenant-a"});
+  CHECK(fresh.plan(concat({z, w, one}), 9, {7, 0, "tenant-a"}).hit_tokens == 8);
+  fresh.release(c);
+}
+
 TEST_CASE("reuse off: no hits, nothing indexed", "[cache][manager]") {
   cache::manager<cache::xxh3_128_chain, cache::lru> m({4, 16, false});
   auto a = admit_and_compute(m, iota_tokens(12));
@@ -306,14 +362,23 @@ TEST_CASE("reuse off: no hits, nothing indexed", "[cache][manager]") {
   CHECK(m.free_blocks() == 16);
 }
 
-TEST_CASE("random workload: referenced blocks are never reused, hits always hold their tokens", "[cache][manager]") {
-  // Shadow KV: what each block holds. Computing a block writes its tokens; a hit must read them back.
+TEMPLATE_TEST_CASE("random workload: referenced blocks are never reused, a hit's KV is always its prefix's",
+                   "[cache][manager]", cache::xxh3_64_chain, cache::xxh3_128_chain, parent_ignoring_hash,
+                   constant_hash) {
+  // Shadow KV: what each block's KV was computed from (the extra keys and every token up to the
+  // block's end). Computing a block writes it; a hit must read back exactly the prompt's.
+  using manager = cache::manager<TestType, cache::lru>;
   constexpr std::size_t bs = 4, blocks = 40;
-  cache::manager<cache::xxh3_64_chain, cache::lru> m({bs, blocks, true});
-  std::vector<std::vector<token_id>> shadow(blocks);
+  manager m({bs, blocks, true});
+  struct kv_source {
+    std::string salt;
+    std::vector<token_id> prefix;
+    bool operator==(const kv_source&) const = default;
+  };
+  std::vector<kv_source> shadow(blocks);
   struct live {
     std::vector<token_id> tokens;
-    cache::manager<cache::xxh3_64_chain, cache::lru>::sequence seq;
+    typename manager::sequence seq;
   };
   std::vector<live> running;
   rng r(2024);
@@ -324,32 +389,31 @@ TEST_CASE("random workload: referenced blocks are never reused, hits always hold
       running.erase(running.begin() + static_cast<std::ptrdiff_t>(i));
       continue;
     }
-    // Prompts share prefixes drawn from a few stems, so hits and evictions both happen.
+    // Prompts share prefixes drawn from a few stems and blocks of a few values, under two salts, so
+    // hits, evictions, and blocks equal to another prefix's all happen.
     std::vector<token_id> tokens;
     const token_id stem = static_cast<token_id>(r.below(4));
     const std::size_t len = 1 + r.below(30);
     for (std::size_t i = 0; i < len; ++i)
-      tokens.push_back(i < len / 2 ? stem * 100 + static_cast<token_id>(i) : static_cast<token_id>(r.below(3)));
-    const auto plan = m.plan(tokens, tokens.size());
+      tokens.push_back(i < len / 2 ? stem * 100 + static_cast<token_id>(i % 8) : static_cast<token_id>(r.below(3)));
+    const std::string salt = r.below(4) == 0 ? "tenant-b" : "";
+    const auto source = [&](std::size_t end) {
+      return kv_source{salt, std::vector<token_id>(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(end))};
+    };
+    const auto plan = m.plan(tokens, tokens.size(), {0, 0, salt});
     if (!plan.fits) continue;
     auto seq = m.admit(plan);
-    for (std::size_t b = 0; b < plan.hits.size(); ++b)
-      REQUIRE(shadow[seq.table[b]] ==
-              std::vector<token_id>(tokens.begin() + static_cast<std::ptrdiff_t>(b * bs),
-                                    tokens.begin() + static_cast<std::ptrdiff_t>((b + 1) * bs)));
+    for (std::size_t b = 0; b < plan.hits.size(); ++b) REQUIRE(shadow[seq.table[b]] == source((b + 1) * bs));
     // No block of this sequence that it must compute is held by a running sequence.
     for (std::size_t b = plan.hits.size(); b < seq.table.size(); ++b)
       for (const auto& other : running)
         REQUIRE(std::find(other.seq.table.begin(), other.seq.table.end(), seq.table[b]) == other.seq.table.end());
-    for (std::size_t b = plan.hits.size(); b < seq.table.size(); ++b) {
-      const std::size_t begin = b * bs, end = std::min(tokens.size(), begin + bs);
-      shadow[seq.table[b]].assign(tokens.begin() + static_cast<std::ptrdiff_t>(begin),
-                                  tokens.begin() + static_cast<std::ptrdiff_t>(end));
-    }
+    for (std::size_t b = plan.hits.size(); b < seq.table.size(); ++b)
+      shadow[seq.table[b]] = source(std::min(tokens.size(), (b + 1) * bs));
     m.commit(seq, tokens, tokens.size());
     running.push_back({tokens, std::move(seq)});
   }
-  CHECK(m.stats().hit_tokens > 0);
+  if constexpr (!std::is_same_v<TestType, constant_hash>) CHECK(m.stats().hit_tokens > 0);
   CHECK(m.stats().evicted_blocks > 0);
   for (auto& l : running) m.release(l.seq);
   CHECK(m.free_blocks() + m.evictable_blocks() == blocks);

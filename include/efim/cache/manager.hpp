@@ -4,11 +4,20 @@
 //
 // Mutations go through plan() (no side effect) then admit(), so a request that does not fit
 // changes nothing.
+//
+// A hit never rests on the hasher alone (a user-supplied policy): the index only finds candidates by
+// key, and a candidate block is a hit when its own tokens equal the prompt's, the block before it is
+// the one the lookup has just verified (each indexed block records the identity of the block whose KV
+// it was computed after: a number never reused), and, for a first block, the extra keys (model,
+// adapter, salt) it was computed under equal the prompt's byte for byte. So a hasher that ignores the
+// parent or the extra keys, or one whose keys collide, loses hits but never serves KV computed after
+// another prefix.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -38,12 +47,18 @@ struct cache_stats {
   }
 };
 
+// Where a block's KV sits in the chain of prefixes: a number given to a block when it is indexed and
+// never given again (0: before the first block), so that a block can name the one it follows.
+using chain_node = std::uint64_t;
+
 // The blocks a sequence holds. Block i covers positions [i * block_size, (i + 1) * block_size).
 template <class Hash>
 struct sequence_blocks {
   std::vector<block_id> table;
-  std::vector<Hash> hashes;  // keys of the leading blocks already cached (hits, then commits)
-  Hash root{};               // the chain's start, from the extra keys
+  std::vector<Hash> hashes;        // keys of the leading blocks already cached (hits, then commits)
+  std::vector<chain_node> nodes;   // their places in the chain (parallel to hashes)
+  Hash root{};                     // the chain's start, from the extra keys
+  std::string root_keys;           // the extra keys, byte for byte (verified on a first block's hit)
   std::size_t hit_tokens = 0;
 };
 
@@ -52,7 +67,9 @@ template <class Hash>
 struct admission {
   std::vector<block_id> hits;  // cached blocks of the prompt's prefix, in order
   std::vector<Hash> hit_hashes;
+  std::vector<chain_node> hit_nodes;
   Hash root{};
+  std::string root_keys;
   std::size_t hit_tokens = 0;
   std::size_t query_tokens = 0;
   std::size_t new_blocks = 0;  // blocks to take from the free list or by eviction
@@ -90,20 +107,24 @@ class manager {
 
     plan_type p;
     p.root = H::root(keys);
+    p.root_keys = identity(keys);
     p.query_tokens = prompt.size();
     p.version = version_;
     std::size_t idle_hits = 0;
     if (options_.reuse && lookup) {
       hash_type parent = p.root;
+      chain_node parent_node = 0;
       for (std::size_t i = 0; (i + 1) * bs < prompt.size(); ++i) {
         const auto tokens = prompt.subspan(i * bs, bs);
         const hash_type h = H::chain(parent, tokens);
         const auto it = index_.find(h);
-        if (it == index_.end() || !std::ranges::equal(tokens, stored_tokens(it->second))) break;
+        if (it == index_.end() || !follows(it->second, tokens, parent_node, p.root_keys)) break;
         p.hits.push_back(it->second);
         p.hit_hashes.push_back(h);
+        p.hit_nodes.push_back(entries_[it->second].node);
         if (pool_.ref_count(it->second) == 0) ++idle_hits;
         parent = h;
+        parent_node = entries_[it->second].node;
       }
     }
     p.hit_tokens = p.hits.size() * bs;
@@ -118,7 +139,7 @@ class manager {
     require(p.fits, errc::out_of_blocks, "cache: not enough free or evictable blocks for this sequence");
     ++version_;
     const tick now = clock_.now();
-    sequence s{{}, p.hit_hashes, p.root, p.hit_tokens};
+    sequence s{{}, p.hit_hashes, p.hit_nodes, p.root, p.root_keys, p.hit_tokens};
     s.table.reserve(p.hits.size() + p.new_blocks);
     for (const block_id b : p.hits) {
       if (pool_.ref_count(b) == 0) eviction_.erase(b);
@@ -146,17 +167,27 @@ class manager {
     for (std::size_t i = s.hashes.size(); (i + 1) * bs <= computed; ++i) {
       const auto block = tokens.subspan(i * bs, bs);
       const hash_type h = H::chain(i == 0 ? s.root : s.hashes[i - 1], block);
+      const chain_node parent = i == 0 ? 0 : s.nodes[i - 1];
       const block_id b = s.table[i];
-      // If another sequence computed the same block first, its copy stays the indexed one.
-      if (index_.emplace(h, b).second) {
+      const auto [it, inserted] = index_.emplace(h, b);
+      chain_node node = 0;
+      if (inserted) {
         auto& e = entries_[b];
         e.indexed = true;
         e.hash = h;
+        e.node = node = ++last_node_;
+        e.parent = parent;
+        e.root_keys = i == 0 ? s.root_keys : std::string();
         e.stats = {now, now, 1, static_cast<std::uint32_t>(i)};
         std::ranges::copy(block, block_tokens_.begin() + static_cast<std::ptrdiff_t>(b * bs));
         ++stats_.indexed_blocks;
+      } else if (follows(it->second, block, parent, s.root_keys)) {
+        node = entries_[it->second].node;  // another sequence computed the same block first: its copy stays indexed
+      } else {
+        node = ++last_node_;  // the key is another prefix's (a weak hasher): this block stays out of the index
       }
       s.hashes.push_back(h);
+      s.nodes.push_back(node);
     }
   }
 
@@ -192,6 +223,9 @@ class manager {
   struct entry {
     bool indexed = false;
     hash_type hash{};
+    chain_node node = 0;    // this block's place in the chain (while indexed)
+    chain_node parent = 0;  // the place of the block its KV was computed after (0: a first block)
+    std::string root_keys;  // a first block's extra keys, byte for byte
     block_stats stats;
   };
   struct bucket_of {
@@ -208,6 +242,24 @@ class manager {
     return std::span(block_tokens_).subspan(b * options_.block_size, options_.block_size);
   }
 
+  // Whether indexed block `b` holds the KV of `tokens` computed after the chain place `parent` (for
+  // a first block: under the extra keys `root_keys`), whatever the hasher said.
+  bool follows(block_id b, std::span<const token_id> tokens, chain_node parent, std::string_view root_keys) const {
+    const entry& e = entries_[b];
+    return e.parent == parent && (parent != 0 || e.root_keys == root_keys) &&
+           std::ranges::equal(tokens, stored_tokens(b));
+  }
+
+  // The extra keys as bytes: equal bytes, equal keys.
+  static std::string identity(const extra_keys& k) {
+    std::string s(2 * sizeof(std::uint64_t), '\0');
+    for (std::size_t i = 0; i < sizeof(std::uint64_t); ++i) {
+      s[i] = static_cast<char>(k.model >> (8 * i));
+      s[sizeof(std::uint64_t) + i] = static_cast<char>(k.adapter >> (8 * i));
+    }
+    return s += k.salt;
+  }
+
   block_id take_block() {
     if (const auto b = pool_.allocate()) return *b;
     const auto victim = eviction_.pop();
@@ -215,6 +267,7 @@ class manager {
     auto& e = entries_[*victim];
     index_.erase(e.hash);
     e.indexed = false;
+    e.root_keys.clear();
     pool_.retain(*victim);
     ++stats_.evicted_blocks;
     return *victim;
@@ -229,6 +282,7 @@ class manager {
   C clock_;
   cache_stats stats_;
   std::uint64_t version_ = 0;
+  chain_node last_node_ = 0;
 };
 
 }  // namespace efim::cache
