@@ -67,6 +67,7 @@ struct options {
   efim::dtype weight_type = efim::dtype::f16;
   efim::dtype kv_type = efim::dtype::f32;
   std::size_t heal_tokens = 0;
+  std::vector<efim::engine::preparation> prepare{efim::engine::preparation::caller};
   std::uint64_t seed = 42;
   bool progress = true;
   // Over HTTP: (scheme name, server URL) pairs, the API they speak, the keystroke workload.
@@ -99,6 +100,10 @@ engine
   --cache-blocks N        KV blocks in the cache (8192)
   --batch-tokens N        tokens computed per engine step (512)
   --heal-tokens K         token healing of the text before the cursor, at most K tokens (0: off)
+  --prepare WHERE         where requests are prepared (tokenized, matched to their session, laid out):
+                          caller (each user's thread, as efim-server does), engine (the engine thread,
+                          between steps), or both (each scheme twice, the engine runs named NAME@engine)
+                          (caller); the table of the engine thread's time says what it cost
 model
   --model FILE            a GGUF model file (its weights and its tokenizer, which needs FIM tokens)
   --kv TYPE               KV cache elements: f32 or f16 (f32)
@@ -227,6 +232,15 @@ options parse(int argc, char** argv) {
           o.model.ffn = parse_count(flag, v);
         } else if (flag == "--seed") {
           o.seed = parse_count(flag, v, 0);
+        } else if (flag == "--prepare") {
+          if (v == "caller")
+            o.prepare = {efim::engine::preparation::caller};
+          else if (v == "engine")
+            o.prepare = {efim::engine::preparation::engine};
+          else if (v == "both")
+            o.prepare = {efim::engine::preparation::caller, efim::engine::preparation::engine};
+          else
+            fail("--prepare must be caller, engine or both, not '" + v + "'");
         } else if (flag == "--heal-tokens") {
           o.heal_tokens = parse_count(flag, v, 0);
         } else if (flag == "--model") {
@@ -388,6 +402,7 @@ struct scheme_result {
   std::vector<sample> samples;
   double wall_s = 0;
   efim::cache::cache_stats cache;
+  std::optional<efim::engine::runner_stats> engine_thread;  // in-process runs
 };
 
 double percentile(std::vector<double> v, double p) {
@@ -427,6 +442,17 @@ json summarize(const scheme_result& r) {
   j["healed_tokens"] = healed;
   j["wall_s"] = r.wall_s;
   j["evicted_blocks"] = r.cache.evicted_blocks;
+  if (const auto& e = r.engine_thread) {
+    const double steps = static_cast<double>(std::max<std::uint64_t>(e->steps, 1));
+    j["engine_thread"] = {{"steps", e->steps},
+                          {"requests", e->requests},
+                          {"step_ms", e->step_ms},
+                          {"prepare_ms", e->prepare_ms},
+                          {"enqueue_ms", e->enqueue_ms},
+                          {"mean_step_ms", e->step_ms / steps},
+                          {"mean_request_ms_per_step", (e->prepare_ms + e->enqueue_ms) / steps},
+                          {"request_share", e->request_share()}};
+  }
   // Keystrokes after a session's first request: what each computed against what it added.
   std::vector<double> computed, typed, over, keystroke_latency;
   for (const auto& x : r.samples)
@@ -461,7 +487,7 @@ using bench_pipeline = efim::engine::pipeline<Format, efim::cache::xxh3_128_chai
 template <class Format, class Tokenizer>
 scheme_result run_scheme(const std::string& name, bool reuse, const options& o, const Tokenizer& tok,
                          const efim::prompt::fim_token_set& fim, const efim::model::weights& w,
-                         const std::vector<document>& docs) {
+                         const std::vector<document>& docs, efim::engine::preparation prepare) {
   efim::engine::pipeline_options po;
   po.cache = {o.block_size, o.cache_blocks, reuse};
   po.schedule.max_batch_tokens = o.batch_tokens;
@@ -477,14 +503,14 @@ scheme_result run_scheme(const std::string& name, bool reuse, const options& o, 
   for (const auto& d : docs) work.push_back(rounds_of(d, o.rounds));
   const std::size_t total = work.size() * o.rounds;
 
-  scheme_result result{name, {}, 0, {}};
+  scheme_result result{name, {}, 0, {}, std::nullopt};
   std::mutex mutex;
   std::atomic<std::size_t> done{0};
   std::optional<std::string> failure;
   const bool tty = isatty(STDERR_FILENO);
   const auto start = std::chrono::steady_clock::now();
   {
-    efim::engine::async_runner<bench_pipeline<Format, Tokenizer>> runner(p);
+    efim::engine::async_runner<bench_pipeline<Format, Tokenizer>> runner(p, {.prepare = prepare});
     std::vector<std::thread> users;
     for (std::size_t u = 0; u < o.users; ++u)
       users.emplace_back([&, u] {
@@ -520,6 +546,7 @@ scheme_result run_scheme(const std::string& name, bool reuse, const options& o, 
           }
       });
     for (auto& t : users) t.join();
+    result.engine_thread = runner.stats();
   }
   result.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (o.progress && tty) std::cerr << "\n";
@@ -579,6 +606,31 @@ void report(const options& o, json model, json engine, const std::vector<documen
                   k["mean_typed_tokens"].get<double>(), k["max_computed_beyond_typed"].get<double>());
     }
   }
+  bool engine_thread = false;
+  for (const auto& [name, sc] : schemes.items()) engine_thread = engine_thread || sc.contains("engine_thread");
+  if (engine_thread) {
+    std::printf("\nthe engine thread (in-process), per step:\n%-16s %8s %9s %12s %15s %14s\n", "scheme", "steps",
+                "requests", "compute_ms", "requests_ms", "request_share");
+    for (const auto& [name, sc] : schemes.items()) {
+      if (!sc.contains("engine_thread")) continue;
+      const auto& e = sc["engine_thread"];
+      std::printf("%-16s %8zu %9zu %12.3f %15.4f %13.3f%%\n", name.c_str(), e["steps"].get<std::size_t>(),
+                  e["requests"].get<std::size_t>(), e["mean_step_ms"].get<double>(),
+                  e["mean_request_ms_per_step"].get<double>(), 100.0 * e["request_share"].get<double>());
+    }
+    for (const auto& [name, sc] : schemes.items()) {
+      const std::string there = name + "@engine";
+      if (!sc.contains("engine_thread") || !schemes.contains(there)) continue;
+      const auto& a = sc["engine_thread"];
+      const auto& b = schemes[there]["engine_thread"];
+      const double here_ms = a["mean_request_ms_per_step"].get<double>();
+      std::printf("%s: preparing on the callers' threads cuts the engine thread's request time per step %sx "
+                  "(%.4f -> %.4f ms), mean latency %sx\n",
+                  name.c_str(), fixed(b["mean_request_ms_per_step"].get<double>() / std::max(here_ms, 1e-9), 1).c_str(),
+                  b["mean_request_ms_per_step"].get<double>(), here_ms,
+                  fixed(sc["mean_latency_ms"].get<double>() / std::max(schemes[there]["mean_latency_ms"].get<double>(), 1e-12), 3).c_str());
+    }
+  }
   if (schemes.contains("efim") && schemes.contains("psm")) {
     const auto& e = schemes["efim"];
     const auto& p = schemes["psm"];
@@ -614,12 +666,16 @@ int run_bench(const options& o, const Tokenizer& tok, const efim::prompt::fim_to
             << o.rounds << " rounds; " << EFIM_BENCH_BACKEND::name << " backend\n";
 
   std::vector<scheme_result> results;
-  for (const auto& s : o.schemes) {
-    if (s == "psm-nocache") results.push_back(run_scheme<efim::prompt::psm>(s, false, o, tok, fim, weights, docs));
-    if (s == "psm") results.push_back(run_scheme<efim::prompt::psm>(s, true, o, tok, fim, weights, docs));
-    if (s == "efim") results.push_back(run_scheme<efim::prompt::efim>(s, true, o, tok, fim, weights, docs));
-    if (s == "spm") results.push_back(run_scheme<efim::prompt::spm>(s, true, o, tok, fim, weights, docs));
-  }
+  for (const auto& s : o.schemes)
+    for (const auto where : o.prepare) {
+      const std::string name = where == efim::engine::preparation::engine && o.prepare.size() > 1 ? s + "@engine" : s;
+      if (s == "psm-nocache")
+        results.push_back(run_scheme<efim::prompt::psm>(name, false, o, tok, fim, weights, docs, where));
+      if (s == "psm") results.push_back(run_scheme<efim::prompt::psm>(name, true, o, tok, fim, weights, docs, where));
+      if (s == "efim")
+        results.push_back(run_scheme<efim::prompt::efim_format>(name, true, o, tok, fim, weights, docs, where));
+      if (s == "spm") results.push_back(run_scheme<efim::prompt::spm>(name, true, o, tok, fim, weights, docs, where));
+    }
 
   json model = {{"architecture", std::string(efim::model::to_string(cfg.arch))},
                 {"vocab", cfg.vocab},
@@ -639,7 +695,10 @@ int run_bench(const options& o, const Tokenizer& tok, const efim::prompt::fim_to
                  {"cache_blocks", o.cache_blocks},
                  {"batch_tokens", o.batch_tokens},
                  {"kv", std::string(efim::to_string(o.kv_type))},
-                 {"heal_tokens", o.heal_tokens}};
+                 {"heal_tokens", o.heal_tokens},
+                 {"prepare", o.prepare.size() > 1 ? "both"
+                             : o.prepare[0] == efim::engine::preparation::engine ? "engine"
+                                                                                 : "caller"}};
   report(o, std::move(model), std::move(engine), docs, results);
   return 0;
 }
@@ -656,7 +715,7 @@ std::vector<efim::server::header> auth_headers(const options& o) {
 template <class Work>
 scheme_result run_users(const std::string& name, const std::string& url, const options& o, std::size_t total,
                         Work&& work) {
-  scheme_result result{name, {}, 0, {}};
+  scheme_result result{name, {}, 0, {}, std::nullopt};
   std::mutex mutex;
   std::atomic<std::size_t> done{0};
   std::optional<std::string> failure;

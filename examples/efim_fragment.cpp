@@ -227,7 +227,7 @@ int run(const options& o, const Tokenizer& tok, const efim::prompt::fim_token_se
         const std::size_t cut = mb[r.below(mb.size())];
         typed = middle.substr(0, cut);
         rest = middle.substr(cut);
-        l = efim::prompt::efim::layout({prefix, suffix, {typed}}, set);
+        l = efim::prompt::efim_format::layout({prefix, suffix, {typed}}, set);
       } else if (layout == "spm") {
         l = efim::prompt::spm::layout({prefix, suffix, {}}, set);
       } else {

@@ -359,7 +359,7 @@ int run(options o) {
   w.cfg.max_context = std::min(w.cfg.max_context, o.ctx == 0 ? std::size_t{32768} : o.ctx);
   if (o.format == "psm") return serve<efim::prompt::psm>(o, std::move(tok), *fim, w, model_name);
   if (o.format == "spm") return serve<efim::prompt::spm>(o, std::move(tok), *fim, w, model_name);
-  return serve<efim::prompt::efim>(o, std::move(tok), *fim, w, model_name);
+  return serve<efim::prompt::efim_format>(o, std::move(tok), *fim, w, model_name);
 }
 
 }  // namespace

@@ -212,7 +212,7 @@ std::vector<std::vector<float>> forward(const model::weights& w, dtype kv_type, 
 
 std::vector<engine::completion> complete_each(const model::weights& w, const engine::pipeline_options& options,
                                               const std::vector<engine::request>& requests) {
-  using pipeline = engine::pipeline<prompt::efim, cache::xxh3_128_chain, cache::lru, text::at_boundaries,
+  using pipeline = engine::pipeline<prompt::efim_format, cache::xxh3_128_chain, cache::lru, text::at_boundaries,
                                     kernels::cuda>;
   pipeline p(text::byte_tokenizer(prompt::qwen25_coder.special_tokens()), w, options);
   std::vector<engine::completion> out;

@@ -64,6 +64,13 @@ engine::completion complete(P& p, const engine::request& r) {
   return out;
 }
 
+// A future's value, failing the test (not hanging it) if it takes more than a minute.
+template <class T>
+T within(std::future<T> f) {
+  REQUIRE(f.wait_for(std::chrono::seconds(60)) == std::future_status::ready);
+  return f.get();
+}
+
 // A real pipeline whose step() fails once on demand, after its work: a fault of the whole batch.
 struct faulty_pipeline : efim_pipeline {
   using efim_pipeline::efim_pipeline;
@@ -325,21 +332,102 @@ TEST_CASE("async runner serves concurrent clients on real threads", "[engine][as
   CHECK(got == want);
 }
 
-TEST_CASE("async runner cancels unfinished requests when it stops", "[engine][async]") {
+TEST_CASE("requests prepared on many threads at once equal requests prepared one by one", "[engine][async]") {
+  // Eight editors type into sessions of their own (keyed, and found by content), each keystroke
+  // prepared on its editor's thread while the engine thread runs steps: every request's change, prompt,
+  // cached tokens and output equal those of the same keystrokes submitted in turn on one thread.
   const auto w = small_weights();
+  constexpr int editors = 8, keystrokes = 6;
+  const auto keystroke = [&](int e, int k) {
+    auto r = make_request("# editor " + std::to_string(e) + "\n" + code_prefix + std::string(static_cast<std::size_t>(k), 'x'),
+                          code_suffix, 3, e % 2 == 0 ? "ed" + std::to_string(e) : "");
+    r.match_session = r.session.empty();
+    return r;
+  };
+  std::vector<std::vector<engine::completion>> want(editors), got(editors);
+  for (int e = 0; e < editors; ++e) {
+    efim_pipeline serial(qwen_tokenizer(), w, options());
+    for (int k = 0; k < keystrokes; ++k) want[e].push_back(complete(serial, keystroke(e, k)));
+  }
   efim_pipeline p(qwen_tokenizer(), w, options());
-  std::future<engine::completion> pending;
   {
     engine::async_runner<efim_pipeline> runner(p);
-    pending = runner.submit(make_request(code_prefix, code_suffix, 500));
+    std::vector<std::thread> threads;
+    for (int e = 0; e < editors; ++e)
+      threads.emplace_back([&, e] {
+        for (int k = 0; k < keystrokes; ++k) got[e].push_back(within(runner.submit(keystroke(e, k))));
+      });
+    for (auto& t : threads) t.join();
+    CHECK(runner.stats().requests == editors * keystrokes);
+    CHECK(runner.stats().prepare_ms == 0.0);  // none on the engine thread
   }
-  // Admitted: a cancelled completion; not yet admitted: an error. Never a broken promise.
-  try {
-    const auto c = pending.get();
-    CHECK((c.reason == engine::finish_reason::cancelled || c.tokens.size() == 500));
-  } catch (const efim::error& e) {
-    CHECK(std::string(e.what()).find("stopped") != std::string::npos);
+  for (int e = 0; e < editors; ++e)
+    for (int k = 0; k < keystrokes; ++k) {
+      INFO("editor " << e << ", keystroke " << k);
+      CHECK(got[e][k].session_change == want[e][k].session_change);
+      CHECK(got[e][k].prompt_tokens == want[e][k].prompt_tokens);
+      CHECK(got[e][k].tokens == want[e][k].tokens);
+    }
+  CHECK(p.sessions() == editors);
+}
+
+TEST_CASE("enqueue() takes a request its own pipeline prepared, once", "[engine][errors]") {
+  const auto w = small_weights();
+  efim_pipeline a(qwen_tokenizer(), w, options()), b(qwen_tokenizer(), w, options());
+  auto prepared = a.prepare(make_request("x = ", "\n", 2));
+  CHECK_THROWS_WITH(b.enqueue(std::move(prepared), {}), Catch::Contains("prepared"));
+  auto mine = a.prepare(make_request("x = ", "\n", 2));
+  a.enqueue(std::move(mine), {});
+  CHECK_THROWS_WITH(a.enqueue(std::move(mine), {}), Catch::Contains("once"));  // NOLINT(bugprone-use-after-move)
+  a.run();
+  CHECK_FALSE(b.step());
+}
+
+TEST_CASE("async runner: stopping cancels what runs and fails what waits", "[engine][async]") {
+  const auto w = small_weights();
+  efim_pipeline p(qwen_tokenizer(), w, options());
+  std::future<engine::completion> running, queued;
+  std::atomic<std::size_t> tokens_seen{0};
+  {
+    engine::async_runner<efim_pipeline> runner(p);
+    // On its first token (on the runner's thread), the long request queues another one and asks the
+    // runner to stop: the loop ends after this step, with one request admitted and one not.
+    running = runner.submit(make_request(code_prefix, code_suffix, 500), [&](const engine::token_event&) {
+      if (tokens_seen++ > 0) return;
+      queued = runner.submit(make_request("x = ", "\n", 4));
+      runner.stop();  // from the runner's thread: asks only
+    });
+    REQUIRE(running.wait_for(std::chrono::seconds(60)) == std::future_status::ready);
+    CHECK_FALSE(runner.running());
   }
+  const auto c = running.get();
+  CHECK(c.reason == engine::finish_reason::cancelled);
+  CHECK(c.tokens.size() == 1);
+  REQUIRE(queued.valid());
+  CHECK_THROWS_WITH(queued.get(), Catch::Contains("stopped"));
+  CHECK(p.cache().free_blocks() + p.cache().evictable_blocks() == p.cache().capacity());
+}
+
+TEST_CASE("async runner: stop() from several threads at once joins once", "[engine][async]") {
+  const auto w = small_weights();
+  efim_pipeline p(qwen_tokenizer(), w, options());
+  for (int round = 0; round < 20; ++round) {
+    engine::async_runner<efim_pipeline> runner(p);
+    auto pending = runner.submit(make_request(code_prefix, code_suffix, 200));
+    std::vector<std::thread> stoppers;
+    for (int i = 0; i < 4; ++i) stoppers.emplace_back([&] { runner.stop(); });
+    for (auto& t : stoppers) t.join();
+    CHECK_FALSE(runner.running());
+    const std::string outcome = [&]() -> std::string {
+      try {
+        return std::string(engine::to_string(pending.get().reason));
+      } catch (const efim::error& e) {  // stopped before the loop queued it
+        return e.code() == errc::unavailable ? "stopped" : e.what();
+      }
+    }();
+    CHECK((outcome == "cancelled" || outcome == "stopped"));
+  }
+  CHECK(p.cache().free_blocks() + p.cache().evictable_blocks() == p.cache().capacity());
 }
 
 TEST_CASE("random editor sessions: cached results equal recomputed ones for every kind of change", "[engine][efim]") {
@@ -433,6 +521,194 @@ TEST_CASE("async runner: a throwing callback fails its own client only", "[engin
   CHECK_THROWS_WITH(failing.get(), "client callback failed");
   CHECK(fine.get().tokens.size() == 4);
   CHECK(runner.submit(make_request("z = ", "\n", 2)).get().tokens.size() == 2);  // still serving
+}
+
+namespace {
+// What throwing callbacks leave behind: the exceptions the pipeline could not hand to a completion.
+struct callback_log {
+  std::mutex mutex;
+  std::vector<std::pair<engine::request_id, std::string>> failures;
+  void install(engine::pipeline_options& o) {
+    o.on_callback_error = [this](engine::request_id id, std::exception_ptr e) {
+      std::string what;
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& x) {
+        what = x.what();
+      }
+      std::lock_guard lock(mutex);
+      failures.emplace_back(id, what);
+    };
+  }
+  std::size_t size() {
+    std::lock_guard lock(mutex);
+    return failures.size();
+  }
+};
+
+engine::stream throwing_done(std::function<void(engine::completion&)> seen = {}) {
+  return {{}, [seen](engine::completion&& c) {
+            if (seen) seen(c);
+            throw std::runtime_error("on_done failed");
+          }};
+}
+}  // namespace
+
+TEST_CASE("on_done that throws: the request is over, the error is reported, the engine goes on", "[engine][errors]") {
+  const auto w = small_weights();
+  callback_log log;
+  auto o = options();
+  log.install(o);
+  efim_pipeline p(qwen_tokenizer(), w, o);
+  const auto alone = complete(p, make_request("y = ", "\n", 6));
+  std::vector<engine::finish_reason> reasons;
+  const auto note = [&](engine::completion& c) { reasons.push_back(c.reason); };
+
+  // After a sampled token (the last one), next to a request that goes on.
+  engine::completion other;
+  const auto sampled = p.submit(make_request("x = ", "\n", 3), throwing_done(note));
+  p.submit(make_request("y = ", "\n", 6), {{}, [&](engine::completion&& c) { other = std::move(c); }});
+  CHECK_NOTHROW(p.run());
+  CHECK(other.tokens == alone.tokens);
+  REQUIRE(log.size() == 1);
+  CHECK(log.failures[0] == std::make_pair(sampled, std::string("on_done failed")));
+
+  // On a prefill-only request's finish (it used to stop the whole step).
+  auto warm = make_request(code_prefix, code_suffix, 0, "warm");
+  p.submit(warm, throwing_done(note));
+  CHECK_NOTHROW(p.run());
+  CHECK(log.size() == 2);
+
+  // After a cancel.
+  const auto cancelled = p.submit(make_request("z = ", "\n", 50), throwing_done(note));
+  CHECK(p.step());
+  CHECK_NOTHROW(p.cancel(cancelled));
+  CHECK(log.size() == 3);
+
+  // A superseded request's: the newer request runs, completes, and could have been cancelled.
+  p.submit(make_request(code_prefix, code_suffix, 40, "ed"), throwing_done(note));
+  CHECK(p.step());
+  engine::completion newer;
+  engine::request_id newer_id = 0;
+  CHECK_NOTHROW(newer_id = p.submit(make_request(code_prefix + "  ", code_suffix, 3, "ed"),
+                                    {{}, [&](engine::completion&& c) { newer = std::move(c); }}));
+  CHECK(log.size() == 4);
+  p.run();
+  CHECK(newer.id == newer_id);
+  CHECK(newer.reason == engine::finish_reason::length);
+  CHECK_FALSE(newer.error);
+
+  // An error completion's (its on_token threw first): the request ended with the error all the same.
+  p.submit(make_request("w = ", "\n", 4),
+           {[](const engine::token_event&) { throw std::runtime_error("on_token failed"); },
+            [&](engine::completion&& c) {
+              reasons.push_back(c.reason);
+              throw std::runtime_error("on_done failed too");
+            }});
+  CHECK_NOTHROW(p.run());
+  CHECK(log.size() == 5);
+  CHECK(log.failures[4].second == "on_done failed too");
+
+  CHECK(reasons == std::vector<engine::finish_reason>{engine::finish_reason::length, engine::finish_reason::length,
+                                                      engine::finish_reason::cancelled,
+                                                      engine::finish_reason::superseded, engine::finish_reason::error});
+  CHECK(p.callback_failures() == 5);
+  CHECK(p.cache().free_blocks() + p.cache().evictable_blocks() == p.cache().capacity());
+  CHECK(complete(p, make_request("y = ", "\n", 6)).tokens == alone.tokens);
+}
+
+TEST_CASE("async runner: callbacks that throw on every path end their own request only", "[engine][async][errors]") {
+  const auto w = small_weights();
+  callback_log log;
+  auto o = options();
+  log.install(o);
+  efim_pipeline p(qwen_tokenizer(), w, o);
+  std::optional<engine::async_runner<efim_pipeline>> runner(std::in_place, p);
+  const auto served = [&] { return within(runner->submit(make_request("ok = ", "\n", 3))).tokens.size() == 3; };
+  const auto throws_once_done = [&](std::promise<engine::finish_reason>& seen) {
+    return engine::stream{{}, [&seen](engine::completion&& c) {
+                            seen.set_value(c.reason);
+                            throw std::runtime_error("on_done failed");
+                          }};
+  };
+
+  // Finished after sampling.
+  std::promise<engine::finish_reason> a;
+  runner->submit(make_request("a = ", "\n", 3), throws_once_done(a));
+  CHECK(within(a.get_future()) == engine::finish_reason::length);
+  CHECK(served());
+  // Prefill only.
+  std::promise<engine::finish_reason> b;
+  runner->submit(make_request(code_prefix, code_suffix, 0, "warm"), throws_once_done(b));
+  CHECK(within(b.get_future()) == engine::finish_reason::length);
+  CHECK(served());
+  // Cancelled (it used to end the process: std::terminate on the runner's thread).
+  std::promise<engine::finish_reason> c;
+  std::promise<void> started;
+  std::atomic<bool> once{false};
+  const auto t = runner->submit(make_request("c = ", "\n", 400),
+                                {[&](const engine::token_event&) {
+                                   if (!once.exchange(true)) started.set_value();
+                                 },
+                                 [&](engine::completion&& done) {
+                                   c.set_value(done.reason);
+                                   throw std::runtime_error("on_done failed");
+                                 }});
+  within(started.get_future());
+  runner->cancel(t);
+  CHECK(within(c.get_future()) == engine::finish_reason::cancelled);
+  CHECK(served());
+  // Superseded: the newer request is neither refused nor left uncancellable.
+  std::promise<engine::finish_reason> d;
+  std::promise<void> older_started;
+  std::atomic<bool> older_once{false};
+  runner->submit(make_request(code_prefix, code_suffix, 400, "ed"),
+                 {[&](const engine::token_event&) {
+                    if (!older_once.exchange(true)) older_started.set_value();
+                  },
+                  [&](engine::completion&& done) {
+                    d.set_value(done.reason);
+                    throw std::runtime_error("on_done failed");
+                  }});
+  within(older_started.get_future());
+  std::promise<engine::completion> newer;
+  std::promise<void> newer_started;
+  std::atomic<bool> newer_once{false};
+  const auto newer_ticket = runner->submit(make_request(code_prefix + " ", code_suffix, 400, "ed"),
+                                           {[&](const engine::token_event&) {
+                                              if (!newer_once.exchange(true)) newer_started.set_value();
+                                            },
+                                            [&](engine::completion&& done) { newer.set_value(std::move(done)); }});
+  CHECK(within(d.get_future()) == engine::finish_reason::superseded);
+  within(newer_started.get_future());
+  runner->cancel(newer_ticket);
+  const auto newer_done = within(newer.get_future());
+  CHECK(newer_done.reason == engine::finish_reason::cancelled);
+  CHECK_FALSE(newer_done.error);
+  CHECK(served());
+  // Refused on the calling thread (invalid UTF-8): submit itself does not throw.
+  std::promise<engine::finish_reason> e;
+  CHECK_NOTHROW(runner->submit(make_request("\xFF", ""), throws_once_done(e)));
+  CHECK(within(e.get_future()) == engine::finish_reason::error);
+  CHECK(served());
+  CHECK(log.size() == 5);
+  // Unfinished when the runner stops: cancelled on the runner's thread, which still ends cleanly.
+  std::promise<engine::finish_reason> f;
+  std::promise<void> f_started;
+  std::atomic<bool> f_once{false};
+  runner->submit(make_request("f = ", "\n", 400), {[&](const engine::token_event&) {
+                                                     if (!f_once.exchange(true)) f_started.set_value();
+                                                   },
+                                                   [&](engine::completion&& done) {
+                                                     f.set_value(done.reason);
+                                                     throw std::runtime_error("on_done failed");
+                                                   }});
+  within(f_started.get_future());
+  runner.reset();
+  CHECK(within(f.get_future()) == engine::finish_reason::cancelled);
+  CHECK(log.size() == 6);
+  CHECK(p.callback_failures() == 6);
+  CHECK(p.cache().free_blocks() + p.cache().evictable_blocks() == p.cache().capacity());
 }
 
 TEST_CASE("a callback may cancel its own request on the last token: one completion", "[engine]") {
@@ -937,7 +1213,7 @@ TEST_CASE("token healing in the pipeline: psm, spm and efim give the removed tex
   REQUIRE(code.size() > 5000);
   healing_through_pipeline<prompt::psm>(tok, w, code);
   healing_through_pipeline<prompt::spm>(tok, w, code);
-  healing_through_pipeline<prompt::efim>(tok, w, code);
+  healing_through_pipeline<prompt::efim_format>(tok, w, code);
 }
 
 TEST_CASE("token healing keeps EFIM's cache reuse: per keystroke, typed tokens + one block + k computed",
@@ -945,7 +1221,7 @@ TEST_CASE("token healing keeps EFIM's cache reuse: per keystroke, typed tokens +
   const auto qwen = qwen_vocab_model(9);
   if (!qwen) return;
   const auto& [tok, w] = *qwen;
-  using pipeline = engine::pipeline<prompt::efim, cache::xxh3_128_chain, cache::lru, text::at_boundaries,
+  using pipeline = engine::pipeline<prompt::efim_format, cache::xxh3_128_chain, cache::lru, text::at_boundaries,
                                     kernels::host, text::bpe_tokenizer>;
   for (const std::size_t k : {0, 1, 3}) {
     INFO("heal_tokens " << k);
@@ -1033,8 +1309,8 @@ TEST_CASE("token healing, any fragmenter and k, edge prompts: the client's text 
   healing_any_fragmenter<prompt::psm, text::whole>(tok, w, code);
   healing_any_fragmenter<prompt::psm, text::at_boundaries>(tok, w, code);
   healing_any_fragmenter<prompt::spm, text::whole>(tok, w, code);
-  healing_any_fragmenter<prompt::efim, text::whole>(tok, w, code);
-  healing_any_fragmenter<prompt::efim, text::at_boundaries>(tok, w, code);
+  healing_any_fragmenter<prompt::efim_format, text::whole>(tok, w, code);
+  healing_any_fragmenter<prompt::efim_format, text::at_boundaries>(tok, w, code);
 }
 
 TEST_CASE("token healing: a healed request served from the cache gives the tokens of a recompute",

@@ -1,5 +1,9 @@
+#include <algorithm>
+#include <atomic>
 #include <catch2/catch.hpp>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "efim/core/error.hpp"
@@ -60,12 +64,12 @@ TEST_CASE("formats lay out prefix, suffix and typed text", "[prompt][format]") {
   const auto& q = prompt::qwen25_coder;
   CHECK(render(prompt::psm::layout(r, q), q) == "<|fim_prefix|>def f(x, y<|fim_suffix|>):\n<|fim_middle|>");
   CHECK(render(prompt::spm::layout(r, q), q) == "<|fim_prefix|><|fim_suffix|>):\n<|fim_middle|>def f(x, y");
-  CHECK(render(prompt::efim::layout(r, q), q) == "<|fim_prefix|>def f(<|fim_suffix|>):\n<|fim_middle|>x, y");
+  CHECK(render(prompt::efim_format::layout(r, q), q) == "<|fim_prefix|>def f(<|fim_suffix|>):\n<|fim_middle|>x, y");
   // Families that start with BOS get it first.
   const auto& d = prompt::deepseek_coder;
   CHECK(render(prompt::psm::layout(r, d), d).starts_with(std::string(d.bos) + std::string(d.prefix)));
   // The typed fragments stay separate segments' pieces in EFIM.
-  const auto efim_layout = prompt::efim::layout(r, q);
+  const auto efim_layout = prompt::efim_format::layout(r, q);
   REQUIRE(efim_layout.segments.size() == 6);
   CHECK(efim_layout.segments.back().fragments.size() == 2);
 }
@@ -74,11 +78,11 @@ TEST_CASE("formats handle an empty prefix and suffix", "[prompt][format]") {
   const prompt::infill_request empty{"", "", {}};
   const auto& q = prompt::qwen25_coder;
   CHECK(render(prompt::psm::layout(empty, q), q) == "<|fim_prefix|><|fim_suffix|><|fim_middle|>");
-  CHECK(prompt::efim::layout(empty, q).segments.size() == 3);
+  CHECK(prompt::efim_format::layout(empty, q).segments.size() == 3);
   const text::byte_tokenizer tok(q.special_tokens());
   text::at_boundaries frag;
   std::vector<token_id> ids;
-  prompt::encode(prompt::efim::layout(empty, q), tok, q, frag, ids);
+  prompt::encode(prompt::efim_format::layout(empty, q), tok, q, frag, ids);
   CHECK(ids.size() == 3);
 }
 
@@ -258,7 +262,7 @@ TEST_CASE("context files are laid out before the infill, repository-style where 
   prompt::infill_request r{"def f(", "):\n", {"x"}};
   r.extra = {{"util.py", "def g(): pass\n"}, {"main.py", "import util\n"}};
   const auto& q = prompt::qwen25_coder;
-  CHECK(render(prompt::efim::layout(r, q), q) ==
+  CHECK(render(prompt::efim_format::layout(r, q), q) ==
         "<|repo_name|>myproject\n<|file_sep|>util.py\ndef g(): pass\n<|file_sep|>main.py\nimport util\n"
         "<|file_sep|>filename\n<|fim_prefix|>def f(<|fim_suffix|>):\n<|fim_middle|>x");
   CHECK(render(prompt::psm::layout(r, q), q).starts_with("<|repo_name|>myproject\n<|file_sep|>util.py\n"));
@@ -279,10 +283,10 @@ TEST_CASE("encode takes known ids for a fragment instead of tokenizing it", "[pr
     std::vector<token_id> ids;
     if (whole) {
       text::whole frag;
-      prompt::encode(prompt::efim::layout(r, q), tok, q, frag, ids);
+      prompt::encode(prompt::efim_format::layout(r, q), tok, q, frag, ids);
     } else {
       text::at_boundaries frag;
-      prompt::encode(prompt::efim::layout(r, q), tok, q, frag, ids);
+      prompt::encode(prompt::efim_format::layout(r, q), tok, q, frag, ids);
     }
     CHECK(ids == std::vector<token_id>{*tok.special_id(q.prefix), 'a', *tok.special_id(q.suffix), 'b',
                                        *tok.special_id(q.middle), 'c', 'd', 900, 901, 'g'});
@@ -291,7 +295,7 @@ TEST_CASE("encode takes known ids for a fragment instead of tokenizing it", "[pr
   std::vector<std::string> pieces;
   std::vector<token_id> ids;
   text::at_boundaries frag;
-  prompt::encode(prompt::efim::layout(r, q), tok, q, frag, ids, [&](std::string_view piece, std::vector<token_id>& o) {
+  prompt::encode(prompt::efim_format::layout(r, q), tok, q, frag, ids, [&](std::string_view piece, std::vector<token_id>& o) {
     pieces.emplace_back(piece);
     tok.encode(piece, o);
   });
@@ -382,79 +386,232 @@ TEST_CASE("session: context files are kept until the anchor is renewed", "[promp
   CHECK(s.request().extra[0].name == "b.py");
 }
 
+namespace {
+using table = prompt::session_table<int>;
+
+// A request of `scope` found by its content.
+prompt::session_query by_content(std::string_view scope, std::string_view prefix, std::string_view suffix) {
+  return {.tenant = scope, .key = {}, .match = true, .prefix = prefix, .suffix = suffix};
+}
+}  // namespace
+
 TEST_CASE("session table: requests find their session by content", "[prompt][session]") {
-  prompt::session_table<int> t;
+  table t;
   const std::string doc_a = "def alpha(x):\n    return x + 1\n", doc_b = "class Beta:\n    pass\n";
-  const auto store = [&](const std::string& key, std::string_view scope, std::string_view prefix,
-                         std::string_view suffix) {
-    auto* e = t.find(key);
-    auto entry = e ? *e : prompt::session_table<int>::entry{prompt::infill_session{}, 0, std::string(scope), true, 0};
-    const auto u = entry.session.update(prefix, suffix);
-    t.store(key, std::move(entry));
-    return u.kind;
+  const auto apply = [&](std::string_view scope, std::string_view prefix, std::string_view suffix) {
+    return t.apply(by_content(scope, prefix, suffix));
   };
-  const auto a = t.match("", doc_a.substr(0, 20), doc_a.substr(20));
-  CHECK(store(a, "", doc_a.substr(0, 20), doc_a.substr(20)) == change::first);
-  const auto b = t.match("", doc_b.substr(0, 12), doc_b.substr(12));
-  CHECK(b != a);
-  store(b, "", doc_b.substr(0, 12), doc_b.substr(12));
+  const auto a = apply("", doc_a.substr(0, 20), doc_a.substr(20));
+  CHECK(a.update.kind == change::first);
+  CHECK(a.key.starts_with("#"));
+  const auto b = apply("", doc_b.substr(0, 12), doc_b.substr(12));
+  CHECK(b.key != a.key);
   // Typing at the cursor: the same session.
-  CHECK(t.match("", doc_a.substr(0, 20) + "abc", doc_a.substr(20)) == a);
-  CHECK(store(a, "", doc_a.substr(0, 20) + "abc", doc_a.substr(20)) == change::append);
+  CHECK(t.match("", doc_a.substr(0, 20) + "abc", doc_a.substr(20)) == a.key);
+  const auto typed = apply("", doc_a.substr(0, 20) + "abc", doc_a.substr(20));
+  CHECK(typed.key == a.key);
+  CHECK(typed.update.kind == change::append);
+  CHECK(typed.request().typed == std::vector<std::string_view>{"abc"});
   // Another scope (tenant) never finds it.
-  CHECK(t.match("tenant-2", doc_a.substr(0, 20) + "abc", doc_a.substr(20)) != a);
+  CHECK(t.match("tenant-2", doc_a.substr(0, 20) + "abc", doc_a.substr(20)).empty());
+  CHECK(apply("tenant-2", doc_a.substr(0, 20) + "abc", doc_a.substr(20)).update.kind == change::first);
   // A jump a few characters back in the same document: the most similar session.
   const std::string typed_doc = doc_a.substr(0, 20) + "abc" + doc_a.substr(20);
-  CHECK(t.match("", typed_doc.substr(0, 15), typed_doc.substr(15)) == a);
-  CHECK(store(a, "", typed_doc.substr(0, 15), typed_doc.substr(15)) == change::cursor_moved);
+  CHECK(t.match("", typed_doc.substr(0, 15), typed_doc.substr(15)) == a.key);
+  const auto jump = apply("", typed_doc.substr(0, 15), typed_doc.substr(15));
+  CHECK(jump.key == a.key);
+  CHECK(jump.update.kind == change::cursor_moved);
   // A small edit after the cursor: still that session, as a suffix change.
   const std::string edited = typed_doc.substr(15, 5) + "#" + typed_doc.substr(20);
-  CHECK(t.match("", typed_doc.substr(0, 15), edited) == a);
-  CHECK(store(a, "", typed_doc.substr(0, 15), edited) == change::suffix_changed);
-  // A request too small to tell: no session.
+  CHECK(t.match("", typed_doc.substr(0, 15), edited) == a.key);
+  CHECK(apply("", typed_doc.substr(0, 15), edited).update.kind == change::suffix_changed);
+  // A request too small to tell: no session, and nothing stored.
+  const std::size_t kept = t.size();
   CHECK(t.match("", "x", "").empty());
+  const auto small = apply("", "x", "");
+  CHECK(small.key.empty());
+  CHECK(small.request().prefix == "x");
+  CHECK(t.size() == kept);
+  // A keyed session is never found by content.
+  const auto keyed = t.apply({.tenant = "", .key = "k", .match = false, .prefix = typed_doc.substr(0, 25), .suffix = edited});
+  CHECK(keyed.key != a.key);
+  CHECK(t.match("", typed_doc.substr(0, 27), edited) == a.key);
   // Of two sessions whose anchors the prefix extends, the longer anchor wins.
-  const std::string c = "#longer";
-  store(c, "", typed_doc.substr(0, 25), edited);
-  CHECK(t.match("", typed_doc.substr(0, 27), edited) == c);
-  CHECK(t.match("", typed_doc.substr(0, 16), edited) == a);
+  table nested({.min_similarity = 2.0});  // no match by likeness
+  const auto longer = nested.apply(by_content("", typed_doc.substr(0, 25), edited));
+  const auto shorter = nested.apply(by_content("", typed_doc.substr(0, 15), edited));
+  CHECK(longer.key != shorter.key);
+  CHECK(nested.match("", typed_doc.substr(0, 27), edited) == longer.key);
+  CHECK(nested.match("", typed_doc.substr(0, 16), edited) == shorter.key);
 }
 
 TEST_CASE("session table: the least recently used session goes first, and the index follows", "[prompt][session]") {
   prompt::session_table_options o;
   o.max_sessions = 3;
-  prompt::session_table<int> t(o);
+  table t(o);
   std::vector<std::string> keys;
   for (int i = 0; i < 5; ++i) {
     const std::string prefix = std::string(20, static_cast<char>('a' + i)), suffix = "\n";
-    const auto key = t.match("", prefix, suffix);
-    prompt::session_table<int>::entry e{prompt::infill_session{}, i, "", true, 0};
-    e.session.update(prefix, suffix);
-    t.store(key, std::move(e));
-    keys.push_back(key);
+    keys.push_back(t.apply(by_content("", prefix, suffix), i).key);
     CHECK(t.size() == static_cast<std::size_t>(std::min(i + 1, 3)));
+    CHECK(t.indexed() == t.size());
   }
-  CHECK(t.find(keys[0]) == nullptr);
-  CHECK(t.find(keys[1]) == nullptr);
-  REQUIRE(t.find(keys[4]) != nullptr);
+  CHECK_FALSE(t.find(keys[0]));
+  CHECK_FALSE(t.find(keys[1]));
+  REQUIRE(t.find(keys[4]));
   CHECK(t.find(keys[4])->data == 4);
   // A dropped session is not found by content any more; a live one is.
-  CHECK(t.match("", std::string(20, 'a') + "!", "\n") != keys[0]);
+  CHECK(t.match("", std::string(20, 'a') + "!", "\n").empty());
   CHECK(t.match("", std::string(20, 'e') + "!", "\n") == keys[4]);
   t.erase(keys[4]);
-  CHECK(t.match("", std::string(20, 'e') + "!", "\n") != keys[4]);
+  CHECK(t.match("", std::string(20, 'e') + "!", "\n").empty());
+  CHECK(t.indexed() == 2);
   // A budget in bytes drops the oldest too, and the count follows every change.
   prompt::session_table_options small;
   small.max_bytes = 100;
-  prompt::session_table<int> b(small);
-  for (int i = 0; i < 4; ++i) {
-    prompt::session_table<int>::entry e{prompt::infill_session{}, i, "", true, 0};
-    e.session.update(std::string(40, static_cast<char>('a' + i)), "");
-    b.store("k" + std::to_string(i), std::move(e));
-  }
+  table b(small);
+  for (int i = 0; i < 4; ++i)
+    b.apply({.tenant = "", .key = "k" + std::to_string(i), .match = false,
+             .prefix = std::string(40, static_cast<char>('a' + i)), .suffix = ""},
+            i);
   CHECK(b.size() == 2);
-  CHECK(b.bytes() == 84);
-  CHECK(b.find("k3") != nullptr);
-  b.erase("k3");
-  CHECK(b.bytes() == 42);
+  CHECK(b.bytes() == 2 * (40 + 5));  // the text and the table's key ("=0:k3")
+  b.end("", "k3");
+  CHECK(b.size() == 1);
+  CHECK(b.bytes() == 45);
+}
+
+TEST_CASE("session table: a refused request changes nothing; stored sessions never change in place",
+          "[prompt][session]") {
+  table t;
+  const prompt::session_query first{.tenant = "t", .key = "doc", .match = false, .prefix = "int f() {\n  return ",
+                                    .suffix = ";\n}\n"};
+  const auto turn = t.apply(first, 1);
+  const auto before = t.find(turn.key);
+  REQUIRE(before);
+  // The check refuses (a prompt too long, say): the session is as it was, its data too.
+  auto next = first;
+  next.prefix = "int f() {\n  return 4";
+  CHECK_THROWS_WITH(t.apply(next, 2, [](const prompt::infill_request&) { throw std::runtime_error("too long"); }),
+                    "too long");
+  const auto after = t.find(turn.key);
+  REQUIRE(after);
+  CHECK(after->session == before->session);
+  CHECK(after->data == 1);
+  CHECK(after->session->typed().empty());
+  // Invalid UTF-8 the same.
+  next.prefix = "int f() {\n  return \xFF";
+  CHECK_THROWS_AS(t.apply(next, 2), efim::error);
+  CHECK(t.find(turn.key)->session == before->session);
+  // A turn keeps the session it laid out, whatever comes after.
+  next.prefix = "int f() {\n  return 4";
+  const auto typed = t.apply(next, 2);
+  next.prefix = "int g";
+  (void)t.apply(next, 3);
+  CHECK(typed.request().typed == std::vector<std::string_view>{"4"});
+  CHECK(typed.session->anchor_prefix() == "int f() {\n  return ");
+  CHECK(turn.session->typed().empty());
+}
+
+TEST_CASE("session table: the content index holds exactly the sessions found by content", "[prompt][session]") {
+  // Anchors that move (jumps, suffix edits, re-anchors), sessions dropped by the limits and erased:
+  // every content-matched session is indexed once, and nothing else is.
+  prompt::session_table_options o;
+  o.max_sessions = 6;
+  table t(o, {.reanchor_bytes = 8});
+  rng r(5);
+  std::vector<std::string> keys;
+  for (int i = 0; i < 400; ++i) {
+    const std::string doc = "document " + std::to_string(r.below(8)) + " " + std::string(20, 'x');
+    const std::size_t cursor = 10 + r.below(doc.size() - 10);
+    std::string prefix = doc.substr(0, cursor) + std::string(r.below(12), 'y');
+    std::string suffix = doc.substr(cursor) + (r.below(4) == 0 ? "#" : "");
+    const auto turn = r.below(5) == 0 ? t.apply({.tenant = "", .key = "k" + std::to_string(r.below(3)), .match = false,
+                                                 .prefix = prefix, .suffix = suffix})
+                                      : t.apply(by_content(r.below(3) == 0 ? "other" : "", prefix, suffix));
+    keys.push_back(turn.key);
+    if (r.below(10) == 0) t.erase(keys[r.below(keys.size())]);
+    std::sort(keys.begin(), keys.end());
+    keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+    std::size_t by_content_sessions = 0;
+    for (const auto& k : keys)
+      if (const auto e = t.find(k); e && e->by_content) ++by_content_sessions;
+    REQUIRE(t.indexed() == by_content_sessions);
+  }
+}
+
+TEST_CASE("session table: superseding, finishing, and what the previous request generated", "[prompt][session]") {
+  table t;
+  const std::string prefix = "def add(a, b):\n    return ", suffix = "\n\nprint(add(1, 2))\n";
+  const auto first = t.apply(by_content("", prefix, suffix), 1);
+  CHECK_FALSE(first.superseded);
+  // Typing on while request 1 is in flight: it is replaced.
+  const auto second = t.apply(by_content("", prefix + "a", suffix), 2);
+  REQUIRE(second.superseded);
+  CHECK(*second.superseded == 1);
+  // A jump found only by likeness may be another client's: it leaves request 2 be.
+  const auto jump = t.apply(by_content("", prefix.substr(0, 20), prefix.substr(20) + "a" + suffix), 3);
+  CHECK(jump.key == first.key);
+  CHECK(jump.update.kind == change::cursor_moved);
+  CHECK_FALSE(jump.superseded);
+  // A request that ended is replaced by none; finishing another request changes nothing.
+  t.finish(jump.key, 2);
+  CHECK(t.find(jump.key)->data == 3);
+  t.finish(jump.key, 3, prompt::generation_record{jump.version, {7, 8}, "a + b", {4, 5}});
+  CHECK(t.find(jump.key)->data == 0);
+  // The next request types what request 3 generated: its ids are taken (change::accepted).
+  const auto accepted = t.apply(by_content("", prefix.substr(0, 20) + "a + b", prefix.substr(20) + "a" + suffix), 4);
+  CHECK_FALSE(accepted.superseded);
+  CHECK(accepted.update.kind == change::accepted);
+  CHECK(accepted.update.reused_tokens == 2);
+  const auto laid_out = accepted.request();
+  REQUIRE(laid_out.typed_ids.size() == 1);
+  CHECK(std::vector<token_id>(laid_out.typed_ids[0].begin(), laid_out.typed_ids[0].end()) ==
+        std::vector<token_id>{7, 8});
+  // A record for a version the session has moved past is ignored.
+  t.finish(accepted.key, 4, prompt::generation_record{accepted.version - 1, {9}, "!", {1}});
+  CHECK(t.apply(by_content("", prefix.substr(0, 20) + "a + b!", prefix.substr(20) + "a" + suffix), 5).update.kind ==
+        change::append);
+  // A keyed request always replaces its session's request in flight.
+  const prompt::session_query keyed{.tenant = "", .key = "k", .match = false, .prefix = "x = ", .suffix = "\n"};
+  (void)t.apply(keyed, 6);
+  auto moved = keyed;
+  moved.prefix = "y = ";
+  const auto again = t.apply(moved, 7);
+  REQUIRE(again.superseded);
+  CHECK(*again.superseded == 6);
+}
+
+TEST_CASE("session table: concurrent requests of one session each land once, in some order", "[prompt][session]") {
+  // Four threads type into one keyed session and four into sessions of their own; the checks take
+  // long enough for transactions to overlap and start again. No update is lost: every stored turn
+  // has a version of its own, one after another.
+  table t;
+  constexpr int threads = 8, rounds = 150;
+  std::vector<std::vector<std::uint64_t>> versions(threads);
+  std::atomic<int> checks{0};
+  std::vector<std::thread> workers;
+  for (int w = 0; w < threads; ++w)
+    workers.emplace_back([&, w] {
+      const std::string key = w < 4 ? "shared" : "own" + std::to_string(w);
+      for (int i = 0; i < rounds; ++i) {
+        const std::string prefix = "x = " + std::string(static_cast<std::size_t>(i % 7), 'a');
+        const auto turn = t.apply({.tenant = "", .key = key, .match = false, .prefix = prefix, .suffix = "\n"},
+                                  w * rounds + i + 1, [&](const prompt::infill_request& r) {
+                                    ++checks;
+                                    volatile std::size_t spin = 0;
+                                    for (std::size_t k = 0; k < 2000 + r.prefix.size(); ++k) spin = spin + k;
+                                  });
+        versions[static_cast<std::size_t>(w)].push_back(turn.version);
+      }
+    });
+  for (auto& w : workers) w.join();
+  std::vector<std::uint64_t> shared;
+  for (int w = 0; w < 4; ++w) shared.insert(shared.end(), versions[w].begin(), versions[w].end());
+  std::sort(shared.begin(), shared.end());
+  CHECK(std::adjacent_find(shared.begin(), shared.end()) == shared.end());  // no two turns from one state
+  CHECK(shared.back() == shared.size());                                    // none lost
+  for (int w = 4; w < threads; ++w) CHECK(versions[w].back() == static_cast<std::uint64_t>(rounds));
+  CHECK(checks.load() >= threads * rounds);
+  CHECK(t.size() == 5);
 }

@@ -52,6 +52,7 @@ class recorded_channel : public server::response_channel {
   void stream(std::string data) override {
     std::lock_guard lock(mutex_);
     chunks_.push_back(std::move(data));
+    cv_.notify_all();
   }
   void end_stream() override {
     std::lock_guard lock(mutex_);
@@ -110,6 +111,11 @@ class recorded_channel : public server::response_channel {
   int answers() {
     std::lock_guard lock(mutex_);
     return answers_;
+  }
+  // Waits for the first streamed chunk (a token, for a streaming request).
+  void wait_for_chunk() {
+    std::unique_lock lock(mutex_);
+    REQUIRE(cv_.wait_for(lock, std::chrono::seconds(60), [&] { return !chunks_.empty() || done_; }));
   }
 
  private:
@@ -481,14 +487,48 @@ TEST_CASE("server: a newer request of the same session supersedes the older one"
   CHECK(json::parse(older->events().back())["efim"]["finish"] == "superseded");
 }
 
-TEST_CASE("server: draining answers what is in flight and refuses new work", "[server]") {
+TEST_CASE("server: draining lets what is in flight finish within the grace and refuses new work", "[server]") {
   fixture f;
-  auto ch = f.post("/infill", {{"input_prefix", prefix_text}, {"input_suffix", suffix_text}, {"n_predict", 5000 / 10}});
-  f.svc->drain(std::chrono::milliseconds(5));
-  CHECK(ch->status() == 200);  // finished or cancelled, but answered
+  auto ch = f.post("/infill", {{"input_prefix", prefix_text}, {"input_suffix", suffix_text}, {"n_predict", 24}});
+  f.svc->drain(std::chrono::seconds(60));
+  REQUIRE(ch->status() == 200);
+  CHECK(ch->body()["efim"]["finish"] != "cancelled");  // it had the time to finish
   CHECK(f.post("/infill", {{"input_prefix", "a"}, {"input_suffix", "b"}})->status() == 503);
   CHECK(f.send("GET", "/health", "")->status() == 503);
   CHECK(f.send("GET", "/metrics", "")->status() == 200);
+}
+
+TEST_CASE("server: past the grace, draining cancels what runs, and answers it", "[server]") {
+  fixture f;
+  auto ch = f.post("/infill", {{"input_prefix", prefix_text},
+                               {"input_suffix", suffix_text},
+                               {"n_predict", 800},
+                               {"ignore_eos", true},
+                               {"stream", true}});
+  ch->wait_for_chunk();  // generating
+  f.svc->drain(std::chrono::milliseconds(0));
+  REQUIRE(ch->status() == 200);
+  const auto events = ch->events();
+  REQUIRE(!events.empty());
+  CHECK(json::parse(events.back())["efim"]["finish"] == "cancelled");
+}
+
+TEST_CASE("server: drain from two threads at once (a signal and an error path)", "[server]") {
+  for (int round = 0; round < 10; ++round) {
+    fixture f;
+    auto ch = f.post("/infill", {{"input_prefix", prefix_text},
+                                 {"input_suffix", suffix_text},
+                                 {"n_predict", 800},
+                                 {"ignore_eos", true},
+                                 {"stream", true}});
+    ch->wait_for_chunk();
+    std::thread graceful([&] { f.svc->drain(std::chrono::milliseconds(50)); });
+    std::thread at_once([&] { f.svc->drain(std::chrono::milliseconds(0)); });
+    graceful.join();
+    at_once.join();
+    CHECK(ch->status() == 200);
+    CHECK(f.post("/infill", {{"input_prefix", "a"}, {"input_suffix", "b"}})->status() == 503);
+  }
 }
 
 TEST_CASE("server: fuzzed bodies on every endpoint get exactly one answer, never a crash", "[server][fuzz]") {

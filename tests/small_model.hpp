@@ -16,7 +16,7 @@
 
 namespace efim_test {
 
-using efim_pipeline = efim::engine::pipeline<efim::prompt::efim, efim::cache::xxh3_128_chain, efim::cache::lru,
+using efim_pipeline = efim::engine::pipeline<efim::prompt::efim_format, efim::cache::xxh3_128_chain, efim::cache::lru,
                                              efim::text::at_boundaries, efim::kernels::host>;
 
 inline efim::text::byte_tokenizer qwen_tokenizer() {

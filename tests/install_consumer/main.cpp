@@ -3,7 +3,7 @@
 #include <efim/efim.hpp>
 
 int main() {
-  using pipeline = efim::engine::pipeline<efim::prompt::efim, efim::cache::xxh3_128_chain, efim::cache::lru,
+  using pipeline = efim::engine::pipeline<efim::prompt::efim_format, efim::cache::xxh3_128_chain, efim::cache::lru,
                                           efim::text::at_boundaries, efim::kernels::host>;
   efim::text::byte_tokenizer tok(efim::prompt::qwen25_coder.special_tokens());
   efim::model::config cfg;

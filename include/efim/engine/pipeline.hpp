@@ -2,15 +2,24 @@
 // The assembled pipeline: request -> session -> format -> tokens -> prefix cache -> scheduler ->
 // model -> sampler -> detokenizer. One type, built from the policies:
 //
-//   using pipeline = efim::engine::pipeline<efim::prompt::efim, efim::cache::xxh3_128_chain,
+//   using pipeline = efim::engine::pipeline<efim::prompt::efim_format, efim::cache::xxh3_128_chain,
 //                                           efim::cache::lru, efim::text::at_boundaries,
 //                                           efim::kernels::host>;
 //
-// A pipeline is driven by one thread: submit() requests, call step() until it returns false.
-// engine::async_runner drives one from a thread of its own for concurrent clients.
+// A pipeline is driven by one thread: submit() requests, call step() until it returns false. A
+// request's preparation (checks, session, layout, tokens) may run on any thread: prepare() there,
+// then enqueue() on the driving thread. engine::async_runner drives one from a thread of its own for
+// concurrent clients, and prepares each request on the thread that submits it.
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -61,32 +70,77 @@ struct pipeline_options {
   // Token healing (text/healing.hpp): at most this many tokens at the end of the text before the
   // cursor are removed and generated again under a constraint (0: off); a request may override it.
   std::size_t heal_tokens = 0;
-  std::size_t threads = 0;                   // compute threads, the driving thread included (0: all cores)
+  // The host backend's compute threads, the driving thread included (0: all cores); a backend whose
+  // context takes no thread pool (CUDA) starts none.
+  std::size_t threads = 0;
   // How the host backend's matrix products multiply (kernels::products: int8 rounds activations to 8
   // bits for k-quant weights, as llama.cpp does); another backend takes exact only.
   kernels::products products = kernels::products::exact;
+  // Called with what a stream's on_done threw (or its on_token, once its request had ended already):
+  // the request is over, so nothing else can carry it. Called on the thread that ran the callback (the
+  // engine's, or one that submitted to an async_runner), so possibly on several at once; what it throws
+  // is dropped. Unset: only counted (pipeline::callback_failures()).
+  std::function<void(request_id, std::exception_ptr)> on_callback_error;
 };
 
 template <prompt::fim_format F, cache::block_hasher H, cache::eviction_policy E, text::fragmenter G, kernels::backend B,
           text::tokenizer T = text::byte_tokenizer, cache::tick_clock C = cache::logical_clock,
           text::healing_policy Heal = text::heal_trailing>
+  requires std::copy_constructible<G>
 class pipeline {
  public:
   using format = F;
   using cache_type = cache::manager<H, E, C>;
   using tokenizer_type = T;
 
+  // A session's request in flight, as the session table keeps it.
+  struct in_flight {
+    request_id id = 0;
+    std::shared_ptr<std::atomic<bool>> superseded;  // the request's flag: set when a newer one replaces it
+    friend bool operator==(const in_flight&, const in_flight&) = default;
+  };
+
+  // A request made ready to run by prepare(): checked, laid out, tokenized, and entered in its
+  // session. Only enqueue() takes it.
+  class prepared {
+   public:
+    prepared(prepared&&) noexcept = default;
+    prepared& operator=(prepared&&) noexcept = default;
+    [[nodiscard]] request_id id() const noexcept { return result_.id; }
+    [[nodiscard]] std::size_t prompt_tokens() const noexcept { return result_.prompt_tokens; }
+
+   private:
+    friend class pipeline;
+    prepared() = default;
+    completion result_;  // what the completion starts from
+    std::vector<token_id> tokens_;
+    std::size_t max_tokens_ = 0;
+    bool limited_ = false;  // max_tokens was cut to what the context has room for
+    std::size_t reserve_ = 0;
+    bool ignore_eos_ = false;
+    bool reuse_cache_ = true;
+    sampling_params sampling_;
+    std::chrono::milliseconds max_generate_time_{};
+    stop_rules stop_;
+    std::string heal_text_;  // the text token healing removed
+    std::string tenant_;
+    std::uint64_t session_version_ = 0;
+    std::shared_ptr<std::atomic<bool>> superseded_;  // a newer request of its session replaced it
+    request_id supersedes_ = 0;                       // the older request it replaces (0: none)
+    const pipeline* owner_ = nullptr;
+  };
+
   // `weights` must outlive the pipeline; the tokenizer's ids must fit the model's vocabulary.
   pipeline(T tokenizer, const model::weights& weights, pipeline_options options = {}, E eviction = {})
-      : options_(options),
+      : options_(std::move(options)),
         tok_(std::move(tokenizer)),
-        pool_(options_.threads),
-        ctx_{pool_},
+        pool_(make_pool(options_.threads)),
+        ctx_(make_context(pool_)),
         model_(make_model(weights, options_.products)),
         cache_(options_.cache, std::move(eviction)),
         kv_(weights.cfg.layers, model_.kv_layout(options_.cache.blocks, options_.cache.block_size), options_.kv_type),
         scheduler_(options_.schedule),
-        sessions_(options_.sessions),
+        sessions_(options_.sessions, options_.session),
         memo_(options_.memo) {
     require(tok_.vocab_size() <= weights.cfg.vocab, errc::invalid_argument,
             "pipeline: the tokenizer has " + std::to_string(tok_.vocab_size()) + " tokens but the model only " +
@@ -101,135 +155,105 @@ class pipeline {
     model_key_ = weights.fingerprint ^ (options_.products == kernels::products::int8 ? 0x9e3779b97f4a7c15ull : 0);
   }
 
-  // Queues a request. Bad input (invalid UTF-8, a prompt or generation too long for the model or
-  // the cache, bad sampling parameters) throws efim::error and changes nothing. A request that has
-  // its session's key, or continues the text of its session's request in flight, ends that one
-  // (finish_reason::superseded).
-  request_id submit(const request& r, stream out) {
+  pipeline(const pipeline&) = delete;
+  pipeline& operator=(const pipeline&) = delete;
+
+  // Checks a request, finds its session, lays it out and tokenizes it: everything before it can run.
+  // Bad input (invalid UTF-8, a prompt or generation too long for the model or the cache, bad
+  // sampling parameters) throws efim::error and changes nothing. May be called from any thread, also
+  // while another thread drives the pipeline: so a server prepares requests on its handler threads
+  // and the thread that runs steps only queues them. Each request is cut into pieces by a copy of
+  // the pipeline's fragmenter, so its ids do not depend on other requests.
+  prepared prepare(const request& r) {
     require(r.sampling.temperature >= 0.0f && r.sampling.top_p > 0.0f && r.sampling.top_p <= 1.0f,
             errc::invalid_argument, "request: temperature must be >= 0 and top_p in (0, 1]");
     require(r.max_generate_time.count() >= 0, errc::invalid_argument, "request: max_generate_time must be >= 0");
-
-    // Lay out against a copy of the session, so a rejected request leaves it as it was.
-    std::string key;
-    std::optional<session_entry> session;
-    prompt::session_update update;
-    std::vector<token_id> tokens;
-    std::size_t cursor_begin = 0, cursor_end = 0;  // the ids of the text before the cursor (healing)
-    const auto encode_piece = [&](std::string_view piece, std::vector<token_id>& o) { memo_.encode(tok_, piece, o); };
+    prepared p;
+    p.owner_ = this;
+    p.result_.submitted = clock::now();
+    p.result_.id = last_id_.fetch_add(1) + 1;
+    p.max_tokens_ = r.max_tokens;
+    p.ignore_eos_ = r.ignore_eos;
+    p.reuse_cache_ = r.reuse_cache;
+    p.sampling_ = r.sampling;
+    p.max_generate_time_ = r.max_generate_time;
+    p.stop_ = r.stop;
+    p.tenant_ = r.tenant;
+    p.superseded_ = std::make_shared<std::atomic<bool>>(false);
     if (!r.infill) {
       utf8::require_valid(r.prefix, "the prompt");
-      if (bos_) tokens.push_back(*bos_);
-      cursor_begin = tokens.size();
-      encode_piece(r.prefix, tokens);
-      cursor_end = tokens.size();
-      require(!tokens.empty(), errc::invalid_argument, "request: the prompt is empty");
-    } else {
-      std::vector<prompt::context_file> extra;
-      for (const auto& f : r.extra) extra.push_back({f.name, f.text});
-      prompt::infill_request layout_input{r.prefix, r.suffix, {}, {}, extra};
-      key = session_key(r);
-      if (!key.empty()) {
-        const auto* existing = sessions_.find(key);
-        session = existing != nullptr
-                      ? *existing
-                      : session_entry{prompt::infill_session(options_.session), {}, r.tenant, r.session.empty(), 0};
-        update = session->session.update(r.prefix, r.suffix, extra, r.max_tokens == 0);
-        layout_input = session->session.request();
-      } else {
-        utf8::require_valid(r.prefix, "the prefix");
-        utf8::require_valid(r.suffix, "the suffix");
-        for (const auto& f : r.extra) {
-          utf8::require_valid(f.name, "a context file's name");
-          utf8::require_valid(f.text, "a context file's text");
-        }
-      }
-      const auto layout = F::layout(layout_input, options_.fim);
-      std::vector<std::size_t> ends;
-      prompt::encode(layout, tok_, options_.fim, fragmenter_, tokens, encode_piece, &ends);
-      // Where typed text goes at the end, only that is healed: the anchor's prefix before <SUF> stays
-      // as it is, so the session's next request finds it in the cache.
-      const std::size_t cursor = prompt::cursor_segment(layout);
-      if (cursor < ends.size() && (!F::typed_at_end || cursor + 1 == ends.size())) {
-        cursor_begin = cursor == 0 ? 0 : ends[cursor - 1];
-        cursor_end = ends[cursor];
-      }
+      if (bos_) p.tokens_.push_back(*bos_);
+      const std::size_t cursor_begin = p.tokens_.size();
+      encode_piece(r.prefix, p.tokens_);
+      require(p.tokens_.size() > cursor_begin, errc::invalid_argument, "request: the prompt is empty");
+      fit(r, p, cursor_begin, p.tokens_.size());
+      return p;
     }
-
-    // Token healing: the last tokens before the cursor that a longer token could replace go, and the
-    // first generated tokens must give their text back (at least one prompt token stays).
-    text::heal_cut cut;
-    const std::size_t heal_most = std::min(r.heal_tokens.value_or(options_.heal_tokens), tokens.size() - 1);
-    if (heals && heal_most > 0 && r.max_tokens > 0 && cursor_end > cursor_begin) {
-      cut = healer_.cut(heal_index(), std::span(tokens).subspan(cursor_begin, cursor_end - cursor_begin), heal_most);
-      require(cut.tokens <= heal_most && cut.tokens <= cursor_end - cursor_begin, errc::invalid_argument,
-              "pipeline: the healing policy removed more tokens than it may");
-      cut.text.clear();  // what the removed tokens say, whatever the policy wrote
-      for (std::size_t i = cursor_end - cut.tokens; i < cursor_end; ++i) {
-        require(heal_index().healable(tokens[i]), errc::invalid_argument,
-                "pipeline: the healing policy removed a special token");
-        cut.text += heal_index().bytes(tokens[i]);
-      }
-      tokens.erase(tokens.begin() + static_cast<std::ptrdiff_t>(cursor_end - cut.tokens),
-                   tokens.begin() + static_cast<std::ptrdiff_t>(cursor_end));
+    std::vector<prompt::context_file> extra;
+    for (const auto& f : r.extra) extra.push_back({f.name, f.text});
+    const prompt::session_query query{.tenant = r.tenant,
+                                      .key = r.session,
+                                      .match = r.match_session,
+                                      .prefix = r.prefix,
+                                      .suffix = r.suffix,
+                                      .extra = extra,
+                                      .renew = r.max_tokens == 0};
+    const auto turn = sessions_.apply(query, in_flight{p.id(), p.superseded_},
+                                      [&](const prompt::infill_request& input) { lay_out(input, r, p); });
+    p.result_.session = turn.key;
+    p.result_.session_change = turn.update.kind;
+    p.result_.reused_tokens = turn.update.reused_tokens;
+    p.session_version_ = turn.version;
+    if (turn.superseded) {
+      turn.superseded->superseded->store(true);  // ends it when it is queued, if it is not yet
+      p.supersedes_ = turn.superseded->id;
     }
-    const std::size_t heal_steps = cut.text.size();  // at most one healing step per removed byte
+    return p;
+  }
 
-    const std::size_t context = model_.cfg().max_context;
-    std::size_t max_tokens = r.max_tokens;
-    const std::size_t fixed = tokens.size() + heal_steps;  // the prompt and the healing steps
-    const bool limited = r.fit_context && fixed < context && max_tokens > context - fixed;
-    if (limited) max_tokens = context - fixed;
-    require(fixed <= context && max_tokens <= context - fixed, errc::too_long,
-            "request: " + std::to_string(tokens.size()) + " prompt tokens + " + std::to_string(max_tokens) +
-                " new tokens exceed the model context of " + std::to_string(context));
-    const std::size_t reserve = fixed + max_tokens;
-    const std::size_t bs = cache_.block_size();
-    require((reserve + bs - 1) / bs <= cache_.capacity(), errc::out_of_blocks,
-            "request: " + std::to_string(reserve) + " tokens need more KV blocks than the cache has (" +
-                std::to_string(cache_.capacity()) + " blocks of " + std::to_string(bs) + " tokens)");
-
-    const request_id id = ++last_id_;
-    request_id superseded = 0;
-    std::uint64_t version = 0;
-    if (session) {
-      // A request that continues the text of the session's request in flight replaces it; one found
-      // only by likeness (a jump, a suffix edit) may come from another client, and leaves it be.
-      const bool continues = !r.session.empty() || !prompt::starts_anchor(update.kind);
-      const request_id older = std::exchange(session->data, id);
-      if (continues) superseded = older;
-      version = session->session.version();
-      sessions_.store(key, std::move(*session));
-    }
-    completion result;
-    result.id = id;
-    result.session = key;
-    result.session_change = update.kind;
-    result.reused_tokens = update.reused_tokens;
-    result.prompt_tokens = tokens.size();
-    result.healed_tokens = cut.tokens;
-    result.submitted = clock::now();
+  // Queues a prepared request on the thread that drives the pipeline; its tokens and completion go to
+  // `out`. If it replaces an older request of its session, that one ends (finish_reason::superseded);
+  // if a newer one replaced it before it got here, it ends so at once.
+  request_id enqueue(prepared&& p, stream out) {
+    require(p.owner_ == this && p.superseded_ != nullptr, errc::invalid_argument,
+            "pipeline: enqueue() takes a request this pipeline prepared, once");
+    const request_id id = p.id();
+    const bool replaced = p.superseded_->load();
     cache::extra_keys keys;
     keys.model = model_key_;
-    keys.salt = r.tenant;
-    sequence_type s{
-        id,
-        std::move(tokens),
-        result.prompt_tokens,
-        reserve,
-        0,
-        std::move(keys),
-        r.reuse_cache,
-        {},
-        false,
-        payload{max_tokens, limited, r.ignore_eos, r.sampling, r.max_generate_time, rng(r.sampling.seed),
-                text::detokenizer<T>(tok_), text_gate(r.stop), std::move(out), std::move(result), key, version,
-                text::heal_constraint(std::move(cut.text))}};
-    scheduler_.enqueue(std::move(s));
-    // Last, as its callback may submit again.
-    if (superseded != 0) end(superseded, finish_reason::superseded);
+    keys.salt = std::move(p.tenant_);
+    const std::size_t prompt_tokens = p.tokens_.size();
+    scheduler_.enqueue(sequence_type{
+        .id = id,
+        .tokens = std::move(p.tokens_),
+        .prompt_tokens = prompt_tokens,
+        .reserve = p.reserve_,
+        .computed = 0,
+        .keys = std::move(keys),
+        .lookup = p.reuse_cache_,
+        .blocks = {},
+        .done = false,
+        .payload = payload{.max_tokens = p.max_tokens_,
+                           .limited = p.limited_,
+                           .ignore_eos = p.ignore_eos_,
+                           .sampling = p.sampling_,
+                           .max_generate_time = p.max_generate_time_,
+                           .random = rng(p.sampling_.seed),
+                           .detok = text::detokenizer<T>(tok_),
+                           .gate = text_gate(p.stop_),
+                           .out = std::move(out),
+                           .result = std::move(p.result_),
+                           .session_version = p.session_version_,
+                           .heal = text::heal_constraint(std::move(p.heal_text_)),
+                           .superseded = std::move(p.superseded_)}});
+    // Last, as their callbacks may submit again.
+    if (replaced) end(id, finish_reason::superseded);
+    if (p.supersedes_ != 0) end(p.supersedes_, finish_reason::superseded);
     return id;
   }
+
+  // Queues a request: prepare() then enqueue(), on the thread that drives the pipeline.
+  request_id submit(const request& r, stream out) { return enqueue(prepare(r), std::move(out)); }
 
   // Runs one batch. Returns false when there is nothing left to do.
   bool step() {
@@ -266,11 +290,8 @@ class pipeline {
         try {
           emit(s, sample(s, std::span(logits_).subspan(logits_row * vocab, tok_.vocab_size())));
         } catch (...) {
-          // The request's own failure (its callback, or its text): it ends, the batch goes on.
-          if (!s.done) {
-            s.payload.result.error = std::current_exception();
-            finish(s, finish_reason::error);
-          }
+          // The request's own failure (its text, say): it ends, the batch goes on.
+          fail(s, std::current_exception());
         }
       } else if (s.payload.max_tokens == 0 && s.computed == s.prompt_tokens) {
         finish(s, finish_reason::length);
@@ -290,16 +311,28 @@ class pipeline {
   // cached). False if it is not known.
   bool cancel(request_id id) { return end(id, finish_reason::cancelled); }
 
-  // Forgets an editor session (its cached KV stays until evicted).
-  void end_session(const std::string& session, const std::string& tenant = {}) {
-    sessions_.erase(scoped_key(tenant, session));
+  // Forgets an editor session (its cached KV stays until evicted). Any thread.
+  void end_session(const std::string& session, const std::string& tenant = {}) { sessions_.end(tenant, session); }
+
+  // Where what a user callback threw ends up when its request cannot carry it (see
+  // pipeline_options::on_callback_error); async_runner reports the callbacks it calls itself here.
+  // Any thread; never throws.
+  void callback_failed(request_id id, std::exception_ptr e) noexcept {
+    callback_failures_.fetch_add(1);
+    if (options_.on_callback_error) try {
+        options_.on_callback_error(id, std::move(e));
+      } catch (...) {  // the handler's own failure has nowhere left to go
+      }
   }
+
+  // Exceptions user callbacks threw that no completion could carry.
+  [[nodiscard]] std::uint64_t callback_failures() const noexcept { return callback_failures_.load(); }
 
   [[nodiscard]] const cache_type& cache() const noexcept { return cache_; }
   [[nodiscard]] const T& tokenizer() const noexcept { return tok_; }
   [[nodiscard]] const model::config& model_config() const noexcept { return model_.cfg(); }
   [[nodiscard]] const pipeline_options& options() const noexcept { return options_; }
-  [[nodiscard]] std::size_t sessions() const noexcept { return sessions_.size(); }
+  [[nodiscard]] std::size_t sessions() const { return sessions_.size(); }
   [[nodiscard]] std::size_t running() const noexcept { return scheduler_.running().size(); }
   [[nodiscard]] std::size_t waiting() const noexcept { return scheduler_.waiting().size(); }
   [[nodiscard]] const text::token_memo& memo() const noexcept { return memo_; }
@@ -315,6 +348,19 @@ class pipeline {
     }
   }
 
+  // The host backend computes on a pool of threads; a backend whose context takes none gets none.
+  static constexpr bool uses_pool = kernels::context_takes_pool<B>;
+  static std::unique_ptr<thread_pool> make_pool(std::size_t threads) {
+    if constexpr (uses_pool) return std::make_unique<thread_pool>(threads);
+    return nullptr;
+  }
+  static typename B::context make_context(const std::unique_ptr<thread_pool>& pool) {
+    if constexpr (uses_pool)
+      return typename B::context{*pool};
+    else
+      return typename B::context{};
+  }
+
   struct payload {
     std::size_t max_tokens = 0;
     bool limited = false;  // max_tokens was cut to what the context has room for
@@ -325,32 +371,85 @@ class pipeline {
     text::detokenizer<T> detok;
     text_gate gate;
     stream out;
-    completion result;
-    std::string session;              // its session's key (empty: none)
+    completion result;                // result.session: its session's key (empty: none)
     std::uint64_t session_version{};  // the session's version it was laid out from
     text::heal_constraint heal;       // token healing: the removed text the next tokens must give back
+    std::shared_ptr<std::atomic<bool>> superseded;
   };
   using scheduler_type = scheduler<cache_type, payload>;
   using sequence_type = typename scheduler_type::sequence_type;
-  using session_entry = typename prompt::session_table<request_id>::entry;
-
-  // Keys a client gives live in their tenant's space; keys of sessions found by content start with '#'.
-  static std::string scoped_key(const std::string& tenant, const std::string& session) {
-    return "=" + std::to_string(tenant.size()) + ":" + tenant + session;
-  }
-
-  std::string session_key(const request& r) {
-    if (!r.session.empty()) return scoped_key(r.tenant, r.session);
-    if (!r.match_session) return {};
-    return sessions_.match(r.tenant, r.prefix, r.suffix);
-  }
 
   static constexpr bool heals = !std::is_same_v<Heal, text::no_healing>;
 
-  // The prefix index token healing reads, built on first use.
+  // The prefix index token healing reads, built once on first use (from any thread).
   const text::prefix_index& heal_index() {
-    if (!heal_index_) heal_index_.emplace(tok_);
+    std::call_once(heal_index_built_, [&] { heal_index_.emplace(tok_); });
     return *heal_index_;
+  }
+
+  void encode_piece(std::string_view piece, std::vector<token_id>& out) { memo_.encode(tok_, piece, out); }
+
+  // An infill request's ids from its layout input (the session's view of it), then fit(): the check
+  // the session table runs before it stores the session (what throws here refuses the request).
+  void lay_out(const prompt::infill_request& input, const request& r, prepared& p) {
+    p.tokens_.clear();
+    const auto layout = F::layout(input, options_.fim);
+    std::vector<std::size_t> ends;
+    G fragmenter = fragmenter_;
+    prompt::encode(layout, tok_, options_.fim, fragmenter, p.tokens_,
+                   [&](std::string_view piece, std::vector<token_id>& o) { encode_piece(piece, o); }, &ends);
+    // Where typed text goes at the end, only that is healed: the anchor's prefix before <SUF> stays
+    // as it is, so the session's next request finds it in the cache.
+    std::size_t cursor_begin = 0, cursor_end = 0;  // the ids of the text before the cursor
+    const std::size_t cursor = prompt::cursor_segment(layout);
+    if (cursor < ends.size() && (!F::typed_at_end || cursor + 1 == ends.size())) {
+      cursor_begin = cursor == 0 ? 0 : ends[cursor - 1];
+      cursor_end = ends[cursor];
+    }
+    fit(r, p, cursor_begin, cursor_end);
+  }
+
+  // Token healing (the last tokens before the cursor that a longer token could replace go, and the
+  // first generated tokens must give their text back; at least one prompt token stays), then the
+  // limits of the context and the cache.
+  void fit(const request& r, prepared& p, std::size_t cursor_begin, std::size_t cursor_end) {
+    auto& tokens = p.tokens_;
+    text::heal_cut cut;
+    const std::size_t heal_most = std::min(r.heal_tokens.value_or(options_.heal_tokens), tokens.size() - 1);
+    if (heals && heal_most > 0 && r.max_tokens > 0 && cursor_end > cursor_begin) {
+      cut = healer_.cut(heal_index(), std::span(tokens).subspan(cursor_begin, cursor_end - cursor_begin), heal_most);
+      require(cut.tokens <= heal_most && cut.tokens <= cursor_end - cursor_begin, errc::invalid_argument,
+              "pipeline: the healing policy removed more tokens than it may");
+      cut.text.clear();  // what the removed tokens say, whatever the policy wrote
+      for (std::size_t i = cursor_end - cut.tokens; i < cursor_end; ++i) {
+        require(heal_index().healable(tokens[i]), errc::invalid_argument,
+                "pipeline: the healing policy removed a special token");
+        cut.text += heal_index().bytes(tokens[i]);
+      }
+      tokens.erase(tokens.begin() + static_cast<std::ptrdiff_t>(cursor_end - cut.tokens),
+                   tokens.begin() + static_cast<std::ptrdiff_t>(cursor_end));
+    }
+    const std::size_t heal_steps = cut.text.size();  // at most one healing step per removed byte
+
+    const std::size_t context = model_.cfg().max_context;
+    std::size_t max_tokens = r.max_tokens;
+    const std::size_t fixed = tokens.size() + heal_steps;  // the prompt and the healing steps
+    const bool limited = r.fit_context && fixed < context && max_tokens > context - fixed;
+    if (limited) max_tokens = context - fixed;
+    require(fixed <= context && max_tokens <= context - fixed, errc::too_long,
+            "request: " + std::to_string(tokens.size()) + " prompt tokens + " + std::to_string(max_tokens) +
+                " new tokens exceed the model context of " + std::to_string(context));
+    const std::size_t reserve = fixed + max_tokens;
+    const std::size_t bs = options_.cache.block_size, blocks = options_.cache.blocks;
+    require((reserve + bs - 1) / bs <= blocks, errc::out_of_blocks,
+            "request: " + std::to_string(reserve) + " tokens need more KV blocks than the cache has (" +
+                std::to_string(blocks) + " blocks of " + std::to_string(bs) + " tokens)");
+    p.max_tokens_ = max_tokens;
+    p.limited_ = limited;
+    p.reserve_ = reserve;
+    p.heal_text_ = std::move(cut.text);
+    p.result_.prompt_tokens = tokens.size();
+    p.result_.healed_tokens = cut.tokens;
   }
 
   token_id sample(sequence_type& s, std::span<const float> logits) {
@@ -395,8 +494,12 @@ class pipeline {
     shown_.clear();
     const auto verdict = s.payload.gate.push(piece_, shown_);
     c.text += shown_;
-    // The callback may cancel this or another request.
-    if (s.payload.out.on_token) s.payload.out.on_token({s.id, t, shown_, s.prompt_tokens});
+    // The callback may cancel this or another request; what it throws ends this one.
+    if (s.payload.out.on_token) try {
+        s.payload.out.on_token({s.id, t, shown_, s.prompt_tokens});
+      } catch (...) {
+        return fail(s, std::current_exception());
+      }
     if (s.done) return;
     if (verdict == text_gate::verdict::stop_string) {
       c.stop_word = s.payload.gate.matched();
@@ -413,6 +516,14 @@ class pipeline {
       finish(s, finish_reason::time_limit);
   }
 
+  // A request's own failure: it ends with the error (completion::error); once it has ended, the error
+  // has nowhere to go but callback_failed().
+  void fail(sequence_type& s, std::exception_ptr e) {
+    if (s.done) return callback_failed(s.id, std::move(e));
+    s.payload.result.error = std::move(e);
+    finish(s, finish_reason::error);
+  }
+
   void finish(sequence_type& s, finish_reason why) {
     if (s.done) return;
     auto& c = s.payload.result;
@@ -426,35 +537,29 @@ class pipeline {
     c.text += c.tail;
     c.reason = why;
     c.finished = clock::now();
-    if (!s.payload.session.empty()) close_session_request(s);
+    if (!c.session.empty()) close_session_request(s);
     if (!s.blocks.table.empty()) cache_.release(s.blocks);
     s.done = true;
-    if (s.payload.out.on_done) s.payload.out.on_done(std::move(c));
+    if (s.payload.out.on_done) try {
+        s.payload.out.on_done(std::move(c));
+      } catch (...) {  // the request is over: nothing is left to end
+        callback_failed(s.id, std::current_exception());
+      }
   }
 
-  // The session no longer waits for this request; what it generated is kept for the next request
-  // when the format puts typed text at the end (so generated ids extend the prompt whose KV holds them).
+  // The session no longer waits for this request. What it generated is kept for the next request
+  // when the format puts typed text at the end (so generated ids extend the prompt whose KV holds
+  // them) and the text was seen whole; after healing, the generated ids follow a prompt without the
+  // removed tokens, which is not the session's.
   void close_session_request(const sequence_type& s) {
-    auto* entry = sessions_.find(s.payload.session);
-    if (entry == nullptr) return;
-    if (entry->data == s.id) entry->data = 0;
     const auto& c = s.payload.result;
     const bool seen = c.reason == finish_reason::eos || c.reason == finish_reason::length ||
                       c.reason == finish_reason::stop || c.reason == finish_reason::indent ||
                       c.reason == finish_reason::time_limit;
-    if constexpr (!F::typed_at_end) return;
-    // (After healing, the generated ids follow a prompt without the removed tokens: not the session's.)
-    if (!seen || c.tokens.empty() || c.healed_tokens > 0) return;
-    std::vector<token_id> ids;
-    std::string bytes;
-    std::vector<std::size_t> ends;
-    for (const token_id t : c.tokens) {
-      if (tok_.is_special(t)) break;  // its text would not tokenize to it
-      ids.push_back(t);
-      bytes += tok_.token_bytes(t);
-      ends.push_back(bytes.size());
-    }
-    entry->session.record_generation(s.payload.session_version, std::move(ids), std::move(bytes), std::move(ends));
+    std::optional<prompt::generation_record> generated;
+    if (F::typed_at_end && seen && !c.tokens.empty() && c.healed_tokens == 0)
+      generated = prompt::generation_of(tok_, s.payload.session_version, c.tokens);
+    sessions_.finish(c.session, in_flight{s.id, s.payload.superseded}, std::move(generated));
   }
 
   bool end(request_id id, finish_reason why) {
@@ -476,22 +581,24 @@ class pipeline {
 
   pipeline_options options_;
   T tok_;
-  G fragmenter_;
-  thread_pool pool_;
+  G fragmenter_;  // copied for each request
+  std::unique_ptr<thread_pool> pool_;
   typename B::context ctx_;
   model::transformer<B> model_;
   cache_type cache_;
   typename B::storage kv_;
   scheduler_type scheduler_;
-  prompt::session_table<request_id> sessions_;  // with the request in flight of each session (0: none)
-  text::token_memo memo_;
+  prompt::session_table<in_flight> sessions_;  // with the request in flight of each session
+  text::token_memo memo_;                      // shared by preparing threads
   std::optional<token_id> bos_, eos_;
   std::uint64_t model_key_ = 0;
-  request_id last_id_ = 0;
+  std::atomic<request_id> last_id_{0};
+  std::atomic<std::uint64_t> callback_failures_{0};
   std::vector<model::batch_item> items_;
   std::vector<float> logits_;
   std::vector<std::pair<float, token_id>> scratch_;
   Heal healer_;
+  std::once_flag heal_index_built_;
   std::optional<text::prefix_index> heal_index_;
   std::vector<token_id> allowed_;  // a healing step's allowed tokens
   std::vector<float> gathered_;    // their logits

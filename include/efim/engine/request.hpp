@@ -138,8 +138,10 @@ struct token_event {
 };
 
 // Where a request's output goes; both are called on the thread that runs the pipeline. They may
-// submit or cancel requests. If on_token throws, its request ends there with finish_reason::error
-// and the exception in completion::error (the other requests go on); on_done must not throw.
+// submit or cancel requests. What they throw never reaches the engine: if on_token throws, its
+// request ends there with finish_reason::error and the exception in completion::error (the other
+// requests go on); if on_done throws, the request is over already, and the exception goes to
+// pipeline_options::on_callback_error (and is counted in pipeline::callback_failures()).
 struct stream {
   std::function<void(const token_event&)> on_token;
   std::function<void(completion&&)> on_done;

@@ -71,8 +71,9 @@ struct spm {
 };
 
 // <PRE> prefix <SUF> suffix <MID> typed: the session's first prompt stays fixed and what was typed
-// since is appended, so every earlier token stays a cached prefix.
-struct efim {
+// since is appended, so every earlier token stays a cached prefix. (Not named `efim`: a type of that
+// name inside namespace efim would hide the namespace from code in it and from users' using-directives.)
+struct efim_format {
   static constexpr std::string_view name = "efim";
   static constexpr bool typed_at_end = true;
   static prompt_layout layout(const infill_request& r, const fim_token_set& set) {
@@ -89,6 +90,6 @@ struct efim {
 
 static_assert(fim_format<psm>);
 static_assert(fim_format<spm>);
-static_assert(fim_format<efim>);
+static_assert(fim_format<efim_format>);
 
 }  // namespace efim::prompt

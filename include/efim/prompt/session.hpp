@@ -62,6 +62,15 @@ struct session_options {
   std::size_t reanchor_bytes = 4096;  // a typed part longer than this starts a new anchor
 };
 
+// What the model generated after one request of a session: the ids and the bytes each stands for
+// (ends[i]: the end of token i in bytes), and the session's version() that request was laid out at.
+struct generation_record {
+  std::uint64_t version = 0;
+  std::vector<token_id> ids;
+  std::string bytes;
+  std::vector<std::size_t> ends;
+};
+
 // What a session holds for a context file of its anchor.
 struct owned_context_file {
   std::string name, text;
@@ -120,10 +129,14 @@ class infill_session {
   // version() then): the ids and the bytes each stands for. A next request whose new typed text
   // starts with whole tokens of it gets those ids for that text, so the KV computed while
   // generating them is reused. Ignored if the session changed since.
+  void record_generation(generation_record g) {
+    if (g.version != version_ || g.ids.empty() || g.ids.size() != g.ends.size() || g.ends.back() != g.bytes.size())
+      return;
+    generation_ = {typed_.size(), std::move(g.ids), std::move(g.bytes), std::move(g.ends)};
+  }
   void record_generation(std::uint64_t version, std::vector<token_id> ids, std::string bytes,
                          std::vector<std::size_t> ends) {
-    if (version != version_ || ids.empty() || ids.size() != ends.size() || ends.back() != bytes.size()) return;
-    generation_ = {typed_.size(), std::move(ids), std::move(bytes), std::move(ends)};
+    record_generation({version, std::move(ids), std::move(bytes), std::move(ends)});
   }
 
   // The request to lay out: the anchor's prefix, suffix and context files, and the typed part as
@@ -139,7 +152,7 @@ class infill_session {
       for (const auto& k : known_)
         if (k.begin == begin && k.end == end) ids = k.ids;
       if (!ids.empty() && r.typed_ids.empty()) r.typed_ids.resize(r.typed.size() - 1);
-      if (!r.typed_ids.empty()) r.typed_ids.push_back(ids);
+      if (!ids.empty() || !r.typed_ids.empty()) r.typed_ids.push_back(ids);
       begin = end;
     };
     for (const std::size_t cut : cuts_) add(cut);

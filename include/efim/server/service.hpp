@@ -153,6 +153,11 @@ class service {
     metrics_.describe("efim_requests_in_flight", "gauge", "Generation requests admitted and not yet answered.");
     metrics_.describe("efim_requests_waiting", "gauge", "Generation requests waiting for room in a batch.");
     metrics_.describe("efim_sessions", "gauge", "Editor sessions the server keeps.");
+    metrics_.describe("efim_engine_busy_seconds_total", "counter",
+                      "The engine thread's time: computing steps, and queuing requests (prepared on the handler "
+                      "threads).");
+    metrics_.describe("efim_callback_failures_total", "counter",
+                      "Exceptions from a request's completion callback that no answer could carry.");
   }
 
   // ---- endpoints ----
@@ -214,6 +219,11 @@ class service {
       metrics_.set("efim_sessions", {}, static_cast<double>(p->sessions()));
     }
     metrics_.set("efim_requests_in_flight", {}, static_cast<double>(in_flight_.load()));
+    const auto spent = runner_.stats();
+    metrics_.set("efim_engine_busy_seconds_total", {{"work", "steps"}}, spent.step_ms / 1000.0);
+    metrics_.set("efim_engine_busy_seconds_total", {{"work", "requests"}},
+                 (spent.prepare_ms + spent.enqueue_ms) / 1000.0);
+    metrics_.set("efim_callback_failures_total", {}, static_cast<double>(p_->callback_failures()));
   }
 
   void tokenize(http_request& req, const std::shared_ptr<response_channel>& ch, clock::time_point start) {

@@ -2,11 +2,13 @@
 // A memo of recently tokenized pieces of text: an editor's requests repeat the same long pieces
 // (the anchor's prefix and suffix, the context files) on every keystroke, so a server tokenizes
 // each once. Pieces are verified byte for byte, so a hash collision cannot return another piece's ids.
+// Thread-safe: requests are tokenized on the threads that prepare them.
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <iterator>
 #include <list>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -27,7 +29,8 @@ class token_memo {
  public:
   explicit token_memo(token_memo_options options = {}) : options_(options) {}
 
-  // Appends the ids of `piece` to `out`: from the memo, or from `tok` (then remembered).
+  // Appends the ids of `piece` to `out`: from the memo, or from `tok` (then remembered). Any thread:
+  // the tokenizer runs without the memo's lock, so threads tokenize their own pieces at once.
   template <tokenizer T>
   void encode(const T& tok, std::string_view piece, std::vector<token_id>& out) {
     if (piece.size() < options_.min_bytes || piece.size() > options_.max_bytes / 2) {
@@ -35,16 +38,19 @@ class token_memo {
       return;
     }
     const std::size_t h = std::hash<std::string_view>{}(piece);
-    const auto [first, last] = index_.equal_range(h);
-    for (auto it = first; it != last; ++it)
-      if (it->second->text == piece) {
-        order_.splice(order_.begin(), order_, it->second);
-        out.insert(out.end(), it->second->ids.begin(), it->second->ids.end());
+    {
+      std::lock_guard lock(mutex_);
+      if (const auto it = find(h, piece); it != order_.end()) {
+        order_.splice(order_.begin(), order_, it);
+        out.insert(out.end(), it->ids.begin(), it->ids.end());
         ++hits_;
         return;
       }
+    }
     const std::size_t start = out.size();
     tok.encode(piece, out);
+    std::lock_guard lock(mutex_);
+    if (find(h, piece) != order_.end()) return;  // another thread remembered it meanwhile
     order_.push_front(
         {h, std::string(piece), std::vector<token_id>(out.begin() + static_cast<std::ptrdiff_t>(start), out.end())});
     index_.emplace(h, order_.begin());
@@ -52,9 +58,18 @@ class token_memo {
     while (bytes_ > options_.max_bytes && !order_.empty()) drop_oldest();
   }
 
-  [[nodiscard]] std::size_t hits() const noexcept { return hits_; }
-  [[nodiscard]] std::size_t entries() const noexcept { return order_.size(); }
-  [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
+  [[nodiscard]] std::size_t hits() const {
+    std::lock_guard lock(mutex_);
+    return hits_;
+  }
+  [[nodiscard]] std::size_t entries() const {
+    std::lock_guard lock(mutex_);
+    return order_.size();
+  }
+  [[nodiscard]] std::size_t bytes() const {
+    std::lock_guard lock(mutex_);
+    return bytes_;
+  }
 
  private:
   struct item {
@@ -62,6 +77,13 @@ class token_memo {
     std::string text;
     std::vector<token_id> ids;
   };
+
+  std::list<item>::iterator find(std::size_t h, std::string_view piece) {
+    const auto [first, last] = index_.equal_range(h);
+    for (auto it = first; it != last; ++it)
+      if (it->second->text == piece) return it->second;
+    return order_.end();
+  }
 
   static std::size_t cost(const item& i) noexcept { return i.text.size() + i.ids.size() * sizeof(token_id); }
 
@@ -78,6 +100,7 @@ class token_memo {
   }
 
   token_memo_options options_;
+  mutable std::mutex mutex_;
   std::list<item> order_;  // most recently used first
   std::unordered_multimap<std::size_t, std::list<item>::iterator> index_;
   std::size_t bytes_ = 0;

@@ -6,7 +6,6 @@
 #include <string_view>
 
 #include "efim/core/device.cuh"
-#include "efim/core/thread_pool.hpp"
 #include "efim/kernels/concepts.hpp"
 #include "efim/kernels/cuda/attention.cuh"
 #include "efim/kernels/cuda/kv.cuh"
@@ -22,12 +21,11 @@ struct cuda {
   static constexpr std::string_view name = "cuda";
   using storage = kv::device_storage;
 
-  // A stream of its own and a cuBLAS handle on it. The thread pool a pipeline passes is not used:
-  // the host side of a step (tokenizing, planning) runs on the caller's thread.
+  // A stream of its own and a cuBLAS handle on it. It takes no thread pool, so a pipeline starts
+  // none: the host side of a step (sampling, planning) runs on the thread that drives it.
   class context {
    public:
     context() : blas_(stream_.get()), multiprocessors_(efim::device::multiprocessors()) {}
-    explicit context(thread_pool& /*host*/) : context() {}
 
     [[nodiscard]] cudaStream_t stream() const noexcept { return stream_.get(); }
     [[nodiscard]] const device::blas& blas() const noexcept { return blas_; }
