@@ -24,6 +24,11 @@ trap cleanup EXIT
 server=$!
 for _ in $(seq 1 300); do grep -q 'listening on' "$work/out" && break; sleep 0.1; done
 url=$(sed -n 's/.*listening on //p' "$work/out")
+if [ -z "$url" ]; then
+  echo "soak: FAILED: efim-server did not start" >&2
+  cat "$work/log" >&2
+  exit 1
+fi
 echo "soak: efim-server $url (pid $server), 64 sessions, ${seconds} s, corpus $corpus"
 (
   while kill -0 $server 2> /dev/null; do

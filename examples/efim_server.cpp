@@ -83,6 +83,9 @@ engine
                            "heal_tokens" overrides it)
   --heal-tokens K          the same with at most K tokens (0: off, the default)
   --max-sessions N         editor sessions kept (4096)
+  --prepare WHERE          where requests are tokenized, matched to their session and laid out: caller
+                           (the HTTP handler thread that received them) or engine (the engine thread,
+                           between steps: stalls every other request; for comparison) (caller)
 )";
 
 constexpr std::string_view program = "efim-server";
@@ -98,6 +101,7 @@ struct options {
   std::size_t ctx = 0;  // 0: the model's
   std::size_t parallel = 16, queue = 256, threads = 0, batch_tokens = 512;
   std::size_t cache_tokens = 65536, cache_mib = 0;
+  efim::engine::preparation prepare = efim::engine::preparation::caller;
   std::size_t block_size = 16;
   efim::dtype kv = efim::dtype::f16;
   efim::kernels::products products = efim::kernels::products::exact;
@@ -211,6 +215,9 @@ options parse(int argc, char** argv) {
           o.reanchor_bytes = count(flag, v, 1);
         } else if (flag == "--heal-tokens") {
           o.heal_tokens = count(flag, v, 0, 16);
+        } else if (flag == "--prepare") {
+          if (v != "caller" && v != "engine") fail("--prepare must be caller or engine, not " + v);
+          o.prepare = v == "engine" ? efim::engine::preparation::engine : efim::engine::preparation::caller;
         } else if (flag == "--max-sessions") {
           o.max_sessions = count(flag, v, 1, 1 << 24);
         } else {
@@ -271,6 +278,7 @@ int serve(const options& o, efim::text::bpe_tokenizer tok, const efim::prompt::f
   so.limits.max_new_tokens = o.max_predict;
   so.max_in_flight = o.parallel + o.queue;
   so.api_keys = o.api_keys;
+  so.prepare = o.prepare;
 
   // Declared before the pipeline, so that it goes after it: requests that ended hold their
   // connection until the pipeline lets them go.

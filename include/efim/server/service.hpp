@@ -36,6 +36,9 @@ struct service_options {
   generation_limits limits{};
   std::size_t max_in_flight = 256;    // generation requests admitted at once (running and queued); more get 503
   std::vector<std::string> api_keys;  // empty: no authentication; else each key is a tenant of its own
+  // Where generation requests are prepared (tokenized, matched to their session, laid out): on the
+  // handler thread that received them (the default), or on the engine thread (for comparison only).
+  engine::preparation prepare = engine::preparation::caller;
 };
 
 // What the service says of each request it answered.
@@ -57,7 +60,8 @@ class service {
 
   // `p` must outlive the service; the service drives it from a thread of its own.
   service(Pipeline& p, service_options options)
-      : p_(&p), options_(std::move(options)), started_(std::chrono::system_clock::now()), runner_(p) {
+      : p_(&p), options_(std::move(options)), started_(std::chrono::system_clock::now()),
+        runner_(p, {.prepare = options_.prepare}) {
     describe_metrics();
   }
 
