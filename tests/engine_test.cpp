@@ -617,6 +617,27 @@ TEST_CASE("on_done that throws: the request is over, the error is reported, the 
   CHECK(complete(p, make_request("y = ", "\n", 6)).tokens == alone.tokens);
 }
 
+namespace {
+// A client whose on_done records how its request ended and then throws; its first token is signalled.
+struct throwing_client {
+  std::promise<engine::finish_reason> reason;
+  std::promise<void> first_token;
+  std::atomic<bool> seen{false};
+
+  engine::stream stream() {
+    return {[this](const engine::token_event&) {
+              if (!seen.exchange(true)) first_token.set_value();
+            },
+            [this](engine::completion&& c) {
+              reason.set_value(c.reason);
+              throw std::runtime_error("on_done failed");
+            }};
+  }
+  void wait_for_first_token() { within(first_token.get_future()); }
+  engine::finish_reason ended() { return within(reason.get_future()); }
+};
+}  // namespace
+
 TEST_CASE("async runner: callbacks that throw on every path end their own request only", "[engine][async][errors]") {
   const auto w = small_weights();
   callback_log log;
@@ -625,52 +646,28 @@ TEST_CASE("async runner: callbacks that throw on every path end their own reques
   efim_pipeline p(qwen_tokenizer(), w, o);
   std::optional<engine::async_runner<efim_pipeline>> runner(std::in_place, p);
   const auto served = [&] { return within(runner->submit(make_request("ok = ", "\n", 3))).tokens.size() == 3; };
-  const auto throws_once_done = [&](std::promise<engine::finish_reason>& seen) {
-    return engine::stream{{}, [&seen](engine::completion&& c) {
-                            seen.set_value(c.reason);
-                            throw std::runtime_error("on_done failed");
-                          }};
-  };
 
   // Finished after sampling.
-  std::promise<engine::finish_reason> a;
-  runner->submit(make_request("a = ", "\n", 3), throws_once_done(a));
-  CHECK(within(a.get_future()) == engine::finish_reason::length);
+  throwing_client a;
+  runner->submit(make_request("a = ", "\n", 3), a.stream());
+  CHECK(a.ended() == engine::finish_reason::length);
   CHECK(served());
   // Prefill only.
-  std::promise<engine::finish_reason> b;
-  runner->submit(make_request(code_prefix, code_suffix, 0, "warm"), throws_once_done(b));
-  CHECK(within(b.get_future()) == engine::finish_reason::length);
+  throwing_client b;
+  runner->submit(make_request(code_prefix, code_suffix, 0, "warm"), b.stream());
+  CHECK(b.ended() == engine::finish_reason::length);
   CHECK(served());
   // Cancelled (it used to end the process: std::terminate on the runner's thread).
-  std::promise<engine::finish_reason> c;
-  std::promise<void> started;
-  std::atomic<bool> once{false};
-  const auto t = runner->submit(make_request("c = ", "\n", 400),
-                                {[&](const engine::token_event&) {
-                                   if (!once.exchange(true)) started.set_value();
-                                 },
-                                 [&](engine::completion&& done) {
-                                   c.set_value(done.reason);
-                                   throw std::runtime_error("on_done failed");
-                                 }});
-  within(started.get_future());
+  throwing_client c;
+  const auto t = runner->submit(make_request("c = ", "\n", 400), c.stream());
+  c.wait_for_first_token();
   runner->cancel(t);
-  CHECK(within(c.get_future()) == engine::finish_reason::cancelled);
+  CHECK(c.ended() == engine::finish_reason::cancelled);
   CHECK(served());
   // Superseded: the newer request is neither refused nor left uncancellable.
-  std::promise<engine::finish_reason> d;
-  std::promise<void> older_started;
-  std::atomic<bool> older_once{false};
-  runner->submit(make_request(code_prefix, code_suffix, 400, "ed"),
-                 {[&](const engine::token_event&) {
-                    if (!older_once.exchange(true)) older_started.set_value();
-                  },
-                  [&](engine::completion&& done) {
-                    d.set_value(done.reason);
-                    throw std::runtime_error("on_done failed");
-                  }});
-  within(older_started.get_future());
+  throwing_client d;
+  runner->submit(make_request(code_prefix, code_suffix, 400, "ed"), d.stream());
+  d.wait_for_first_token();
   std::promise<engine::completion> newer;
   std::promise<void> newer_started;
   std::atomic<bool> newer_once{false};
@@ -679,7 +676,7 @@ TEST_CASE("async runner: callbacks that throw on every path end their own reques
                                               if (!newer_once.exchange(true)) newer_started.set_value();
                                             },
                                             [&](engine::completion&& done) { newer.set_value(std::move(done)); }});
-  CHECK(within(d.get_future()) == engine::finish_reason::superseded);
+  CHECK(d.ended() == engine::finish_reason::superseded);
   within(newer_started.get_future());
   runner->cancel(newer_ticket);
   const auto newer_done = within(newer.get_future());
@@ -687,25 +684,17 @@ TEST_CASE("async runner: callbacks that throw on every path end their own reques
   CHECK_FALSE(newer_done.error);
   CHECK(served());
   // Refused on the calling thread (invalid UTF-8): submit itself does not throw.
-  std::promise<engine::finish_reason> e;
-  CHECK_NOTHROW(runner->submit(make_request("\xFF", ""), throws_once_done(e)));
-  CHECK(within(e.get_future()) == engine::finish_reason::error);
+  throwing_client e;
+  CHECK_NOTHROW(runner->submit(make_request("\xFF", ""), e.stream()));
+  CHECK(e.ended() == engine::finish_reason::error);
   CHECK(served());
   CHECK(log.size() == 5);
   // Unfinished when the runner stops: cancelled on the runner's thread, which still ends cleanly.
-  std::promise<engine::finish_reason> f;
-  std::promise<void> f_started;
-  std::atomic<bool> f_once{false};
-  runner->submit(make_request("f = ", "\n", 400), {[&](const engine::token_event&) {
-                                                     if (!f_once.exchange(true)) f_started.set_value();
-                                                   },
-                                                   [&](engine::completion&& done) {
-                                                     f.set_value(done.reason);
-                                                     throw std::runtime_error("on_done failed");
-                                                   }});
-  within(f_started.get_future());
+  throwing_client f;
+  runner->submit(make_request("f = ", "\n", 400), f.stream());
+  f.wait_for_first_token();
   runner.reset();
-  CHECK(within(f.get_future()) == engine::finish_reason::cancelled);
+  CHECK(f.ended() == engine::finish_reason::cancelled);
   CHECK(log.size() == 6);
   CHECK(p.callback_failures() == 6);
   CHECK(p.cache().free_blocks() + p.cache().evictable_blocks() == p.cache().capacity());

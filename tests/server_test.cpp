@@ -148,10 +148,22 @@ struct fixture {
                                          std::vector<server::header> headers = {}) {
     return send("POST", std::move(target), body.dump(), std::move(headers));
   }
+  // A long streaming /infill request, once its first token has come.
+  std::shared_ptr<recorded_channel> long_stream();
 };
 
 const std::string prefix_text = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    if n < 2:\n";
 const std::string suffix_text = "\n\nprint(fibonacci(10))\n";
+
+std::shared_ptr<recorded_channel> fixture::long_stream() {
+  auto ch = post("/infill", {{"input_prefix", prefix_text},
+                             {"input_suffix", suffix_text},
+                             {"n_predict", 800},
+                             {"ignore_eos", true},
+                             {"stream", true}});
+  ch->wait_for_chunk();
+  return ch;
+}
 
 json llama_vim_body(const std::string& prefix, const std::string& middle, const std::string& suffix) {
   return efim_test::llama_vim_body(prefix, middle, suffix, 16);
@@ -500,12 +512,7 @@ TEST_CASE("server: draining lets what is in flight finish within the grace and r
 
 TEST_CASE("server: past the grace, draining cancels what runs, and answers it", "[server]") {
   fixture f;
-  auto ch = f.post("/infill", {{"input_prefix", prefix_text},
-                               {"input_suffix", suffix_text},
-                               {"n_predict", 800},
-                               {"ignore_eos", true},
-                               {"stream", true}});
-  ch->wait_for_chunk();  // generating
+  auto ch = f.long_stream();
   f.svc->drain(std::chrono::milliseconds(0));
   REQUIRE(ch->status() == 200);
   const auto events = ch->events();
@@ -516,12 +523,7 @@ TEST_CASE("server: past the grace, draining cancels what runs, and answers it", 
 TEST_CASE("server: drain from two threads at once (a signal and an error path)", "[server]") {
   for (int round = 0; round < 10; ++round) {
     fixture f;
-    auto ch = f.post("/infill", {{"input_prefix", prefix_text},
-                                 {"input_suffix", suffix_text},
-                                 {"n_predict", 800},
-                                 {"ignore_eos", true},
-                                 {"stream", true}});
-    ch->wait_for_chunk();
+    auto ch = f.long_stream();
     std::thread graceful([&] { f.svc->drain(std::chrono::milliseconds(50)); });
     std::thread at_once([&] { f.svc->drain(std::chrono::milliseconds(0)); });
     graceful.join();

@@ -1,17 +1,12 @@
 // efim::server alone: the HTTP handlers over a pipeline, answering /health through a channel of the
 // program's own (the service knows no HTTP library).
 #include <cstdio>
-#include <efim/cache/block_hash.hpp>
-#include <efim/cache/eviction.hpp>
-#include <efim/engine/pipeline.hpp>
 #include <efim/kernels/host.hpp>
-#include <efim/model/gguf_model.hpp>
-#include <efim/prompt/formats.hpp>
 #include <efim/server/service.hpp>
-#include <efim/text/byte_tokenizer.hpp>
-#include <efim/text/fragment.hpp>
 #include <future>
 #include <memory>
+
+#include "small_pipeline.hpp"
 
 namespace {
 class answer : public efim::server::response_channel {
@@ -29,16 +24,9 @@ class answer : public efim::server::response_channel {
 }  // namespace
 
 int main() {
-  using pipeline = efim::engine::pipeline<efim::prompt::efim_format, efim::cache::xxh3_128_chain, efim::cache::lru,
-                                          efim::text::at_boundaries, efim::kernels::host>;
-  efim::text::byte_tokenizer tok(efim::prompt::qwen25_coder.special_tokens());
-  efim::model::config cfg;
-  cfg.vocab = tok.vocab_size();
-  cfg.hidden = 64;
-  cfg.layers = 2;
-  const auto weights = efim::model::random_weights(cfg, 7);
-  pipeline p(tok, weights, {.threads = 1});
-  efim::server::service<pipeline> svc(p, {});
+  const auto weights = small_weights();
+  small_pipeline<efim::kernels::host> p(small_tokenizer(), weights, {.threads = 1});
+  efim::server::service<small_pipeline<efim::kernels::host>> svc(p, {});
   auto ch = std::make_shared<answer>();
   auto status = ch->status();
   svc.handle({"GET", "/health", {}, ""}, ch);
