@@ -154,6 +154,9 @@ template std::vector<float> paged_attention<half>(const kv::paged_layout&, const
 // The split plan: not split where the tiles fill the target or the context is one page per warp;
 // else ranges of whole pages, at least one per warp, covering the longest tile.
 namespace kd = kernels::device;
+// The CUDA context makes its own stream and takes no thread pool, so a CUDA pipeline starts no host
+// worker threads.
+static_assert(efim::kernels::backend<efim::kernels::cuda> && !efim::kernels::context_takes_pool<efim::kernels::cuda>);
 static_assert(kd::plan_attention_split(300, 4096, 16, 264).splits == 1);
 static_assert(kd::plan_attention_split(2, 64, 16, 264).splits == 1);  // 4 pages: one per warp already
 static_assert(kd::plan_attention_split(2, 1024, 16, 264).splits == 16 &&

@@ -10,6 +10,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "efim/engine/async_runner.hpp"
 #include "efim/engine/pipeline.hpp"
 #include "efim/kernels/host.hpp"
+#include "efim/kv/host_storage.hpp"
 #include "efim/model/gguf_model.hpp"
 #include "efim/prompt/formats.hpp"
 #include "efim/text/bpe_tokenizer.hpp"
@@ -70,6 +72,22 @@ T within(std::future<T> f) {
   REQUIRE(f.wait_for(std::chrono::seconds(60)) == std::future_status::ready);
   return f.get();
 }
+
+// What kernels::backend asks of a backend: a name, a context made from a thread pool or from nothing,
+// and a KV storage made from the layer count, a layout and the element type.
+struct backend_without_storage {
+  struct context {};
+  static constexpr std::string_view name = "no storage";
+};
+struct backend_with_odd_context {
+  struct context {
+    explicit context(std::string) {}
+  };
+  using storage = kv::host_storage;
+  static constexpr std::string_view name = "odd context";
+};
+static_assert(kernels::backend<kernels::host> && kernels::context_takes_pool<kernels::host>);
+static_assert(!kernels::backend<backend_without_storage> && !kernels::backend<backend_with_odd_context>);
 
 // A real pipeline whose step() fails once on demand, after its work: a fault of the whole batch.
 struct faulty_pipeline : efim_pipeline {
