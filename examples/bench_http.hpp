@@ -47,10 +47,10 @@ inline http_sample infill_over_http(http::client& c, http_api api, const std::st
   const auto r =
       c.post(api == http_api::infill ? "/infill" : "/v1/completions",
              body.dump(-1, ' ', false, json::error_handler_t::replace), headers, [&](std::string_view bytes) {
-               sse.feed(bytes, [&](const std::string& data) {
+               sse.feed(bytes, [&](std::string_view data) {
                  if (data == "[DONE]") return;
                  const json e = json::parse(data);
-                 if (e.contains("error")) throw std::runtime_error("the server answered " + data);
+                 if (e.contains("error")) throw std::runtime_error("the server answered " + std::string(data));
                  const bool final =
                      api == http_api::infill ? e.value("stop", false) : e.contains("usage") && !e["usage"].is_null();
                  if (first && !final) {

@@ -25,7 +25,9 @@
 #include "default_model.hpp"
 #include "efim/efim.hpp"
 #include "efim/server/service.hpp"
+#include "efim/server/upstream.hpp"
 #include "http/server.hpp"
+#include "http/upstream_client.hpp"
 
 namespace {
 
@@ -47,6 +49,16 @@ without --model, the embedded default model: a random-weight Qwen2-architecture 
   --tokenizer PATH         its vocabulary: a tokenizer.json or .gguf with FIM tokens (default: the
                            Qwen2.5-Coder tokenizer.json that .ci/setup fetches)
   --seed S                 its weights (42)
+upstream: an engine elsewhere computes, efim keeps the sessions, layouts and healing
+  --upstream URL           http://HOST:PORT of llama.cpp's llama-server, or of a server of OpenAI's
+                           /v1/completions that takes prompts of token ids (vLLM, SGLang): prompts go
+                           there as token ids, so its prefix cache holds each session's. Its
+                           tokenizer: --tokenizer FILE (tokenizer.json or .gguf), or --model FILE.gguf
+                           (read for its vocabulary only), checked against the upstream's at start-up
+                           (default: the Qwen2.5-Coder tokenizer.json). --ctx caps its context.
+  --upstream-api API       llama (/completion: each session kept on one of its slots) or openai
+                           (/v1/completions) (llama)
+  --upstream-timeout-ms N  longest wait for the upstream's answer, and for each of its tokens (60000)
 http
   --host ADDR              address to listen on (127.0.0.1)
   --port N                 port (8012, llama.vim's default; 0 picks a free one)
@@ -108,6 +120,9 @@ struct options {
   std::string eviction = "lru", format = "efim";
   std::size_t n_predict = 128, max_predict = 4096, reanchor_bytes = 4096, max_sessions = 4096;
   std::size_t heal_tokens = 0;
+  std::string upstream;  // empty: compute here
+  efim::server::upstream_api upstream_api = efim::server::upstream_api::llama;
+  std::chrono::milliseconds upstream_timeout{60000};
 };
 
 [[noreturn]] void fail(const std::string& message, int code = 2) { efim_examples::fail(program, message, code); }
@@ -218,6 +233,18 @@ options parse(int argc, char** argv) {
         } else if (flag == "--prepare") {
           if (v != "caller" && v != "engine") fail("--prepare must be caller or engine, not " + v);
           o.prepare = v == "engine" ? efim::engine::preparation::engine : efim::engine::preparation::caller;
+        } else if (flag == "--upstream") {
+          try {
+            (void)efim_examples::http::parse_url(v);
+          } catch (const std::exception& e) {
+            fail(std::string("--upstream: ") + e.what());
+          }
+          o.upstream = v;
+        } else if (flag == "--upstream-api") {
+          if (v != "llama" && v != "openai") fail("--upstream-api must be llama or openai, not " + v);
+          o.upstream_api = v == "llama" ? efim::server::upstream_api::llama : efim::server::upstream_api::openai;
+        } else if (flag == "--upstream-timeout-ms") {
+          o.upstream_timeout = std::chrono::milliseconds(count(flag, v, 1, 3600000));
         } else if (flag == "--max-sessions") {
           o.max_sessions = count(flag, v, 1, 1 << 24);
         } else {
@@ -255,6 +282,21 @@ void print_log(const efim::server::request_log& l) {
   std::cerr << line.str() << "\n" << std::flush;
 }
 
+efim::server::service_options service_options(const options& o, const std::string& model_name) {
+  efim::server::service_options so;
+  so.model_name = model_name;
+  so.limits.default_infill_tokens = o.n_predict;
+  so.limits.max_new_tokens = o.max_predict;
+  so.max_in_flight = o.parallel + o.queue;
+  so.api_keys = o.api_keys;
+  so.prepare = o.prepare;
+  return so;
+}
+
+template <class Pipeline>
+int run_service(const options& o, Pipeline& p, const efim::server::service_options& so, const std::string& banner,
+                std::optional<efim_examples::http::server>& http);
+
 template <class Format>
 int serve(const options& o, efim::text::bpe_tokenizer tok, const efim::prompt::fim_token_set& fim,
           const efim::model::weights& w, const std::string& model_name) {
@@ -272,32 +314,62 @@ int serve(const options& o, efim::text::bpe_tokenizer tok, const efim::prompt::f
   po.threads = o.threads;
   po.heal_tokens = o.heal_tokens;
 
-  efim::server::service_options so;
-  so.model_name = model_name;
-  so.limits.default_infill_tokens = o.n_predict;
-  so.limits.max_new_tokens = o.max_predict;
-  so.max_in_flight = o.parallel + o.queue;
-  so.api_keys = o.api_keys;
-  so.prepare = o.prepare;
-
   // Declared before the pipeline, so that it goes after it: requests that ended hold their
   // connection until the pipeline lets them go.
   std::optional<efim_examples::http::server> http;
   server_pipeline<Format> p(std::move(tok), w, po, efim::cache::named_eviction(o.eviction));
-  efim::server::service<server_pipeline<Format>> svc(p, so);
+  std::ostringstream banner;
+  banner << program << ": model " << model_name << " (" << efim::model::to_string(cfg.arch) << ", " << cfg.layers
+         << " layers, hidden " << cfg.hidden << ", " << efim::to_string(w.type()) << "), tokenizer "
+         << p.tokenizer().description() << ", " << fim.family << " FIM tokens; format " << Format::name
+         << "; context " << cfg.max_context << "; KV cache " << po.cache.blocks * po.cache.block_size << " tokens ("
+         << efim::to_string(o.kv) << ", " << (po.cache.blocks * po.cache.block_size * kv_token_bytes >> 20)
+         << " MiB), " << o.eviction << " eviction; " << o.parallel << " parallel"
+         << (o.api_keys.empty() ? "" : "; API keys required")
+         << (o.products == efim::kernels::products::int8 ? "; int8 products" : "");
+  return run_service(o, p, service_options(o, model_name), banner.str(), http);
+}
+
+// efim-server in front of another engine: sessions, layouts, tokens and healing here, the compute there.
+template <class Format>
+int serve_upstream(const options& o, efim::text::bpe_tokenizer tok, const efim::prompt::fim_token_set& fim,
+                   const std::string& alias) {
+  efim_examples::http::upstream_client client(efim_examples::http::parse_url(o.upstream));
+  const auto info = efim::server::read_upstream(client, o.upstream_api, tok, fim, o.upstream_timeout);
+  efim::server::upstream_options uo;
+  uo.api = o.upstream_api;
+  uo.model = info.model;
+  uo.prepare.fim = fim;
+  uo.prepare.session.reanchor_bytes = o.reanchor_bytes;
+  uo.prepare.sessions.max_sessions = o.max_sessions;
+  uo.prepare.heal_tokens = o.heal_tokens;
+  uo.context = info.context == 0 ? (o.ctx == 0 ? 4096 : o.ctx) : (o.ctx == 0 ? info.context : std::min(o.ctx, info.context));
+  uo.slots = o.upstream_api == efim::server::upstream_api::llama ? info.slots : 0;
+  uo.timeout = o.upstream_timeout;
+  const std::string model_name = !alias.empty() ? alias : info.model.empty() ? "efim-upstream" : info.model;
+
+  using pipeline = efim::server::upstream_pipeline<Format, efim::text::at_boundaries, efim::text::bpe_tokenizer,
+                                                   efim::text::heal_trailing, efim_examples::http::upstream_client>;
+  std::optional<efim_examples::http::server> http;
+  pipeline p(std::move(tok), client, uo);
+  std::ostringstream banner;
+  banner << program << ": upstream " << o.upstream << " (" << info.description << "), tokenizer "
+         << p.tokenizer().description() << ", " << fim.family << " FIM tokens; format " << Format::name
+         << "; context " << uo.context << (uo.slots ? "; sessions kept on the upstream's slots" : "")
+         << (o.api_keys.empty() ? "" : "; API keys required");
+  return run_service(o, p, service_options(o, model_name), banner.str(), http);
+}
+
+// The service over `p` behind HTTP until SIGINT or SIGTERM.
+template <class Pipeline>
+int run_service(const options& o, Pipeline& p, const efim::server::service_options& so, const std::string& banner,
+                std::optional<efim_examples::http::server>& http) {
+  efim::server::service<Pipeline> svc(p, so);
   if (!o.quiet) svc.set_logger(print_log);
   http.emplace(o.http, [&svc](efim::server::http_request r, std::shared_ptr<efim::server::response_channel> ch) {
     svc.handle(std::move(r), std::move(ch));
   });
-
-  std::cerr << program << ": model " << model_name << " (" << efim::model::to_string(cfg.arch) << ", " << cfg.layers
-            << " layers, hidden " << cfg.hidden << ", " << efim::to_string(w.type()) << "), tokenizer "
-            << p.tokenizer().description() << ", " << fim.family << " FIM tokens; format " << Format::name
-            << "; context " << cfg.max_context << "; KV cache " << po.cache.blocks * po.cache.block_size << " tokens ("
-            << efim::to_string(o.kv) << ", " << (po.cache.blocks * po.cache.block_size * kv_token_bytes >> 20)
-            << " MiB), " << o.eviction << " eviction; " << o.parallel << " parallel"
-            << (o.api_keys.empty() ? "" : "; API keys required")
-            << (o.products == efim::kernels::products::int8 ? "; int8 products" : "") << "\n";
+  std::cerr << banner << "\n";
   const auto at = http->endpoint();
   std::cout << program << ": listening on http://" << at.address().to_string() << ":" << at.port() << std::endl;
 
@@ -344,8 +416,24 @@ std::size_t connections_allowed(std::size_t wanted) {
   return std::min(wanted, usable);
 }
 
+int run_upstream(const options& o) {
+  efim::text::bpe_tokenizer tok = [&] {
+    if (!o.model_path.empty()) return efim::text::load_bpe(o.model_path);  // the vocabulary only
+    const std::string path = o.tokenizer.empty() ? EFIM_DEFAULT_TOKENIZER : o.tokenizer;
+    efim::require(std::filesystem::exists(path), efim::errc::io,
+                  "no tokenizer " + path + " (run .ci/setup to fetch it, or give --tokenizer or --model)");
+    return efim::text::load_bpe(path);
+  }();
+  const auto* fim = efim::prompt::detect_token_set(tok);
+  efim::require(fim != nullptr, efim::errc::invalid_argument, "the tokenizer has no FIM tokens of a known family");
+  if (o.format == "psm") return serve_upstream<efim::prompt::psm>(o, std::move(tok), *fim, o.alias);
+  if (o.format == "spm") return serve_upstream<efim::prompt::spm>(o, std::move(tok), *fim, o.alias);
+  return serve_upstream<efim::prompt::efim_format>(o, std::move(tok), *fim, o.alias);
+}
+
 int run(options o) {
   o.http.max_connections = connections_allowed(o.http.max_connections);
+  if (!o.upstream.empty()) return run_upstream(o);
   std::string model_name = o.alias;
   std::optional<efim::model::model_file> file;
   if (!o.model_path.empty()) {

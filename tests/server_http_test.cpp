@@ -202,7 +202,7 @@ TEST_CASE("efim-server streams /infill and /v1/completions as server-sent events
     std::vector<std::string> events;
     efim_examples::http::sse_reader sse;
     const auto r = c.post(openai ? "/v1/completions" : "/infill", body.dump(), {}, [&](std::string_view bytes) {
-      sse.feed(bytes, [&](std::string e) { events.push_back(e); });
+      sse.feed(bytes, [&](std::string_view e) { events.emplace_back(e); });
     });
     CHECK(r.status == 200);
     CHECK(r.content_type == "text/event-stream");
@@ -419,7 +419,7 @@ TEST_CASE("efim-server: API keys, and a graceful stop that answers what is in fl
     const auto r = c2.post("/infill", long_body.dump(), {{"Authorization", "Bearer key-2"}},
                            [&](std::string_view bytes) {
                              generating = true;
-                             sse.feed(bytes, [&](std::string e) { events.push_back(std::move(e)); });
+                             sse.feed(bytes, [&](std::string_view e) { events.emplace_back(e); });
                            });
     status = r.status;
   });

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "efim/server/http.hpp"
+#include "efim/server/sse.hpp"
 
 namespace efim_examples::http {
 
@@ -139,32 +140,6 @@ class client {
 };
 
 // Splits a server-sent event stream into the data of each event as bytes arrive.
-class sse_reader {
- public:
-  template <class OnEvent>
-  void feed(std::string_view bytes, OnEvent&& on_event) {
-    pending_ += bytes;
-    for (std::size_t end; (end = pending_.find("\n\n")) != std::string::npos;) {
-      std::string_view event(pending_.data(), end);
-      std::string data;
-      while (!event.empty()) {
-        const std::size_t nl = event.find('\n');
-        const std::string_view line = event.substr(0, nl);
-        if (line.starts_with("data:")) {
-          std::string_view d = line.substr(5);
-          if (d.starts_with(' ')) d.remove_prefix(1);
-          if (!data.empty()) data += '\n';
-          data += d;
-        }
-        event = nl == std::string_view::npos ? std::string_view() : event.substr(nl + 1);
-      }
-      on_event(data);
-      pending_.erase(0, end + 2);
-    }
-  }
-
- private:
-  std::string pending_;
-};
+using sse_reader = efim::server::sse_reader;
 
 }  // namespace efim_examples::http

@@ -14,6 +14,10 @@ enum class errc {
   out_of_blocks,     // the KV cache cannot hold a request even when empty
   io,                // a file could not be read or written
   unavailable,       // the engine has stopped and takes no more requests
+  // The engine behind HTTP that computes for efim (server::upstream_pipeline):
+  upstream,          // it failed: refused the connection, answered an error, sent what cannot be read
+  upstream_busy,     // it said it is busy or not ready (its 503)
+  upstream_timeout,  // it did not answer in time
 };
 
 inline std::string_view to_string(errc code) noexcept {
@@ -32,6 +36,12 @@ inline std::string_view to_string(errc code) noexcept {
       return "I/O error";
     case errc::unavailable:
       return "unavailable";
+    case errc::upstream:
+      return "upstream failed";
+    case errc::upstream_busy:
+      return "upstream busy";
+    case errc::upstream_timeout:
+      return "upstream timed out";
   }
   return "error";
 }

@@ -72,13 +72,25 @@ class async_runner {
 
   // `p` must outlive the runner, and only the runner may drive it while it runs.
   explicit async_runner(Pipeline& p, runner_options options = {})
-      : p_(&p), options_(options), loop_([this] { run(); }) {}
+      : p_(&p), options_(options), loop_([this] { run(); }) {
+    // A pipeline whose work arrives from elsewhere (an upstream engine's answers) wakes the loop.
+    if constexpr (wakes_runner) p.set_wake([this] {
+        {
+          std::lock_guard lock(mutex_);
+          poked_ = true;
+        }
+        wake_.notify_one();
+      });
+  }
 
   async_runner(const async_runner&) = delete;
   async_runner& operator=(const async_runner&) = delete;
 
   // Cancels what is still running and joins the loop.
-  ~async_runner() { stop(); }
+  ~async_runner() {
+    stop();
+    if constexpr (wakes_runner) p_->set_wake({});
+  }
 
   // Prepares a request (on this thread, with preparation::caller) and queues it; its tokens and
   // completion go to `out`, called on the runner's thread. A request the pipeline refuses, or that
@@ -204,6 +216,7 @@ class async_runner {
     std::function<void(Pipeline&)> f;
   };
   using command = std::variant<submission, raw_submission, cancellation, call_request>;
+  static constexpr bool wakes_runner = requires(Pipeline& p, std::function<void()> f) { p.set_wake(std::move(f)); };
   using ms = std::chrono::duration<double, std::milli>;
 
   static std::exception_ptr stopped() {
@@ -251,7 +264,8 @@ class async_runner {
         std::unique_lock lock(mutex_);
         add(stats_, spent);
         spent = {};
-        wake_.wait(lock, [&] { return busy || stopping_ || !inbox_.empty(); });
+        wake_.wait(lock, [&] { return busy || stopping_ || poked_ || !inbox_.empty(); });
+        poked_ = false;
         arrived.swap(inbox_);
         stop = stopping_;
       }
@@ -361,6 +375,7 @@ class async_runner {
   std::condition_variable wake_;
   std::vector<command> inbox_;
   bool stopping_ = false;
+  bool poked_ = false;  // the pipeline has work that arrived from elsewhere
   std::exception_ptr failure_;
   ticket last_ticket_ = 0;
   runner_stats stats_;

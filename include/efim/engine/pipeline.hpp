@@ -114,7 +114,8 @@ class pipeline {
         model_(make_model(weights, options_.products)),
         cache_(options_.cache, std::move(eviction)),
         kv_(weights.cfg.layers, model_.kv_layout(options_.cache.blocks, options_.cache.block_size), options_.kv_type),
-        scheduler_(options_.schedule) {
+        scheduler_(options_.schedule),
+        callback_errors_(options_.on_callback_error) {
     require(prep_.tokenizer().vocab_size() <= weights.cfg.vocab, errc::invalid_argument,
             "pipeline: the tokenizer has " + std::to_string(prep_.tokenizer().vocab_size()) +
                 " tokens but the model only " + std::to_string(weights.cfg.vocab));
@@ -236,21 +237,16 @@ class pipeline {
   // Where what a user callback threw ends up when its request cannot carry it (see
   // pipeline_options::on_callback_error); async_runner reports the callbacks it calls itself here.
   // Any thread; never throws.
-  void callback_failed(request_id id, std::exception_ptr e) noexcept {
-    callback_failures_.fetch_add(1);
-    if (options_.on_callback_error) try {
-        options_.on_callback_error(id, std::move(e));
-      } catch (...) {  // the handler's own failure has nowhere left to go
-      }
-  }
+  void callback_failed(request_id id, std::exception_ptr e) noexcept { callback_errors_.report(id, std::move(e)); }
 
   // Exceptions user callbacks threw that no completion could carry.
-  [[nodiscard]] std::uint64_t callback_failures() const noexcept { return callback_failures_.load(); }
+  [[nodiscard]] std::uint64_t callback_failures() const noexcept { return callback_errors_.count(); }
 
   [[nodiscard]] const cache_type& cache() const noexcept { return cache_; }
   [[nodiscard]] const T& tokenizer() const noexcept { return prep_.tokenizer(); }
   [[nodiscard]] const model::config& model_config() const noexcept { return model_.cfg(); }
   [[nodiscard]] const pipeline_options& options() const noexcept { return options_; }
+  [[nodiscard]] const preparer_options& preparation() const noexcept { return prep_.options(); }
   [[nodiscard]] std::size_t sessions() const { return prep_.sessions(); }
   [[nodiscard]] std::size_t running() const noexcept { return scheduler_.running().size(); }
   [[nodiscard]] std::size_t waiting() const noexcept { return scheduler_.waiting().size(); }
@@ -369,7 +365,7 @@ class pipeline {
   typename B::storage kv_;
   scheduler_type scheduler_;
   std::uint64_t model_key_ = 0;
-  std::atomic<std::uint64_t> callback_failures_{0};
+  callback_errors callback_errors_;
   std::vector<model::batch_item> items_;
   std::vector<float> logits_;
   std::vector<std::pair<float, token_id>> scratch_;

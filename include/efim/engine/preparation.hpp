@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -285,6 +286,28 @@ class request_preparer {
   Heal healer_;
   std::once_flag heal_index_built_;
   std::optional<text::prefix_index> heal_index_;
+};
+
+// Where what a user callback threw goes when no completion can carry it: counted, and handed to the
+// handler (see pipeline_options::on_callback_error). Any thread; never throws.
+class callback_errors {
+ public:
+  explicit callback_errors(std::function<void(request_id, std::exception_ptr)> handler = {})
+      : handler_(std::move(handler)) {}
+
+  void report(request_id id, std::exception_ptr e) noexcept {
+    count_.fetch_add(1);
+    if (handler_) try {
+        handler_(id, std::move(e));
+      } catch (...) {  // the handler's own failure has nowhere left to go
+      }
+  }
+
+  [[nodiscard]] std::uint64_t count() const noexcept { return count_.load(); }
+
+ private:
+  std::function<void(request_id, std::exception_ptr)> handler_;
+  std::atomic<std::uint64_t> count_{0};
 };
 
 // One request's generated tokens, from its first to its completion: token healing gives back the

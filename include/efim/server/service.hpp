@@ -172,20 +172,25 @@ class service {
   }
 
   void models(http_request& req, const std::shared_ptr<response_channel>& ch, clock::time_point start) {
-    const auto& cfg = p_->model_config();
+    json meta;
+    if constexpr (requires { p_->model_config(); }) {
+      const auto& cfg = p_->model_config();
+      meta = {{"architecture", model::to_string(cfg.arch)},
+              {"n_ctx", cfg.max_context},
+              {"n_vocab", cfg.vocab},
+              {"n_embd", cfg.hidden},
+              {"n_layer", cfg.layers}};
+    } else {  // an engine elsewhere computes (server::upstream_pipeline)
+      meta = {{"n_ctx", p_->context()}, {"n_vocab", p_->tokenizer().vocab_size()}};
+    }
+    meta["format"] = Pipeline::format::name;
+    meta["fim_tokens"] = p_->preparation().fim.family;
     const json model = {
         {"id", options_.model_name},
         {"object", "model"},
         {"created", std::chrono::duration_cast<std::chrono::seconds>(started_.time_since_epoch()).count()},
         {"owned_by", "efim"},
-        {"meta",
-         {{"architecture", model::to_string(cfg.arch)},
-          {"n_ctx", cfg.max_context},
-          {"n_vocab", cfg.vocab},
-          {"n_embd", cfg.hidden},
-          {"n_layer", cfg.layers},
-          {"format", Pipeline::format::name},
-          {"fim_tokens", p_->options().fim.family}}}};
+        {"meta", meta}};
     answer(req, *ch, {200, "application/json", dump(json{{"object", "list"}, {"data", json::array({model})}})}, start);
   }
 
@@ -211,14 +216,10 @@ class service {
 
   // The gauges of the pipeline's state (null: the engine has stopped; only what the service knows).
   void read_gauges(const Pipeline* p) {
+    if constexpr (requires { p->cache(); }) {
+      if (p != nullptr) read_cache_gauges(*p);
+    }
     if (p != nullptr) {
-      const auto& cache = p->cache();
-      const double free = static_cast<double>(cache.free_blocks());
-      const double cached = static_cast<double>(cache.evictable_blocks());
-      metrics_.set("efim_kv_blocks", {{"state", "free"}}, free);
-      metrics_.set("efim_kv_blocks", {{"state", "cached"}}, cached);
-      metrics_.set("efim_kv_blocks", {{"state", "used"}}, static_cast<double>(cache.capacity()) - free - cached);
-      metrics_.set("efim_kv_evicted_blocks_total", {}, static_cast<double>(cache.stats().evicted_blocks));
       metrics_.set("efim_requests_waiting", {}, static_cast<double>(p->waiting()));
       metrics_.set("efim_sessions", {}, static_cast<double>(p->sessions()));
     }
@@ -230,13 +231,23 @@ class service {
     metrics_.set("efim_callback_failures_total", {}, static_cast<double>(p_->callback_failures()));
   }
 
+  void read_cache_gauges(const Pipeline& p) {
+    const auto& cache = p.cache();
+    const double free = static_cast<double>(cache.free_blocks());
+    const double cached = static_cast<double>(cache.evictable_blocks());
+    metrics_.set("efim_kv_blocks", {{"state", "free"}}, free);
+    metrics_.set("efim_kv_blocks", {{"state", "cached"}}, cached);
+    metrics_.set("efim_kv_blocks", {{"state", "used"}}, static_cast<double>(cache.capacity()) - free - cached);
+    metrics_.set("efim_kv_evicted_blocks_total", {}, static_cast<double>(cache.stats().evicted_blocks));
+  }
+
   void tokenize(http_request& req, const std::shared_ptr<response_channel>& ch, clock::time_point start) {
     const json body = parse_body(req.body);
     const fields f(body);
     if (!f.has("content")) throw invalid_request("\"content\" is required", "content");
     const std::string content = *f.string("content");
     const auto& tok = p_->tokenizer();
-    const auto& fim = p_->options().fim;
+    const auto& fim = p_->preparation().fim;
     std::vector<token_id> ids;
     if (f.boolean("add_special").value_or(false) && fim.add_bos && !fim.bos.empty())
       if (const auto bos = tok.special_id(fim.bos)) ids.push_back(*bos);
@@ -382,9 +393,22 @@ class service {
       std::rethrow_exception(done.error);
     } catch (const efim::error& x) {
       const bool too_long = x.code() == errc::too_long || x.code() == errc::out_of_blocks;
-      e = x.code() == errc::unavailable
-              ? engine_stopped()
-              : api_error(400, too_long ? "exceed_context_size_error" : "invalid_request_error", x.what());
+      switch (x.code()) {
+        case errc::unavailable:
+          e = engine_stopped();
+          break;
+        case errc::upstream:  // the engine behind this server (server::upstream_pipeline)
+          e = api_error(502, "server_error", x.what());
+          break;
+        case errc::upstream_busy:
+          e = api_error(503, "unavailable_error", x.what());
+          break;
+        case errc::upstream_timeout:
+          e = api_error(504, "server_error", x.what());
+          break;
+        default:
+          e = api_error(400, too_long ? "exceed_context_size_error" : "invalid_request_error", x.what());
+      }
     } catch (const std::exception& x) {
       e = api_error(500, "server_error", x.what());
     }

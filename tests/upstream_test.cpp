@@ -1,0 +1,296 @@
+// efim-server in front of llama.cpp's llama-server (efim-server --upstream): both real processes on
+// loopback, a random-weight model that efim-model writes and llama-server loads, the real Qwen2.5-Coder
+// vocabulary. Sessions, layouts and tokens in efim, the compute in llama-server: the same greedy text
+// as llama-server's own on the same ids, keystrokes that llama-server computes from its cache, and
+// every way the upstream can fail answered with a clear error while efim-server keeps serving.
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "http/client.hpp"
+#include "server_process.hpp"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using efim_examples::http::client;
+using efim_examples::http::parse_url;
+
+namespace {
+
+const std::string build_dir = EFIM_TEST_BINARY_DIR;
+const std::string llama_server_path = std::string(EFIM_SOURCE_DIR) + "/.cache/llama.cpp/native/bin/llama-server";
+const std::string tokenizer_path = std::string(EFIM_TOKENIZER_CACHE) + "/qwen2.5-coder/tokenizer.json";
+
+// Where a needed program or file is missing, the whole suite says it is skipped (ctest reports it so).
+void require_tools() {
+  for (const auto& [path, how] : {std::pair{llama_server_path, "bench/build_llama_cpp.sh --server builds it"},
+                                  std::pair{tokenizer_path, ".ci/setup fetches it"}})
+    if (!fs::exists(path)) {
+      std::cout << "test_upstream: skipped: no " << path << " (" << how << ")" << std::endl;
+      std::exit(0);
+    }
+}
+
+std::string free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  socklen_t len = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return std::to_string(ntohs(a.sin_port));
+}
+
+// A small random-weight Qwen2 model with the real vocabulary, written once.
+const std::string& model_file() {
+  static const std::string path = [] {
+    const std::string out = build_dir + "/upstream-model.gguf";
+    const std::string cmd = std::string(EFIM_MODEL_PATH) +
+                            " make --arch qwen2 --hidden 256 --layers 2 --heads 4 --kv-heads 2 --ffn 512 "
+                            "--context 8192 --type f16 --seed 7 --tokenizer " +
+                            tokenizer_path + " " + out + " > " + build_dir + "/upstream-model.log 2>&1";
+    REQUIRE(std::system(cmd.c_str()) == 0);
+    return out;
+  }();
+  return path;
+}
+
+// llama-server on a port of its own, ready when /health answers 200.
+class llama_server {
+ public:
+  explicit llama_server(std::string port = free_port()) : port_(std::move(port)) {
+    proc_ = std::make_unique<efim_test::process>(
+        std::vector<std::string>{llama_server_path, "-m", model_file(), "--host", "127.0.0.1", "--port", port_, "-c",
+                                 "8192", "-np", "2", "-t", "2", "--no-webui", "--no-warmup"},
+        build_dir + "/upstream-llama-server-" + port_ + ".log");
+    client c(parse_url(url()), std::chrono::seconds(5));
+    for (int i = 0; i < 1200; ++i) {
+      REQUIRE(proc_->running());
+      try {
+        if (c.get("/health").status == 200) return;
+      } catch (const std::exception&) {
+        c.close();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    FAIL("llama-server did not start: " << proc_->log());
+  }
+
+  [[nodiscard]] std::string url() const { return "http://127.0.0.1:" + port_; }
+  [[nodiscard]] const std::string& port() const { return port_; }
+  efim_test::process& proc() { return *proc_; }
+
+ private:
+  std::string port_;
+  std::unique_ptr<efim_test::process> proc_;
+};
+
+llama_server& shared_llama() {
+  static llama_server s;
+  return s;
+}
+
+efim_test::server_process& shared_efim() {
+  static efim_test::server_process s(EFIM_SERVER_PATH,
+                                     {"--upstream", shared_llama().url(), "--tokenizer", tokenizer_path,
+                                      "--upstream-timeout-ms", "60000", "--n-predict", "16"},
+                                     build_dir + "/upstream-efim-server.log");
+  return s;
+}
+
+json post_json(client& c, const std::string& path, const json& body, int want = 200) {
+  const auto r = c.post(path, body.dump());
+  INFO(path << " -> " << r.status << " " << r.body);
+  REQUIRE(r.status == want);
+  return json::parse(r.body);
+}
+
+// Code of about `lines` lines, different for each seed.
+std::string code(int seed, int lines) {
+  std::string s;
+  for (int i = 0; i < lines; ++i)
+    s += "    total_" + std::to_string(seed) + " += compute_value(" + std::to_string(i * 7 + seed) + ", items[" +
+         std::to_string(i) + "])\n";
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("efim-server checks the upstream's vocabulary and says what it serves", "[upstream]") {
+  require_tools();
+  auto& efim = shared_efim();
+  CHECK(efim.log().find("vocabulary checked") != std::string::npos);
+  client c(parse_url(efim.url()));
+  CHECK(c.get("/health").status == 200);
+  const json models = json::parse(c.get("/v1/models").body);
+  CHECK(models["data"][0]["meta"]["n_ctx"] == 4096);  // llama-server's context per slot
+  CHECK(models["data"][0]["meta"]["format"] == "efim");
+
+  // A vocabulary that is not the upstream's: refused at start, with the reason.
+  const std::string other = std::string(EFIM_SHARED_DATA) + "/vocab/ggml-vocab-starcoder.gguf";
+  if (fs::exists(other)) {
+    efim_test::process wrong({EFIM_SERVER_PATH, "--upstream", shared_llama().url(), "--tokenizer", other, "--port", "0"},
+                             build_dir + "/upstream-efim-wrong-vocab.log");
+    const int code = wrong.stop(0, std::chrono::seconds(60));  // signal 0: waits for it to exit by itself
+    INFO(wrong.log());
+    CHECK(code == 1);
+    CHECK(wrong.log().find("vocabulary") != std::string::npos);
+  }
+}
+
+TEST_CASE("greedy text through efim-server equals llama-server's own on the same ids", "[upstream]") {
+  require_tools();
+  client e(parse_url(shared_efim().url()));
+  client l(parse_url(shared_llama().url()));
+  const std::string prefix = "def total(items):\n" + code(1, 6) + "    return tot";
+  const std::string suffix = "\n\nprint(total([1, 2, 3]))\n";
+  // The first request of a session is laid out as <PRE>prefix<SUF>suffix<MID>.
+  const json ids = post_json(e, "/tokenize",
+                             {{"content", "<|fim_prefix|>" + prefix + "<|fim_suffix|>" + suffix + "<|fim_middle|>"},
+                              {"parse_special", true}})["tokens"];
+  const json direct = post_json(l, "/completion",
+                                {{"prompt", ids},
+                                 {"n_predict", 24},
+                                 {"temperature", 0},
+                                 {"top_k", 0},
+                                 {"min_p", 0},
+                                 {"cache_prompt", false},
+                                 {"return_tokens", true}});
+  for (const bool stream : {false, true}) {
+    const json body = {{"input_prefix", prefix}, {"input_suffix", suffix}, {"n_predict", 24},
+                       {"temperature", 0},       {"stream", stream},       {"return_tokens", true},
+                       {"session_id", stream ? "greedy-stream" : "greedy"}};
+    std::string text;
+    std::vector<int> tokens;
+    json final;
+    if (!stream) {
+      final = post_json(e, "/infill", body);
+      text = final["content"];
+      tokens = final["tokens"].get<std::vector<int>>();
+    } else {
+      efim_examples::http::sse_reader sse;
+      const auto r = e.post("/infill", body.dump(), {}, [&](std::string_view bytes) {
+        sse.feed(bytes, [&](std::string_view data) {
+          const json ev = json::parse(data);
+          if (ev.value("stop", false)) {
+            final = ev;
+            text += ev.value("content", "");
+          } else {
+            text += ev["content"].get<std::string>();
+            for (const auto& t : ev["tokens"]) tokens.push_back(t.get<int>());
+          }
+        });
+      });
+      REQUIRE(r.status == 200);
+    }
+    INFO("stream " << stream << ": efim " << json(text).dump() << ", llama-server " << direct["content"].dump());
+    CHECK(text == direct["content"].get<std::string>());
+    auto theirs = direct["tokens"].get<std::vector<int>>();
+    if (direct["stop_type"] == "eos" && !theirs.empty()) theirs.pop_back();  // llama.cpp lists the end token
+    CHECK(tokens == theirs);
+    CHECK(final["tokens_evaluated"] == ids.size());
+  }
+}
+
+TEST_CASE("keystrokes through efim-server: llama-server computes only what was typed", "[upstream]") {
+  require_tools();
+  client e(parse_url(shared_efim().url()));
+  const std::string prefix = "def run(items):\n" + code(2, 40);
+  const std::string suffix = "\n" + code(3, 40) + "\nrun([])\n";
+  const std::string typed = "    result = compute_value(";
+  std::size_t most = 0;
+  for (std::size_t i = 0; i <= typed.size(); i += 3) {
+    const json r = post_json(e, "/infill",
+                             {{"input_prefix", prefix + typed.substr(0, i)},
+                              {"input_suffix", suffix},
+                              {"n_predict", 4},
+                              {"temperature", 0},
+                              {"session_id", "keys"}});
+    const std::size_t computed = r["timings"]["prompt_n"].get<std::size_t>();
+    INFO("keystroke " << i << ": prompt " << r["tokens_evaluated"] << ", computed " << computed);
+    CHECK(r["tokens_evaluated"].get<std::size_t>() > 900);
+    if (i > 0) most = std::max(most, computed);
+    if (i > 0) CHECK(computed <= 3 + 16);  // the typed characters' tokens, and the few after the cut
+  }
+  CHECK(most > 0);
+}
+
+TEST_CASE("bad input is refused before it reaches the upstream", "[upstream]") {
+  require_tools();
+  client e(parse_url(shared_efim().url()));
+  CHECK(e.post("/infill", "{not json").status == 400);
+  CHECK(e.post("/infill", json{{"input_prefix", "a"}, {"input_suffix", "b"}, {"n_predict", -5}}.dump()).status == 400);
+  CHECK(e.post("/infill", std::string("{\"input_prefix\": \"\xff\", \"input_suffix\": \"\"}")).status == 400);
+  // Longer than the upstream's context.
+  CHECK(e.post("/infill", json{{"input_prefix", code(4, 600)}, {"input_suffix", ""}, {"n_predict", 4}}.dump()).status ==
+        400);
+}
+
+TEST_CASE("an upstream that dies or stalls gets a clear error, and efim-server keeps serving", "[upstream]") {
+  require_tools();
+  auto up = std::make_unique<llama_server>();
+  const std::string port = up->port();
+  efim_test::server_process efim(EFIM_SERVER_PATH,
+                                 {"--upstream", up->url(), "--tokenizer", tokenizer_path, "--upstream-timeout-ms", "3000"},
+                                 build_dir + "/upstream-efim-failures.log");
+  client e(parse_url(efim.url()));
+  const json body = {{"input_prefix", "def f(x):\n    return "}, {"input_suffix", "\n"}, {"n_predict", 8}};
+  CHECK(post_json(e, "/infill", body).contains("content"));
+
+  SECTION("killed in the middle of a stream") {
+    json streaming = body;
+    streaming["stream"] = true;
+    streaming["n_predict"] = 4000;
+    streaming["ignore_eos"] = true;  // long enough to be cut
+    std::string seen;
+    bool killed = false;
+    const auto r = e.post("/infill", streaming.dump(), {}, [&](std::string_view bytes) {
+      seen += bytes;
+      if (!killed) {
+        killed = true;
+        up->proc().stop(SIGKILL);
+      }
+    });
+    CHECK(r.status == 200);
+    INFO(seen.substr(seen.size() > 600 ? seen.size() - 600 : 0));
+    CHECK(seen.find("\"error\"") != std::string::npos);
+    // The server is up; the dead upstream is answered 502 at once.
+    CHECK(e.get("/health").status == 200);
+    const auto dead = e.post("/infill", body.dump());
+    CHECK(dead.status == 502);
+    CHECK(dead.body.find("upstream") != std::string::npos);
+    // The upstream comes back on its port: served again.
+    up.reset();
+    up = std::make_unique<llama_server>(port);
+    CHECK(post_json(e, "/infill", body).contains("content"));
+  }
+
+  SECTION("stalled: answered 504 after the timeout") {
+    kill(up->proc().pid(), SIGSTOP);
+    const auto start = std::chrono::steady_clock::now();
+    const auto r = e.post("/v1/completions", json{{"prompt", "x = "}, {"suffix", "\n"}, {"max_tokens", 4}}.dump());
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    kill(up->proc().pid(), SIGCONT);
+    INFO(r.body);
+    CHECK(r.status == 504);
+    CHECK(json::parse(r.body)["error"]["message"].get<std::string>().find("upstream") != std::string::npos);
+    CHECK(s < 20);
+    CHECK(post_json(e, "/infill", body).contains("content"));
+  }
+  CHECK(efim.stop() == 0);
+}
