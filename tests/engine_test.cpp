@@ -1388,3 +1388,57 @@ TEST_CASE("token healing: the pipeline's healing policy is a type (no_healing, a
   }
   CHECK(healed > 0);
 }
+
+TEST_CASE("generation: tokens an engine elsewhere did not name are shown by their text and counted", "[engine]") {
+  const text::byte_tokenizer tok(prompt::qwen25_coder.special_tokens());
+  const text::prefix_index index(tok);
+  const token_id eos = *tok.special_id("<|endoftext|>");
+  const auto make = [&](std::size_t max_tokens, std::vector<std::string> stop, std::string heal,
+                        std::vector<std::string>& shown, engine::completion& done) {
+    engine::prepared_request p;
+    p.result.id = 7;
+    p.max_tokens = max_tokens;
+    p.stop.strings = std::move(stop);
+    p.heal_text = std::move(heal);
+    return engine::generation<text::byte_tokenizer>(
+        tok, p,
+        engine::stream{[&](const engine::token_event& e) { shown.emplace_back(e.text); },
+                       [&](engine::completion&& c) { done = std::move(c); }});
+  };
+  const std::string unnamed = "\xE5\xBB\xBA\xEF\xBF\xBD";  // what llama.cpp sends for a token of bytes it cannot show
+
+  SECTION("shown before the next token, counted in max_tokens, not in the ids") {
+    std::vector<std::string> shown;
+    engine::completion done;
+    auto g = make(3, {}, {}, shown, done);
+    CHECK_FALSE(g.take('x', &index, eos, unnamed, 1));
+    const auto why = g.take('y', &index, eos);  // 1 unnamed + x + y = 3
+    REQUIRE(why == engine::finish_reason::length);
+    CHECK(g.complete(*why));
+    CHECK(g.deliver() == nullptr);
+    CHECK(shown == std::vector<std::string>{unnamed + "x", "y"});
+    CHECK(done.text == unnamed + "xy");
+    CHECK(done.tokens == std::vector<token_id>{'x', 'y'});
+  }
+  SECTION("before the end of the text: shown, then the end") {
+    std::vector<std::string> shown;
+    engine::completion done;
+    auto g = make(16, {}, {}, shown, done);
+    CHECK(g.take(eos, &index, eos, unnamed, 1) == engine::finish_reason::eos);
+    CHECK(g.result().text == unnamed);
+    CHECK(g.result().tokens.empty());
+  }
+  SECTION("a stop string in their text stops there") {
+    std::vector<std::string> shown;
+    engine::completion done;
+    auto g = make(16, {"\xEF\xBF\xBD"}, {}, shown, done);
+    CHECK(g.take('x', &index, eos, unnamed, 1) == engine::finish_reason::stop);
+    CHECK(g.result().text == "\xE5\xBB\xBA");
+  }
+  SECTION("refused while healing gives back removed text (the text cannot be checked against it)") {
+    std::vector<std::string> shown;
+    engine::completion done;
+    auto g = make(16, {}, "ab", shown, done);
+    CHECK_THROWS_AS(g.take('a', &index, eos, unnamed, 1), efim::error);
+  }
+}

@@ -181,15 +181,18 @@ class request_preparer {
   // A request of a session has ended: the session no longer waits for it. What it generated is kept
   // for the next request when the format puts typed text at the end (so generated ids extend the
   // prompt whose KV holds them) and the text was seen whole; after healing, the generated ids follow
-  // a prompt without the removed tokens, which is not the session's. Any thread.
-  void close(const completion& c, std::uint64_t session_version, const std::shared_ptr<std::atomic<bool>>& superseded) {
+  // a prompt without the removed tokens, which is not the session's. Only the first `known_tokens`
+  // generated ids are recorded (an engine elsewhere may not have named the rest). Any thread.
+  void close(const completion& c, std::uint64_t session_version, const std::shared_ptr<std::atomic<bool>>& superseded,
+             std::size_t known_tokens = SIZE_MAX) {
     if (c.session.empty()) return;
     const bool seen = c.reason == finish_reason::eos || c.reason == finish_reason::length ||
                       c.reason == finish_reason::stop || c.reason == finish_reason::indent ||
                       c.reason == finish_reason::time_limit;
     std::optional<prompt::generation_record> generated;
-    if (F::typed_at_end && seen && !c.tokens.empty() && c.healed_tokens == 0)
-      generated = prompt::generation_of(tok_, session_version, c.tokens);
+    const std::size_t known = std::min(known_tokens, c.tokens.size());
+    if (F::typed_at_end && seen && known > 0 && c.healed_tokens == 0)
+      generated = prompt::generation_of(tok_, session_version, std::span(c.tokens).first(known));
     sessions_.finish(c.session, in_flight{c.id, superseded}, std::move(generated));
   }
 
@@ -334,14 +337,23 @@ class generation {
   // token ends it: then the caller completes it (complete()). finish_reason::error: on_token threw
   // (completion::error holds it). On_token may end this request itself (finished() is then true,
   // and nothing is returned); what it throws then is left in orphan().
-  std::optional<finish_reason> take(token_id t, const text::prefix_index* heal_index, std::optional<token_id> eos) {
-    if (eos && t == *eos && !ignore_eos_) return finish_reason::eos;
+  // `unnamed` tokens whose ids are not known came before t (an engine elsewhere gave only their
+  // text, `before`: shown before t's, counted in max_tokens, never in completion::tokens).
+  std::optional<finish_reason> take(token_id t, const text::prefix_index* heal_index, std::optional<token_id> eos,
+                                    std::string_view before = {}, std::size_t unnamed = 0) {
+    require(unnamed == 0 || !heal_.active(), errc::invalid_argument,
+            "generation: tokens without ids while the removed text is given back");
+    piece_.assign(before);
+    unnamed_ += unnamed;
+    const bool ends = eos && t == *eos && !ignore_eos_;
+    if (ends && piece_.empty()) return finish_reason::eos;
     auto& c = result_;
     const auto now = clock::now();
-    if (c.tokens.empty()) c.first_token = now;
-    c.tokens.push_back(t);
-    piece_.clear();
-    if (heal_.active()) {  // the client has the removed text: only what follows it goes on
+    if (c.tokens.empty() && unnamed_ == unnamed) c.first_token = now;
+    if (!ends) c.tokens.push_back(t);
+    if (ends) {
+      // Only the text before it is shown.
+    } else if (heal_.active()) {  // the client has the removed text: only what follows it goes on
       const std::string_view bytes = tok_->token_bytes(t);
       const std::size_t given_back = heal_.take(*heal_index, t);
       if (given_back == bytes.size()) {
@@ -372,7 +384,8 @@ class generation {
       return finish_reason::stop;
     }
     if (verdict == text_gate::verdict::indent) return finish_reason::indent;
-    if (c.tokens.size() - c.healing_steps >= max_tokens_) {
+    if (ends) return finish_reason::eos;
+    if (c.tokens.size() + unnamed_ - c.healing_steps >= max_tokens_) {
       c.truncated = limited_;
       return finish_reason::length;
     }
@@ -430,6 +443,7 @@ class generation {
   completion result_;
   std::size_t prompt_tokens_;
   text::heal_constraint heal_;
+  std::size_t unnamed_ = 0;  // generated tokens whose ids are not known
   bool finished_ = false;
   std::exception_ptr orphan_;
   std::string piece_;  // the text of the token being taken

@@ -454,6 +454,7 @@ class upstream_pipeline {
     std::size_t decoded = 0;  // tokens the upstream has reported generating
     bool ended = false;       // the exchange is over
     std::optional<finish_reason> final_reason;  // OpenAI: the choice's finish_reason, before usage and [DONE]
+    std::size_t known_tokens = SIZE_MAX;        // generated ids before the first the upstream did not name
   };
 
   // ---- request bodies ----
@@ -570,9 +571,10 @@ class upstream_pipeline {
     const std::size_t decoded = j.contains("tokens_predicted") && j["tokens_predicted"].is_number_unsigned()
                                     ? j["tokens_predicted"].get<std::size_t>()
                                     : r.decoded + ids.size();
+    named gap;
     if (!last && decoded > r.decoded + ids.size()) {
-      const std::string content = j.value("content", std::string());
-      ids = fill_gap(content, ids, decoded - r.decoded - ids.size());
+      gap = fill_gap(j.value("content", std::string()), ids, decoded - r.decoded - ids.size());
+      ids = std::move(gap.ids);
     }
     if (!last) r.decoded = std::max(decoded, r.decoded + ids.size());
     // What it took from its cache (every event has its timings: timings_per_token).
@@ -583,8 +585,9 @@ class upstream_pipeline {
       else if (t->contains("prompt_n") && (*t)["prompt_n"].is_number_unsigned())
         c.cached_tokens = c.prompt_tokens - std::min(c.prompt_tokens, (*t)["prompt_n"].get<std::size_t>());
     }
-    for (const token_id t : ids)
-      if (take(id, r, t)) return;
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      if (i == 0 && gap.unnamed > 0 ? take(id, r, ids[i], gap.unnamed_text, gap.unnamed) : take(id, r, ids[i]))
+        return;
     if (!last) return;
     const std::string why = j.value("stop_type", std::string());
     finish(id, r, why == "eos" ? finish_reason::eos : finish_reason::length);
@@ -625,14 +628,23 @@ class upstream_pipeline {
     return static_cast<token_id>(t.get<std::int64_t>());
   }
 
-  // The `missing` ids whose bytes, followed by those of `known`, make `content`.
-  std::vector<token_id> fill_gap(std::string_view content, const std::vector<token_id>& known, std::size_t missing) {
+  // What an event's text says of the tokens it has no ids for.
+  struct named {
+    std::vector<token_id> ids;
+    std::string unnamed_text;  // the text of the tokens no ids could be found for (then ids = known)
+    std::size_t unnamed = 0;
+  };
+
+  // The `missing` ids whose bytes, followed by those of `known`, make `content`. Where the text is
+  // not their bytes (llama.cpp sends U+FFFD for bytes that are not UTF-8), their text goes on as it is.
+  named fill_gap(std::string_view content, const std::vector<token_id>& known, std::size_t missing) {
     std::string tail;
     for (const token_id t : known) tail += prep_.tokenizer().token_bytes(t);
-    require(content.ends_with(tail), errc::upstream, "the upstream's text does not end with its tokens' bytes");
+    require(!known.empty() && content.ends_with(tail), errc::upstream,
+            "the upstream's text does not end with its tokens' bytes (is its vocabulary the same?)");
     const std::string_view gap = content.substr(0, content.size() - tail.size());
     const auto& index = prep_.heal_index();
-    std::vector<token_id> found;
+    named out;
     // Depth-first: `missing` tokens that spell the gap (almost always one or two byte tokens).
     const std::function<bool(std::string_view, std::size_t)> spell = [&](std::string_view rest, std::size_t n) {
       if (n == 0) return rest.empty();
@@ -642,20 +654,24 @@ class upstream_pipeline {
       for (const token_id t : index.extending(rest))
         if (index.bytes(t).size() == rest.size()) candidates.push_back(t);
       for (const token_id t : candidates) {
-        found.push_back(t);
+        out.ids.push_back(t);
         if (spell(rest.substr(index.bytes(t).size()), n - 1)) return true;
-        found.pop_back();
+        out.ids.pop_back();
       }
       return false;
     };
-    require(spell(gap, missing), errc::upstream,
-            "the upstream generated tokens efim cannot name (is its vocabulary the same?)");
-    found.insert(found.end(), known.begin(), known.end());
-    return found;
+    if (!spell(gap, missing)) {
+      out.ids.clear();
+      out.unnamed_text = gap;
+      out.unnamed = missing;
+    }
+    out.ids.insert(out.ids.end(), known.begin(), known.end());
+    return out;
   }
 
-  // One generated token to the client; true if the request ended.
-  bool take(request_id id, live& r, token_id t) {
+  // One generated token to the client (after `unnamed` tokens whose ids are unknown and whose text is
+  // `before`); true if the request ended.
+  bool take(request_id id, live& r, token_id t, std::string_view before = {}, std::size_t unnamed = 0) {
     if (r.prefill_only) {  // max_tokens 0: the prompt only (the upstream may have generated one token)
       finish(id, r, finish_reason::length);
       return true;
@@ -665,7 +681,8 @@ class upstream_pipeline {
     const auto& index = prep_.heal_index();
     if (r.gen.heal().active() && !r.gen.heal().allows(index, t))
       throw error(errc::upstream, "the upstream did not keep to the healing constraint");
-    const auto why = r.gen.take(t, &index, prep_.eos());
+    if (unnamed > 0) r.known_tokens = std::min(r.known_tokens, c.tokens.size());  // ids after it are not recorded
+    const auto why = r.gen.take(t, &index, prep_.eos(), before, unnamed);
     if (auto orphan = r.gen.orphan()) callback_failed(id, std::move(orphan));
     if (r.gen.finished()) return true;
     if (why) {
@@ -688,7 +705,7 @@ class upstream_pipeline {
     auto& c = r.gen.result();
     if (c.prompt_done == engine::clock::time_point{}) c.prompt_done = engine::clock::now();
     r.gen.complete(why);
-    prep_.close(r.gen.result(), r.session_version, r.superseded);
+    prep_.close(r.gen.result(), r.session_version, r.superseded, r.known_tokens);
     --running_;
     if (auto e = r.gen.deliver()) callback_failed(id, std::move(e));
   }
