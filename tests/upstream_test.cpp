@@ -230,6 +230,72 @@ TEST_CASE("keystrokes through efim-server: llama-server computes only what was t
   CHECK(most > 0);
 }
 
+TEST_CASE("token healing through the upstream's grammar: the client gets what follows the removed text",
+          "[upstream]") {
+  require_tools();
+  client e(parse_url(shared_efim().url()));
+  const std::string prefix = "def mean(values):\n" + code(5, 8);
+  const std::string suffix = "\n\nprint(mean([1.0, 2.0]))\n";
+  post_json(e, "/infill", {{"input_prefix", prefix}, {"input_suffix", suffix}, {"n_predict", 2}, {"session_id", "heal"}});
+  // Typed text cut mid-word is healed: its last tokens go, and the upstream must give them back first.
+  const std::string typed = "    return sum(val";
+  const json r = post_json(e, "/infill",
+                           {{"input_prefix", prefix + typed},
+                            {"input_suffix", suffix},
+                            {"n_predict", 8},
+                            {"temperature", 0},
+                            {"heal_tokens", 2},
+                            {"return_tokens", true},
+                            {"session_id", "heal"}});
+  INFO(r.dump());
+  REQUIRE(r["efim"]["healed_tokens"].get<int>() > 0);
+  // Everything the upstream generated, detokenized: the removed text, then the client's text.
+  const std::string all = post_json(e, "/detokenize", {{"tokens", r["tokens"]}})["content"];
+  const std::string content = r["content"];
+  REQUIRE(all.size() > content.size());
+  CHECK(all.ends_with(content));
+  const std::string removed = all.substr(0, all.size() - content.size());
+  CHECK(typed.ends_with(removed));
+}
+
+TEST_CASE("a client that hangs up ends its request at the upstream", "[upstream]") {
+  require_tools();
+  client e(parse_url(shared_efim().url()));
+  client l(parse_url(shared_llama().url()));
+  const auto processing = [&] {
+    int n = 0;
+    for (const auto& slot : json::parse(l.get("/slots").body)) n += slot.value("is_processing", false) ? 1 : 0;
+    return n;
+  };
+  {
+    client gone(parse_url(shared_efim().url()));
+    try {
+      gone.post("/infill",
+                json{{"input_prefix", "def f():\n"}, {"input_suffix", ""}, {"n_predict", 4000}, {"ignore_eos", true},
+                     {"stream", true}}
+                    .dump(),
+                {}, [&](std::string_view) { throw std::runtime_error("hang up"); });  // at the first bytes
+    } catch (const std::runtime_error&) {
+    }
+    CHECK(processing() == 1);
+  }  // the connection closes here
+  int left = 1;
+  for (int i = 0; i < 200 && left > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    left = processing();
+  }
+  CHECK(left == 0);
+  // llama-server says where it stopped: far before the 4,000 tokens asked for.
+  const std::string log = shared_llama().proc().log();
+  const std::string marker = "stop processing: n_tokens = ";
+  const auto at = log.rfind(marker);
+  REQUIRE(at != std::string::npos);
+  const int tokens = std::stoi(log.substr(at + marker.size()));
+  INFO(log.substr(at, 80));
+  CHECK(tokens < 2000);
+  CHECK(post_json(e, "/infill", {{"input_prefix", "x = "}, {"input_suffix", ""}, {"n_predict", 2}}).contains("content"));
+}
+
 TEST_CASE("bad input is refused before it reaches the upstream", "[upstream]") {
   require_tools();
   client e(parse_url(shared_efim().url()));
