@@ -113,6 +113,15 @@ efim_test::server_process& shared_efim() {
   return s;
 }
 
+// The same, speaking OpenAI's /v1/completions to llama-server (ids from its logprobs).
+efim_test::server_process& shared_efim_openai() {
+  static efim_test::server_process s(EFIM_SERVER_PATH,
+                                     {"--upstream", shared_llama().url(), "--upstream-api", "openai", "--tokenizer",
+                                      tokenizer_path, "--upstream-timeout-ms", "60000", "--n-predict", "16"},
+                                     build_dir + "/upstream-efim-server-openai.log");
+  return s;
+}
+
 json post_json(client& c, const std::string& path, const json& body, int want = 200) {
   const auto r = c.post(path, body.dump());
   INFO(path << " -> " << r.status << " " << r.body);
@@ -155,7 +164,9 @@ TEST_CASE("efim-server checks the upstream's vocabulary and says what it serves"
 
 TEST_CASE("greedy text through efim-server equals llama-server's own on the same ids", "[upstream]") {
   require_tools();
-  client e(parse_url(shared_efim().url()));
+  const bool openai = GENERATE(false, true);  // efim-server speaks llama.cpp's /completion, or OpenAI's API
+  INFO("--upstream-api " << (openai ? "openai" : "llama"));
+  client e(parse_url(openai ? shared_efim_openai().url() : shared_efim().url()));
   client l(parse_url(shared_llama().url()));
   const std::string prefix = "def total(items):\n" + code(1, 6) + "    return tot";
   const std::string suffix = "\n\nprint(total([1, 2, 3]))\n";
@@ -174,7 +185,7 @@ TEST_CASE("greedy text through efim-server equals llama-server's own on the same
   for (const bool stream : {false, true}) {
     const json body = {{"input_prefix", prefix}, {"input_suffix", suffix}, {"n_predict", 24},
                        {"temperature", 0},       {"stream", stream},       {"return_tokens", true},
-                       {"session_id", stream ? "greedy-stream" : "greedy"}};
+                       {"session_id", std::string(openai ? "openai-" : "") + (stream ? "greedy-stream" : "greedy")}};
     std::string text;
     std::vector<int> tokens;
     json final;
@@ -209,7 +220,9 @@ TEST_CASE("greedy text through efim-server equals llama-server's own on the same
 
 TEST_CASE("keystrokes through efim-server: llama-server computes only what was typed", "[upstream]") {
   require_tools();
-  client e(parse_url(shared_efim().url()));
+  const bool openai = GENERATE(false, true);
+  INFO("--upstream-api " << (openai ? "openai" : "llama"));
+  client e(parse_url(openai ? shared_efim_openai().url() : shared_efim().url()));
   const std::string prefix = "def run(items):\n" + code(2, 40);
   const std::string suffix = "\n" + code(3, 40) + "\nrun([])\n";
   const std::string typed = "    result = compute_value(";
@@ -220,7 +233,7 @@ TEST_CASE("keystrokes through efim-server: llama-server computes only what was t
                               {"input_suffix", suffix},
                               {"n_predict", 4},
                               {"temperature", 0},
-                              {"session_id", "keys"}});
+                              {"session_id", openai ? "openai-keys" : "keys"}});
     const std::size_t computed = r["timings"]["prompt_n"].get<std::size_t>();
     INFO("keystroke " << i << ": prompt " << r["tokens_evaluated"] << ", computed " << computed);
     CHECK(r["tokens_evaluated"].get<std::size_t>() > 900);

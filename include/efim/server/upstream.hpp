@@ -489,8 +489,10 @@ class upstream_pipeline {
               {"temperature", p.sampling.temperature},
               {"top_p", p.sampling.top_p},
               {"seed", p.sampling.seed & 0x7fffffffu},
-              {"return_token_ids", true},  // vLLM: each chunk's token ids
-              {"return_tokens", true}};    // llama-server
+              {"return_token_ids", true},   // vLLM: each chunk's token ids
+              {"logprobs", 1},              // llama-server: each token's id, in its logprobs
+              {"timings_per_token", true},  // llama-server: its cache use and token count in every chunk
+              {"cache_prompt", true}};
     if (p.sampling.top_k > 0) b["top_k"] = p.sampling.top_k;
     if (p.ignore_eos) b["ignore_eos"] = true;
     if (!p.heal_text.empty()) {
@@ -564,61 +566,91 @@ class upstream_pipeline {
   // "timings". A token that ends inside a UTF-8 character is sent with the next one's event, whose
   // "tokens" holds the later id only: the ids between are found from the bytes of "content".
   void on_llama_event(request_id id, live& r, const json& j) {
+    read_timings(r, j);
     const bool last = j.value("stop", false);
-    std::vector<token_id> ids;
-    if (const auto it = j.find("tokens"); it != j.end() && it->is_array())
-      for (const auto& t : *it) ids.push_back(checked_id(t));
-    const std::size_t decoded = j.contains("tokens_predicted") && j["tokens_predicted"].is_number_unsigned()
-                                    ? j["tokens_predicted"].get<std::size_t>()
-                                    : r.decoded + ids.size();
-    named gap;
-    if (!last && decoded > r.decoded + ids.size()) {
-      gap = fill_gap(j.value("content", std::string()), ids, decoded - r.decoded - ids.size());
-      ids = std::move(gap.ids);
+    if (!last) {  // the last event repeats no tokens when streaming
+      std::vector<token_id> ids;
+      if (const auto it = j.find("tokens"); it != j.end() && it->is_array())
+        for (const auto& t : *it) ids.push_back(checked_id(t));
+      const std::size_t decoded = j.contains("tokens_predicted") && j["tokens_predicted"].is_number_unsigned()
+                                      ? j["tokens_predicted"].get<std::size_t>()
+                                      : 0;
+      (void)take_event(id, r, std::move(ids), decoded, j.value("content", std::string()));
+      return;
     }
-    if (!last) r.decoded = std::max(decoded, r.decoded + ids.size());
-    // What it took from its cache (every event has its timings: timings_per_token).
-    if (const auto t = j.find("timings"); t != j.end() && t->is_object()) {
-      auto& c = r.gen.result();
-      if (t->contains("cache_n") && (*t)["cache_n"].is_number_unsigned())
-        c.cached_tokens = std::min(c.prompt_tokens, (*t)["cache_n"].get<std::size_t>());
-      else if (t->contains("prompt_n") && (*t)["prompt_n"].is_number_unsigned())
-        c.cached_tokens = c.prompt_tokens - std::min(c.prompt_tokens, (*t)["prompt_n"].get<std::size_t>());
-    }
-    for (std::size_t i = 0; i < ids.size(); ++i)
-      if (i == 0 && gap.unnamed > 0 ? take(id, r, ids[i], gap.unnamed_text, gap.unnamed) : take(id, r, ids[i]))
-        return;
-    if (!last) return;
     const std::string why = j.value("stop_type", std::string());
     finish(id, r, why == "eos" ? finish_reason::eos : finish_reason::length);
   }
 
-  // OpenAI's stream: {"choices": [{"text", "finish_reason", "token_ids"?}], "usage"?}.
+  // OpenAI's stream: {"choices": [{"text", "finish_reason", ids?}], "usage"?}. The ids: vLLM's
+  // "token_ids" (return_token_ids), or llama-server's "logprobs": {"content": [{"id"}]}; llama-server's
+  // "timings" say how many tokens it generated, so the ids it leaves out are found as with /completion.
   void on_openai_event(request_id id, live& r, const json& j) {
+    read_timings(r, j);
     if (const auto u = j.find("usage"); u != j.end() && u->is_object()) {
       const auto d = u->find("prompt_tokens_details");
       if (d != u->end() && d->is_object() && d->contains("cached_tokens") && (*d)["cached_tokens"].is_number_unsigned())
-        r.gen.result().cached_tokens = (*d)["cached_tokens"].get<std::size_t>();
+        r.gen.result().cached_tokens = std::min(r.gen.result().prompt_tokens, (*d)["cached_tokens"].get<std::size_t>());
     }
     const auto choices = j.find("choices");
     if (choices == j.end() || !choices->is_array() || choices->empty()) return;  // usage alone
     const json& c = (*choices)[0];
     std::vector<token_id> ids;
     bool has_ids = false;
-    for (const char* name : {"token_ids", "tokens"})
-      if (const auto it = c.find(name); it != c.end() && it->is_array()) {
-        has_ids = true;
-        for (const auto& t : *it) ids.push_back(checked_id(t));
-        break;
+    if (const auto it = c.find("token_ids"); it != c.end() && it->is_array()) {
+      has_ids = true;
+      for (const auto& t : *it) ids.push_back(checked_id(t));
+    } else if (const auto lp = c.find("logprobs"); lp != c.end() && lp->is_object() && lp->contains("content") &&
+                                                   (*lp)["content"].is_array()) {
+      has_ids = true;
+      for (const auto& t : (*lp)["content"]) {
+        require(t.is_object() && t.contains("id"), errc::upstream, "the upstream's logprobs name no token ids");
+        ids.push_back(checked_id(t["id"]));
       }
-    require(has_ids || c.value("text", std::string()).empty(), errc::upstream,
-            "the upstream sent text without its token ids (vLLM: return_token_ids; llama-server: return_tokens)");
-    for (const token_id t : ids)
-      if (take(id, r, t)) return;
-    if (const auto f = c.find("finish_reason"); f != c.end() && f->is_string()) {
-      r.final_reason = f->get<std::string>() == "stop" ? finish_reason::eos : finish_reason::length;
+    }
+    const std::string text = c.contains("text") && c["text"].is_string() ? c["text"].get<std::string>() : "";
+    require(has_ids || text.empty(), errc::upstream,
+            "the upstream sent text without its token ids (vLLM: return_token_ids, 0.10.2 and later; llama-server: "
+            "logprobs)");
+    std::size_t decoded = 0;
+    if (const auto t = j.find("timings"); t != j.end() && t->is_object() && t->contains("predicted_n") &&
+                                          (*t)["predicted_n"].is_number_unsigned())
+      decoded = (*t)["predicted_n"].get<std::size_t>();
+    const bool final = c.contains("finish_reason") && c["finish_reason"].is_string();
+    if (!ids.empty() || !text.empty())
+      if (take_event(id, r, std::move(ids), final ? 0 : decoded, text)) return;
+    if (final) {
+      r.final_reason = c["finish_reason"].get<std::string>() == "stop" ? finish_reason::eos : finish_reason::length;
       if (r.prefill_only) r.final_reason = finish_reason::length;
     }
+  }
+
+  // What the upstream took from its cache, where the event says (llama.cpp's timings, in every event
+  // with timings_per_token: efim may end the request before the last).
+  static void read_timings(live& r, const json& j) {
+    const auto t = j.find("timings");
+    if (t == j.end() || !t->is_object()) return;
+    auto& c = r.gen.result();
+    if (t->contains("cache_n") && (*t)["cache_n"].is_number_unsigned())
+      c.cached_tokens = std::min(c.prompt_tokens, (*t)["cache_n"].get<std::size_t>());
+    else if (t->contains("prompt_n") && (*t)["prompt_n"].is_number_unsigned())
+      c.cached_tokens = c.prompt_tokens - std::min(c.prompt_tokens, (*t)["prompt_n"].get<std::size_t>());
+  }
+
+  // One event's tokens to the client: `ids`, after the ones it left out where the upstream says it has
+  // generated more (`decoded`; 0: it does not say), found from the event's `text`. True if the request
+  // ended.
+  bool take_event(request_id id, live& r, std::vector<token_id> ids, std::size_t decoded, std::string_view text) {
+    named gap;
+    if (decoded > r.decoded + ids.size()) {
+      gap = fill_gap(text, ids, decoded - r.decoded - ids.size());
+      ids = std::move(gap.ids);
+    }
+    r.decoded = std::max(decoded, r.decoded + ids.size() + gap.unnamed);
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      if (i == 0 && gap.unnamed > 0 ? take(id, r, ids[i], gap.unnamed_text, gap.unnamed) : take(id, r, ids[i]))
+        return true;
+    return false;
   }
 
   token_id checked_id(const json& t) const {
