@@ -14,7 +14,8 @@ if [ "${1:-}" != "--inside" ]; then
     command -v $tool > /dev/null || { echo "llama_vim: skipped: no $tool (run .ci/setup)"; exit 0; }
   done
   [ -f "$plugin/autoload/llama.vim" ] || { echo "llama_vim: skipped: no llama.vim in $plugin"; exit 0; }
-  exec bash "$here/with_server.sh" "$server" --threads 2 -- bash "$0" --inside "$plugin"
+  # EFIM_WITH_SERVER: another launcher (with_llama_server.sh: efim-server in front of llama-server).
+  exec ${EFIM_WITH_SERVER:-bash $here/with_server.sh} "$server" --threads 2 -- bash "$0" --inside "$plugin"
 fi
 plugin=$2
 work=$(mktemp -d)

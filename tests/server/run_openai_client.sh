@@ -8,4 +8,5 @@ if ! command -v "$node" > /dev/null || [ ! -f "$modules/openai/package.json" ]; 
   echo "openai_client: skipped: needs node ($node) and $modules/openai; run .ci/setup"
   exit 0
 fi
-exec bash "$(dirname "$0")/with_server.sh" "$server" --threads 2 -- "$node" "$(dirname "$0")/openai_client.mjs" "$modules"
+# EFIM_WITH_SERVER: another launcher (with_llama_server.sh: efim-server in front of llama-server).
+exec ${EFIM_WITH_SERVER:-bash $(dirname "$0")/with_server.sh} "$server" --threads 2 -- "$node" "$(dirname "$0")/openai_client.mjs" "$modules"
