@@ -86,7 +86,8 @@ class upstream_client {
       stream.expires_after(timeout);
       stream.async_connect(endpoints, [self = this->shared_from_this()](beast::error_code ec, const tcp::endpoint&) {
         if (ec) return self->end(ec);
-        self->stream.socket().set_option(tcp::no_delay(true));
+        beast::error_code ignored;  // (a throw here would escape the I/O thread)
+        self->stream.socket().set_option(tcp::no_delay(true), ignored);
         self->stream.expires_after(self->timeout);
         beast::http::async_write(self->stream, self->req, [self](beast::error_code ec, std::size_t) {
           if (ec) return self->end(ec);
