@@ -249,17 +249,20 @@ TEST_CASE("token healing through the upstream's grammar: the client gets what fo
   client e(parse_url(shared_efim().url()));
   const std::string prefix = "def mean(values):\n" + code(5, 8);
   const std::string suffix = "\n\nprint(mean([1.0, 2.0]))\n";
-  post_json(e, "/infill", {{"input_prefix", prefix}, {"input_suffix", suffix}, {"n_predict", 2}, {"session_id", "heal"}});
   // Typed text cut mid-word is healed: its last tokens go, and the upstream must give them back first.
   const std::string typed = "    return sum(val";
-  const json r = post_json(e, "/infill",
-                           {{"input_prefix", prefix + typed},
-                            {"input_suffix", suffix},
-                            {"n_predict", 8},
-                            {"temperature", 0},
-                            {"heal_tokens", 2},
-                            {"return_tokens", true},
-                            {"session_id", "heal"}});
+  const auto healed = [&](client& c) {
+    post_json(c, "/infill", {{"input_prefix", prefix}, {"input_suffix", suffix}, {"n_predict", 2}, {"session_id", "heal"}});
+    return post_json(c, "/infill",
+                     {{"input_prefix", prefix + typed},
+                      {"input_suffix", suffix},
+                      {"n_predict", 8},
+                      {"temperature", 0},
+                      {"heal_tokens", 2},
+                      {"return_tokens", true},
+                      {"session_id", "heal"}});
+  };
+  const json r = healed(e);
   INFO(r.dump());
   REQUIRE(r["efim"]["healed_tokens"].get<int>() > 0);
   // Everything the upstream generated, detokenized: the removed text, then the client's text.
@@ -269,6 +272,18 @@ TEST_CASE("token healing through the upstream's grammar: the client gets what fo
   CHECK(all.ends_with(content));
   const std::string removed = all.substr(0, all.size() - content.size());
   CHECK(typed.ends_with(removed));
+
+  // efim-server computing in-process on the same model file heals the same tokens and, greedy, gives
+  // the same text: the grammar at the upstream constrains as efim's own healing does.
+  efim_test::server_process local(EFIM_SERVER_PATH, {"--model", model_file(), "--threads", "2", "--kv", "f32"},
+                                  build_dir + "/upstream-efim-local.log");
+  client l(parse_url(local.url()));
+  const json mine = healed(l);
+  INFO("in-process: " << mine.dump());
+  CHECK(mine["efim"]["healed_tokens"] == r["efim"]["healed_tokens"]);
+  CHECK(mine["efim"]["healing_steps"] == r["efim"]["healing_steps"]);
+  CHECK(mine["tokens"] == r["tokens"]);
+  CHECK(mine["content"] == r["content"]);
 }
 
 TEST_CASE("a client that hangs up ends its request at the upstream", "[upstream]") {

@@ -21,12 +21,15 @@ ln -sfn /usr/include/xxhash.h "$out/include/xxhash.h"
 launcher=()
 command -v ccache >/dev/null && launcher=(ccache)
 flags=(-std=c++20 -O2 -pthread -Wall -Wextra -Werror -Iinclude -I"$out/include")
-objects=()
-for src in tests/catch_main.cpp tests/model_test.cpp tests/matmul_isa_test.cpp; do
+# The three sources compile at once (one per core, the longest first).
+objects=() jobs=()
+for src in tests/model_test.cpp tests/matmul_isa_test.cpp tests/catch_main.cpp; do
   obj=$out/$(basename "$src" .cpp).o
-  "${launcher[@]}" "$cxx" "${flags[@]}" -c "$src" -o "$obj" -DEFIM_SHARED_DATA="\"$PWD/../shared/data\""
+  "${launcher[@]}" "$cxx" "${flags[@]}" -c "$src" -o "$obj" -DEFIM_SHARED_DATA="\"$PWD/../shared/data\"" &
+  jobs+=($!)
   objects+=("$obj")
 done
+for job in "${jobs[@]}"; do wait "$job"; done
 "$cxx" -static -pthread "${objects[@]}" -o "$out/test_model"
 echo "aarch64: $(readelf -h "$out/test_model" | sed -n "s/^ *Machine: *//p")"
 timeout 1200 qemu-aarch64 "$out/test_model" "$@"
