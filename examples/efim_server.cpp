@@ -59,6 +59,10 @@ upstream: an engine elsewhere computes, efim keeps the sessions, layouts and hea
   --upstream-api API       llama (/completion: each session kept on one of its slots) or openai
                            (/v1/completions) (llama)
   --upstream-timeout-ms N  longest wait for the upstream's answer, and for each of its tokens (60000)
+  --upstream-prompt-budget N
+                           prompt tokens the upstream computes at once: later requests wait in efim and
+                           go oldest first (llama-server computes waiting prompts in slot order); give
+                           llama-server's -b (llama: 2048, its default; openai: 0, no limit)
 http
   --host ADDR              address to listen on (127.0.0.1)
   --port N                 port (8012, llama.vim's default; 0 picks a free one)
@@ -123,6 +127,7 @@ struct options {
   std::string upstream;  // empty: compute here
   efim::server::upstream_api upstream_api = efim::server::upstream_api::llama;
   std::chrono::milliseconds upstream_timeout{60000};
+  std::optional<std::size_t> upstream_prompt_budget;  // unset: by the API
 };
 
 [[noreturn]] void fail(const std::string& message, int code = 2) { efim_examples::fail(program, message, code); }
@@ -245,6 +250,8 @@ options parse(int argc, char** argv) {
           o.upstream_api = v == "llama" ? efim::server::upstream_api::llama : efim::server::upstream_api::openai;
         } else if (flag == "--upstream-timeout-ms") {
           o.upstream_timeout = std::chrono::milliseconds(count(flag, v, 1, 3600000));
+        } else if (flag == "--upstream-prompt-budget") {
+          o.upstream_prompt_budget = count(flag, v, 0, 1 << 24);
         } else if (flag == "--max-sessions") {
           o.max_sessions = count(flag, v, 1, 1 << 24);
         } else {
@@ -346,6 +353,7 @@ int serve_upstream(const options& o, efim::text::bpe_tokenizer tok, const efim::
   uo.context = info.context == 0 ? (o.ctx == 0 ? 4096 : o.ctx) : (o.ctx == 0 ? info.context : std::min(o.ctx, info.context));
   uo.slots = o.upstream_api == efim::server::upstream_api::llama ? info.slots : 0;
   uo.timeout = o.upstream_timeout;
+  uo.prompt_budget = o.upstream_prompt_budget.value_or(uo.api == efim::server::upstream_api::llama ? 2048 : 0);
   const std::string model_name = !alias.empty() ? alias : info.model.empty() ? "efim-upstream" : info.model;
 
   using pipeline = efim::server::upstream_pipeline<Format, efim::text::at_boundaries, efim::text::bpe_tokenizer,
@@ -356,6 +364,7 @@ int serve_upstream(const options& o, efim::text::bpe_tokenizer tok, const efim::
   banner << program << ": upstream " << o.upstream << " (" << info.description << "), tokenizer "
          << p.tokenizer().description() << ", " << fim.family << " FIM tokens; format " << Format::name
          << "; context " << uo.context << (uo.slots ? "; sessions kept on the upstream's slots" : "")
+         << (uo.prompt_budget ? "; prompt budget " + std::to_string(uo.prompt_budget) + " tokens" : "")
          << (o.api_keys.empty() ? "" : "; API keys required");
   return run_service(o, p, service_options(o, model_name), banner.str(), http);
 }

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdio>
@@ -73,11 +74,13 @@ const std::string& model_file() {
 // llama-server on a port of its own, ready when /health answers 200.
 class llama_server {
  public:
-  explicit llama_server(std::string port = free_port()) : port_(std::move(port)) {
-    proc_ = std::make_unique<efim_test::process>(
-        std::vector<std::string>{llama_server_path, "-m", model_file(), "--host", "127.0.0.1", "--port", port_, "-c",
-                                 "8192", "-np", "2", "-t", "2", "--no-webui", "--no-warmup"},
-        build_dir + "/upstream-llama-server-" + port_ + ".log");
+  explicit llama_server(std::string port = free_port(), const std::vector<std::string>& extra = {})
+      : port_(std::move(port)) {
+    std::vector<std::string> args{llama_server_path, "-m",     model_file(), "--host", "127.0.0.1",  "--port",
+                                  port_,             "-np",    "2",          "-t",     "2",          "--no-webui",
+                                  "--no-warmup",     "-c",     "8192"};
+    args.insert(args.end(), extra.begin(), extra.end());  // a later -c wins
+    proc_ = std::make_unique<efim_test::process>(args, build_dir + "/upstream-llama-server-" + port_ + ".log");
     client c(parse_url(url()), std::chrono::seconds(5));
     for (int i = 0; i < 1200; ++i) {
       REQUIRE(proc_->running());
@@ -389,6 +392,104 @@ TEST_CASE("an upstream that dies or stalls gets a clear error, and efim-server k
     CHECK(json::parse(r.body)["error"]["message"].get<std::string>().find("upstream") != std::string::npos);
     CHECK(s < 20);
     CHECK(post_json(e, "/infill", body).contains("content"));
+  }
+  CHECK(efim.stop() == 0);
+}
+
+TEST_CASE("a prompt budget: efim sends waiting prompts oldest first, not in llama-server's slot order", "[upstream]") {
+  require_tools();
+  // llama-server computing 16 prompt tokens a step: a prompt of 7,000 tokens takes seconds.
+  llama_server slow(free_port(), {"-b", "16", "-ub", "16", "-c", "32768"});
+  const bool budget = GENERATE(true, false);
+  INFO("--upstream-prompt-budget " << (budget ? "32" : "0"));
+  efim_test::server_process efim(EFIM_SERVER_PATH,
+                                 {"--upstream", slow.url(), "--tokenizer", tokenizer_path, "--upstream-prompt-budget",
+                                  budget ? "32" : "0"},
+                                 build_dir + "/upstream-efim-budget.log");
+  const auto infill = [&](const std::string& session, const std::string& prefix, int n) {
+    return json{{"input_prefix", prefix}, {"input_suffix", "\n"}, {"n_predict", n}, {"ignore_eos", true},
+                {"temperature", 0},       {"session_id", session}};
+  };
+  client e(parse_url(efim.url()));
+  client l(parse_url(slow.url()));
+  // "short" takes slot 0, "long" slot 1 (each session is kept on the slot it had).
+  post_json(e, "/infill", infill("short", "x = ", 1));
+  post_json(e, "/infill", infill("long", "y = ", 1));
+  const auto processing = [&] {
+    int n = 0;
+    for (const auto& slot : json::parse(l.get("/slots").body)) n += slot.value("is_processing", false) ? 1 : 0;
+    return n;
+  };
+  const auto waiting = [&] {
+    const std::string m = e.get("/metrics").body;
+    const std::string key = "\nefim_requests_waiting ";
+    const auto at = m.find(key);
+    REQUIRE(at != std::string::npos);
+    return std::stoi(m.substr(at + key.size()));
+  };
+  using clock = std::chrono::steady_clock;
+  std::atomic<clock::rep> long_done{0}, short_done{0};  // written by the requests' threads
+  std::thread long_request([&] {
+    client c(parse_url(efim.url()));
+    const auto r = c.post("/infill", infill("long", "def run(items):\n" + code(5, 400), 1).dump());
+    long_done = clock::now().time_since_epoch().count();
+    CHECK(r.status == 200);
+  });
+  int seen = 0;
+  for (int i = 0; i < 400 && seen == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    seen = processing();
+  }
+  REQUIRE(seen == 1);  // the long prompt is being computed
+  std::thread short_request([&] {
+    client c(parse_url(efim.url()));
+    const auto r = c.post("/infill", infill("short", "x = 1\nprint(x)\n", 8).dump());
+    short_done = clock::now().time_since_epoch().count();
+    CHECK(r.status == 200);
+  });
+  // With the budget the short request waits in efim; without, it is at llama-server at once.
+  for (int i = 0; i < 400 && (budget ? waiting() == 0 : short_done == 0); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  // A third request whose client gives up while it waits.
+  int most_waiting = 0, most_processing = 0, waiting_after_hangup = -1;
+  {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<std::uint16_t>(std::stoi(efim.port())));
+    REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    const std::string body = infill("gone", "z = ", 4).dump();
+    const std::string request = "POST /infill HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                                "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+    REQUIRE(write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size()));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    most_waiting = waiting();
+    most_processing = processing();
+    close(fd);  // hangs up
+  }
+  for (int i = 0; i < 100; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    waiting_after_hangup = waiting();
+    most_processing = std::max(most_processing, processing());
+    if (waiting_after_hangup < most_waiting) break;
+  }
+  const bool long_still_running = processing() > 0 && long_done == 0;
+  long_request.join();
+  short_request.join();
+  CHECK(post_json(e, "/infill", infill("after", "w = ", 2)).contains("content"));
+  if (budget) {
+    // The short request and the one given up waited in efim while the long prompt was computed; the
+    // given-up one left the queue without reaching llama-server; the short one went after the long.
+    REQUIRE(long_still_running);  // else the check below proves nothing: slow llama-server down more
+    CHECK(most_waiting == 2);
+    CHECK(waiting_after_hangup == 1);
+    CHECK(most_processing == 1);
+    CHECK(short_done > long_done);
+  } else {
+    // Without the budget, llama-server takes slot 0's prompt first: the later request ends first.
+    CHECK(most_waiting == 0);
+    CHECK(short_done < long_done);
   }
   CHECK(efim.stop() == 0);
 }

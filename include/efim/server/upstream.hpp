@@ -20,6 +20,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <exception>
 #include <functional>
 #include <future>
@@ -147,6 +148,12 @@ struct upstream_options {
   // prefix; 0: none pinned (the upstream's prefix cache is global, as vLLM's and SGLang's are).
   std::size_t slots = 0;
   std::chrono::milliseconds timeout{30000};  // longest wait for the upstream's head and each event
+  // Prompt tokens the upstream may be computing at once (0: no limit). llama-server computes the
+  // prompts waiting in a step slot by slot, in slot order, so without a limit the sessions on low
+  // slots go first every time; with it, efim sends requests oldest first as earlier prompts finish,
+  // and the upstream computes them in that order. Set it to the upstream's batch (its -b); engines
+  // that schedule oldest first themselves (vLLM, SGLang) need none.
+  std::size_t prompt_budget = 0;
   // What a completion callback threw that no answer can carry (see engine::pipeline_options).
   std::function<void(engine::request_id, std::exception_ptr)> on_callback_error;
 };
@@ -325,9 +332,11 @@ class upstream_pipeline {
     const request_id supersedes = p.supersedes;
     upstream_call call{.method = "POST", .path = {}, .body = {}, .timeout = options_.timeout};
     const std::string session = p.result.session.empty() ? std::string() : p.tenant + '\n' + p.result.session;
+    const int slot = options_.api == upstream_api::llama ? slot_for(session) : -1;
+    const std::size_t computes = expected_compute(slot, session, p.tokens);
     if (options_.api == upstream_api::llama) {
       call.path = "/completion";
-      call.body = llama_body(p, slot_for(session));
+      call.body = llama_body(p, slot);
     } else {
       call.path = "/v1/completions";
       call.body = openai_body(p);
@@ -337,21 +346,16 @@ class upstream_pipeline {
                         .first;
     auto& r = it->second;
     r.gen.result().started = engine::clock::now();
+    r.call = std::move(call);
+    r.slot = slot;
+    r.computes = computes;
     ++running_;
-    // Events from the transport's threads wait in the inbox for step().
-    std::weak_ptr<inbox> box = inbox_;
-    auto post = [box, id](event e) {
-      if (const auto b = box.lock()) b->post(id, std::move(e));
-    };
-    r.exchange = transport_->start(
-        std::move(call),
-        upstream_handlers{[post](int status) { post(event{event::kind_t::head, status, {}, false}); },
-                          [post](std::string_view data) { post(event{event::kind_t::body, 0, std::string(data), false}); },
-                          [post](const std::string& e, bool timed_out) {
-                            post(event{event::kind_t::end, 0, e, timed_out});
-                          }});
-    if (replaced) end(id, finish_reason::superseded);
+    if (replaced)
+      end(id, finish_reason::superseded);
+    else
+      queue_.push_back(id);
     if (supersedes != 0) end(supersedes, finish_reason::superseded);
+    release();
     return id;
   }
 
@@ -408,7 +412,8 @@ class upstream_pipeline {
   [[nodiscard]] const upstream_options& options() const noexcept { return options_; }
   [[nodiscard]] std::size_t sessions() const { return prep_.sessions(); }
   [[nodiscard]] std::size_t running() const noexcept { return running_; }
-  [[nodiscard]] std::size_t waiting() const noexcept { return 0; }  // the upstream queues, not efim
+  // Requests held in efim until the upstream's prompt budget allows them (upstream_options::prompt_budget).
+  [[nodiscard]] std::size_t waiting() const noexcept { return queue_.size(); }
   [[nodiscard]] std::size_t context() const noexcept { return options_.context; }
 
  private:
@@ -447,7 +452,11 @@ class upstream_pipeline {
     std::shared_ptr<std::atomic<bool>> superseded;
     std::string session;  // tenant and key (empty: none)
     bool prefill_only = false;
-    std::uint64_t exchange = 0;
+    upstream_call call;          // what goes to the upstream when the prompt budget lets it
+    int slot = -1;               // llama-server's slot (-1: the upstream picks)
+    std::size_t computes = 0;    // prompt tokens the upstream is expected to compute (not in its cache)
+    bool prefilling = false;     // counted in the budget: sent, and its first token not yet back
+    std::uint64_t exchange = 0;  // 0: not sent yet
     int status = 0;
     std::string error_body;  // a non-200 answer's body
     sse_reader sse;
@@ -502,21 +511,103 @@ class upstream_pipeline {
     return dump(b);
   }
 
-  // The slot a session's requests go to: the one it had, else the one used longest ago. -1: the
-  // upstream picks (no session, or no slots).
+  // The slot a session's requests go to: the one it had, else the one used longest ago among those
+  // no request is using (a request sent to a busy slot waits there for it), else the one used longest
+  // ago. -1: the upstream picks (no session, or no slots).
   int slot_for(const std::string& session) {
     if (session.empty() || slot_users_.empty()) return -1;
     ++tick_;
+    const auto older = [&](std::size_t a, std::size_t b) {  // a is the better pick than b
+      const auto& x = slot_users_[a];
+      const auto& y = slot_users_[b];
+      return (x.busy == 0) != (y.busy == 0) ? x.busy == 0 : x.used < y.used;
+    };
     std::size_t pick = 0;
     for (std::size_t i = 0; i < slot_users_.size(); ++i) {
       if (slot_users_[i].session == session) {
         pick = i;
         break;
       }
-      if (slot_users_[i].used < slot_users_[pick].used) pick = i;
+      if (older(i, pick)) pick = i;
     }
-    slot_users_[pick] = {session, tick_};
+    slot_users_[pick].session = session;
+    slot_users_[pick].used = tick_;
+    ++slot_users_[pick].busy;
     return static_cast<int>(pick);
+  }
+
+  // ---- the prompt budget ----
+
+  // The prompt tokens of `tokens` the upstream will compute: those after the longest prefix it holds
+  // from what efim sent before on `slot` (llama-server) or for `session` (a global prefix cache), at
+  // least one; and `tokens` becomes what was sent there. Only with a budget.
+  std::size_t expected_compute(int slot, const std::string& session, const std::vector<token_id>& tokens) {
+    if (options_.prompt_budget == 0) return 0;
+    std::vector<token_id>* held = nullptr;
+    if (slot >= 0) {
+      held = &slot_users_[static_cast<std::size_t>(slot)].sent;
+    } else if (!session.empty()) {
+      if (sent_.size() >= 65536 && !sent_.contains(session)) sent_.clear();  // bounded: an estimate only
+      held = &sent_[session];
+    }
+    if (held == nullptr) return std::max<std::size_t>(tokens.size(), 1);
+    const auto common = static_cast<std::size_t>(
+        std::mismatch(tokens.begin(), tokens.end(), held->begin(), held->end()).first - tokens.begin());
+    *held = tokens;
+    return std::max<std::size_t>(tokens.size() - common, 1);
+  }
+
+  // Sends waiting requests, oldest first, while the prompts the upstream is computing stay within
+  // the budget (one is always let through when none is computing, however long). Without a budget,
+  // every request goes at once.
+  void release() {
+    while (!queue_.empty()) {
+      const request_id id = queue_.front();
+      const auto it = live_.find(id);
+      if (it == live_.end() || it->second.gen.finished()) {  // cancelled or superseded while waiting
+        queue_.pop_front();
+        continue;
+      }
+      live& r = it->second;
+      if (options_.prompt_budget != 0 && prefilling_ > 0 && prefill_tokens_ + r.computes > options_.prompt_budget)
+        return;
+      queue_.pop_front();
+      send(id, r);
+    }
+  }
+
+  void send(request_id id, live& r) {
+    if (options_.prompt_budget != 0) {
+      r.prefilling = true;
+      ++prefilling_;
+      prefill_tokens_ += r.computes;
+    }
+    // Events from the transport's threads wait in the inbox for step().
+    std::weak_ptr<inbox> box = inbox_;
+    auto post = [box, id](event e) {
+      if (const auto b = box.lock()) b->post(id, std::move(e));
+    };
+    try {
+      r.exchange = transport_->start(
+          std::move(r.call),
+          upstream_handlers{[post](int status) { post(event{event::kind_t::head, status, {}, false}); },
+                            [post](std::string_view data) { post(event{event::kind_t::body, 0, std::string(data), false}); },
+                            [post](const std::string& e, bool timed_out) {
+                              post(event{event::kind_t::end, 0, e, timed_out});
+                            }});
+    } catch (...) {
+      r.ended = true;
+      fail(id, r, std::current_exception());
+    }
+  }
+
+  // Its prompt is computed (or it ended): the budget it held goes to the requests waiting.
+  void prompt_computed(live& r) {
+    if (!r.prefilling) return;
+    r.prefilling = false;
+    --prefilling_;
+    prefill_tokens_ -= r.computes;
+    release();
   }
 
   // ---- what the upstream sends ----
@@ -710,6 +801,7 @@ class upstream_pipeline {
     }
     auto& c = r.gen.result();
     if (c.prompt_done == engine::clock::time_point{}) c.prompt_done = engine::clock::now();  // its first token
+    prompt_computed(r);
     const auto& index = prep_.heal_index();
     if (r.gen.heal().active() && !r.gen.heal().allows(index, t))
       throw error(errc::upstream, "the upstream did not keep to the healing constraint");
@@ -733,6 +825,8 @@ class upstream_pipeline {
   void finish(request_id id, live& r, finish_reason why) {
     if (r.gen.finished()) return;
     if (!r.ended && r.exchange != 0) transport_->abort(r.exchange);  // the upstream stops generating
+    if (r.exchange == 0) std::erase(queue_, id);                     // it waited in efim
+    if (r.slot >= 0) --slot_users_[static_cast<std::size_t>(r.slot)].busy;
     r.ended = true;
     auto& c = r.gen.result();
     if (c.prompt_done == engine::clock::time_point{}) c.prompt_done = engine::clock::now();
@@ -740,6 +834,7 @@ class upstream_pipeline {
     prep_.close(r.gen.result(), r.session_version, r.superseded, r.known_tokens);
     --running_;
     if (auto e = r.gen.deliver()) callback_failed(id, std::move(e));
+    prompt_computed(r);
   }
 
   bool end(request_id id, finish_reason why) {
@@ -755,6 +850,8 @@ class upstream_pipeline {
   struct slot_user {
     std::string session;
     std::uint64_t used = 0;
+    std::size_t busy = 0;  // requests on it that have not ended
+    std::vector<token_id> sent;  // the last prompt sent to it (with a prompt budget)
   };
 
   upstream_options options_;
@@ -765,6 +862,10 @@ class upstream_pipeline {
   std::size_t running_ = 0;
   std::vector<slot_user> slot_users_;
   std::uint64_t tick_ = 0;
+  std::deque<request_id> queue_;  // waiting for the prompt budget, oldest first
+  std::size_t prefilling_ = 0;    // requests sent whose first token has not come back
+  std::size_t prefill_tokens_ = 0;
+  std::unordered_map<std::string, std::vector<token_id>> sent_;  // the last prompt sent per session (no slots)
   engine::callback_errors callback_errors_;
 };
 
