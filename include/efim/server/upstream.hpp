@@ -148,11 +148,12 @@ struct upstream_options {
   // prefix; 0: none pinned (the upstream's prefix cache is global, as vLLM's and SGLang's are).
   std::size_t slots = 0;
   std::chrono::milliseconds timeout{30000};  // longest wait for the upstream's head and each event
-  // Prompt tokens the upstream may be computing at once (0: no limit). llama-server computes the
-  // prompts waiting in a step slot by slot, in slot order, so without a limit the sessions on low
-  // slots go first every time; with it, efim sends requests oldest first as earlier prompts finish,
-  // and the upstream computes them in that order. Set it to the upstream's batch (its -b); engines
-  // that schedule oldest first themselves (vLLM, SGLang) need none.
+  // Prompt tokens left for the upstream to compute, at most, of the requests sent (0: no limit).
+  // llama-server computes the prompts waiting in a step slot by slot, in slot order, so without a
+  // limit the sessions on low slots go first every time; with it, efim holds the rest and sends them
+  // oldest first as what is left goes down (llama-server's progress reports), and the upstream
+  // computes them in that order. Set it to the upstream's batch (its -b); engines that schedule
+  // oldest first themselves (vLLM, SGLang) need none.
   std::size_t prompt_budget = 0;
   // What a completion callback threw that no answer can carry (see engine::pipeline_options).
   std::function<void(engine::request_id, std::exception_ptr)> on_callback_error;
@@ -482,6 +483,7 @@ class upstream_pipeline {
               {"seed", p.sampling.seed & 0xffffffffu},
               {"ignore_eos", p.ignore_eos},
               {"id_slot", slot}};
+    if (options_.prompt_budget != 0) b["return_progress"] = true;  // what is left of its prompt, each step
     // The stop rules, the indentation rule and the time limit are efim's: it ends the request and
     // closes the exchange (the upstream then stops).
     if (!p.heal_text.empty()) b["grammar"] = gbnf_starting_with(p.heal_text);
@@ -601,6 +603,22 @@ class upstream_pipeline {
     }
   }
 
+  // llama-server's word on a prompt it is computing (return_progress): {"total", "cache", "processed"},
+  // processed counting the cached tokens. What is left of it is what it holds of the budget.
+  void on_progress(live& r, const json& p) {
+    const auto size = [&](const char* key) {
+      require(p.is_object() && p.contains(key) && p[key].is_number_unsigned(), errc::upstream,
+              std::string("the upstream's prompt_progress has no ") + key);
+      return p[key].get<std::size_t>();
+    };
+    const std::size_t total = size("total"), processed = size("processed");
+    if (!r.prefilling) return;
+    const std::size_t left = total - std::min(total, processed), before = r.computes;
+    prefill_tokens_ = prefill_tokens_ - before + left;
+    r.computes = left;
+    if (left < before) release();
+  }
+
   // Its prompt is computed (or it ended): the budget it held goes to the requests waiting.
   void prompt_computed(live& r) {
     if (!r.prefilling) return;
@@ -657,6 +675,7 @@ class upstream_pipeline {
   // "timings". A token that ends inside a UTF-8 character is sent with the next one's event, whose
   // "tokens" holds the later id only: the ids between are found from the bytes of "content".
   void on_llama_event(request_id id, live& r, const json& j) {
+    if (const auto p = j.find("prompt_progress"); p != j.end()) return on_progress(r, *p);
     read_timings(r, j);
     const bool last = j.value("stop", false);
     if (!last) {  // the last event repeats no tokens when streaming
