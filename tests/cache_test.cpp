@@ -418,3 +418,175 @@ TEMPLATE_TEST_CASE("random workload: referenced blocks are never reused, a hit's
   for (auto& l : running) m.release(l.seq);
   CHECK(m.free_blocks() + m.evictable_blocks() == blocks);
 }
+
+// ---- the shared KV tier's keys and values (cache/remote.hpp) ----
+
+#include "efim/cache/remote.hpp"
+#include "efim/kv/host_storage.hpp"
+
+namespace {
+
+struct remote_block_case {
+  efim::cache::block_shape shape{.layers = 2, .kv_heads = 1, .head_dim = 4, .block_size = 4, .type = efim::dtype::f32};
+  efim::cache::extra_keys keys{.model = 0x1234, .adapter = 0, .salt = "tenant-a"};
+  std::vector<efim::token_id> tokens{11, 22, 33, 44};
+  efim::cache::hash128 root = efim::cache::remote_root(keys, shape);
+  efim::cache::hash128 parent = efim::cache::remote_chain(root, std::vector<efim::token_id>{1, 2, 3, 4});
+  std::vector<std::byte> kv = [&] {
+    std::vector<std::byte> b(shape.bytes());
+    for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<std::byte>(i * 7 + 3);
+    return b;
+  }();
+
+  [[nodiscard]] efim::cache::block_identity identity() const { return {root, parent, shape, tokens}; }
+};
+
+}  // namespace
+
+TEST_CASE("remote tier: a block's value reads back as it was written", "[cache][remote]") {
+  const remote_block_case c;
+  const std::string value = efim::cache::write_block(c.identity(), c.kv);
+  const auto r = efim::cache::read_block(value, c.identity());
+  REQUIRE(r.why == efim::cache::refusal::none);
+  CHECK(std::ranges::equal(r.kv, c.kv));
+  // The no-op tier finds nothing and takes anything.
+  efim::cache::no_remote_tier none;
+  const std::vector<std::string> keys{"a", "b"};
+  CHECK(none.fetch(keys) == std::vector<std::optional<std::string>>(2));
+  none.store("a", value);
+}
+
+TEST_CASE("remote tier: keys differ for every model, adapter, tenant and KV shape", "[cache][remote]") {
+  using efim::cache::remote_root;
+  const remote_block_case c;
+  std::set<std::string> roots;
+  const auto add = [&](const efim::cache::extra_keys& k, const efim::cache::block_shape& s) {
+    const std::string key = efim::cache::remote_key("p:", remote_root(k, s));
+    CHECK(key.size() == 2 + 32);
+    CHECK(key.find_first_not_of("0123456789abcdef", 2) == std::string::npos);
+    roots.insert(key);
+  };
+  add(c.keys, c.shape);
+  auto k = c.keys;
+  k.model = 0x1235;
+  add(k, c.shape);
+  k = c.keys;
+  k.adapter = 1;
+  add(k, c.shape);
+  k = c.keys;
+  k.salt = "tenant-b";
+  add(k, c.shape);
+  k = c.keys;
+  k.salt.clear();
+  add(k, c.shape);
+  for (int field = 0; field < 5; ++field) {
+    auto s = c.shape;
+    if (field == 0) s.layers = 3;
+    if (field == 1) s.kv_heads = 2;
+    if (field == 2) s.head_dim = 8;
+    if (field == 3) s.block_size = 8;
+    if (field == 4) s.type = efim::dtype::f16;
+    add(c.keys, s);
+  }
+  CHECK(roots.size() == 10);
+  // A chain key depends on the parent and on every token.
+  const auto a = efim::cache::remote_chain(c.root, c.tokens);
+  CHECK(a != efim::cache::remote_chain(c.parent, c.tokens));
+  CHECK(a != efim::cache::remote_chain(c.root, std::vector<efim::token_id>{11, 22, 33, 45}));
+  CHECK(a == efim::cache::remote_chain(c.root, std::vector<efim::token_id>{11, 22, 33, 44}));
+}
+
+TEST_CASE("remote tier: a value of another model, tenant, prefix, shape or tokens is refused", "[cache][remote]") {
+  using efim::cache::refusal;
+  const remote_block_case c;
+  const std::string value = efim::cache::write_block(c.identity(), c.kv);
+  auto want = c.identity();
+  SECTION("other model or tenant") {
+    auto k = c.keys;
+    k.salt = "tenant-b";
+    want.root = efim::cache::remote_root(k, c.shape);
+    CHECK(efim::cache::read_block(value, want).why == refusal::other_root);
+  }
+  SECTION("other prefix") {
+    want.parent = c.root;
+    CHECK(efim::cache::read_block(value, want).why == refusal::other_parent);
+  }
+  SECTION("other shape") {
+    want.shape.type = efim::dtype::f16;
+    CHECK(efim::cache::read_block(value, want).why == refusal::other_shape);
+    want.shape = c.shape;
+    want.shape.head_dim = 2;
+    CHECK(efim::cache::read_block(value, want).why == refusal::other_shape);
+  }
+  SECTION("other tokens") {
+    const std::vector<efim::token_id> other{11, 22, 34, 44};
+    want.tokens = other;
+    CHECK(efim::cache::read_block(value, want).why == refusal::other_tokens);
+  }
+  SECTION("cut short anywhere, or longer") {
+    for (std::size_t n = 0; n < value.size(); ++n) {
+      INFO("first " << n << " bytes");
+      CHECK(efim::cache::read_block(std::string_view(value).substr(0, n), want).why != refusal::none);
+    }
+    CHECK(efim::cache::read_block(value + "x", want).why == refusal::malformed);
+  }
+  SECTION("any byte changed") {
+    for (std::size_t i = 0; i < value.size(); ++i)
+      for (const unsigned char bit : {0x01, 0x80}) {
+        std::string bad = value;
+        bad[i] = static_cast<char>(bad[i] ^ bit);
+        INFO("byte " << i << " ^ " << int(bit));
+        CHECK(efim::cache::read_block(bad, want).why != refusal::none);
+      }
+  }
+  SECTION("random bytes") {
+    efim::rng rng(5);
+    for (int i = 0; i < 2000; ++i) {
+      std::string junk(rng.below(600), '\0');
+      for (auto& ch : junk) ch = static_cast<char>(rng.next());
+      if (i % 2 == 0 && junk.size() >= 8) junk.replace(0, 8, "EFIMKV01");
+      CHECK(efim::cache::read_block(junk, want).why != refusal::none);
+    }
+  }
+}
+
+TEST_CASE("remote tier: a block's KV leaves one storage and enters another block of another", "[cache][remote]") {
+  const efim::kv::paged_layout layout{.blocks = 5, .kv_heads = 2, .block_size = 4, .head_dim = 3};
+  for (const auto type : {efim::dtype::f32, efim::dtype::f16}) {
+    efim::kv::host_storage a(3, layout, type), b(3, layout, type);
+    const efim::cache::block_shape shape{3, 2, 3, 4, type};
+    REQUIRE(a.block_bytes() == shape.bytes());
+    // Distinct values in every K and V array of `a`.
+    for (std::size_t layer = 0; layer < 3; ++layer)
+      for (std::size_t i = 0; i < layout.elements(); ++i) {
+        const float k = static_cast<float>(layer * 1000 + i), v = -k - 0.5f;
+        if (type == efim::dtype::f32) {
+          a.keys<float>(layer)[i] = k;
+          a.values<float>(layer)[i] = v;
+        } else {
+          a.keys<efim::half>(layer)[i] = efim::half{static_cast<std::uint16_t>(layer * 1000 + i)};
+          a.values<efim::half>(layer)[i] = efim::half{static_cast<std::uint16_t>(40000 + layer * 1000 + i)};
+        }
+      }
+    std::vector<std::byte> bytes(a.block_bytes());
+    a.export_block(3, bytes);
+    b.import_block(1, bytes);
+    const std::size_t stride = layout.block_stride() * efim::info(type).bytes;
+    for (std::size_t layer = 0; layer < 3; ++layer)
+      for (const bool key : {true, false}) {
+        const auto bytes_of = [&](const efim::kv::host_storage& s) -> const std::byte* {
+          if (type == efim::dtype::f32)
+            return reinterpret_cast<const std::byte*>(key ? s.keys<float>(layer) : s.values<float>(layer));
+          return reinterpret_cast<const std::byte*>(key ? s.keys<efim::half>(layer) : s.values<efim::half>(layer));
+        };
+        const std::byte* from = bytes_of(a);
+        const std::byte* to = bytes_of(b);
+        CHECK(std::memcmp(from + 3 * stride, to + 1 * stride, stride) == 0);
+        const std::vector<std::byte> zero(stride);
+        CHECK(std::memcmp(to, zero.data(), stride) == 0);  // block 0 untouched
+      }
+    std::vector<std::byte> short_bytes(bytes.size() - 1);
+    CHECK_THROWS_AS(a.export_block(3, short_bytes), efim::error);
+    CHECK_THROWS_AS(b.import_block(5, bytes), efim::error);
+  }
+}

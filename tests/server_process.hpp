@@ -3,8 +3,10 @@
 // address it prints, stopped by a signal; its stderr (one line per request) goes to a file the tests
 // can read.
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,6 +20,22 @@
 #include <vector>
 
 namespace efim_test {
+
+// A loopback TCP port free now (for a program the test starts).
+inline std::string free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw std::runtime_error("socket failed");
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof a;
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+                  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  close(fd);
+  if (!ok) throw std::runtime_error("no free loopback port");
+  return std::to_string(ntohs(a.sin_port));
+}
 
 // A program run in the background: stdout on a pipe the caller may read, stderr to a log file.
 class process {

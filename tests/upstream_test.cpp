@@ -30,6 +30,8 @@ using efim_examples::http::parse_url;
 
 namespace {
 
+using efim_test::free_port;
+
 const std::string build_dir = EFIM_TEST_BINARY_DIR;
 const std::string llama_server_path = std::string(EFIM_SOURCE_DIR) + "/.cache/llama.cpp/native/bin/llama-server";
 const std::string tokenizer_path = std::string(EFIM_TOKENIZER_CACHE) + "/qwen2.5-coder/tokenizer.json";
@@ -42,19 +44,6 @@ void require_tools() {
       std::cout << "test_upstream: skipped: no " << path << " (" << how << ")" << std::endl;
       std::exit(0);
     }
-}
-
-std::string free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return std::to_string(ntohs(a.sin_port));
 }
 
 // A small random-weight Qwen2 model with the real vocabulary, written once.

@@ -1,11 +1,15 @@
 #pragma once
 // KV tensors in host memory: per layer one K and one V array in the paged layout, in f32 or f16.
 #include <cstddef>
+#include <cstring>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include "efim/core/dtype.hpp"
+#include "efim/core/error.hpp"
+#include "efim/core/types.hpp"
 #include "efim/kv/layout.hpp"
 
 namespace efim::kv {
@@ -58,6 +62,30 @@ class host_storage {
   template <class E = float>
   const E* values(std::size_t layer) const {
     return const_cast<host_storage*>(this)->at<E>(2 * layer + 1);
+  }
+
+  // Bytes of one block's K and V over all layers.
+  [[nodiscard]] std::size_t block_bytes() const noexcept {
+    return 2 * layers_ * layout_.block_stride() * info(type_).bytes;
+  }
+
+  // A block's K and V over all layers, as bytes (layer by layer, K then V): what a shared KV tier
+  // stores (cache/remote.hpp), and what import_block() takes back into any block.
+  void export_block(block_id b, std::span<std::byte> out) const {
+    const std::size_t slice = layout_.block_stride() * info(type_).bytes;
+    require(b < layout_.blocks && out.size() == 2 * layers_ * slice, errc::invalid_argument,
+            "kv: export_block: no such block, or not a block's bytes");
+    const std::size_t array = layout_.elements() * info(type_).bytes;
+    for (std::size_t a = 0; a < 2 * layers_; ++a)
+      std::memcpy(out.data() + a * slice, data_.data() + a * array + b * slice, slice);
+  }
+  void import_block(block_id b, std::span<const std::byte> in) {
+    const std::size_t slice = layout_.block_stride() * info(type_).bytes;
+    require(b < layout_.blocks && in.size() == 2 * layers_ * slice, errc::invalid_argument,
+            "kv: import_block: no such block, or not a block's bytes");
+    const std::size_t array = layout_.elements() * info(type_).bytes;
+    for (std::size_t a = 0; a < 2 * layers_; ++a)
+      std::memcpy(data_.data() + a * array + b * slice, in.data() + a * slice, slice);
   }
 
  private:

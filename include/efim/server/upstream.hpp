@@ -559,9 +559,9 @@ class upstream_pipeline {
     return std::max<std::size_t>(tokens.size() - common, 1);
   }
 
-  // Sends waiting requests, oldest first, while the prompts the upstream is computing stay within
-  // the budget (one is always let through when none is computing, however long). Without a budget,
-  // every request goes at once.
+  // Sends waiting requests, oldest first, while what is left of the prompts the upstream is computing
+  // stays within the budget (one is always let through when none is computing, however long).
+  // Without a budget, every request goes at once.
   void release() {
     while (!queue_.empty()) {
       const request_id id = queue_.front();
@@ -844,7 +844,7 @@ class upstream_pipeline {
   void finish(request_id id, live& r, finish_reason why) {
     if (r.gen.finished()) return;
     if (!r.ended && r.exchange != 0) transport_->abort(r.exchange);  // the upstream stops generating
-    if (r.exchange == 0) std::erase(queue_, id);                     // it waited in efim
+    const bool waited = r.exchange == 0 && std::erase(queue_, id) > 0;  // ended while it waited in efim
     if (r.slot >= 0) --slot_users_[static_cast<std::size_t>(r.slot)].busy;
     r.ended = true;
     auto& c = r.gen.result();
@@ -854,6 +854,7 @@ class upstream_pipeline {
     --running_;
     if (auto e = r.gen.deliver()) callback_failed(id, std::move(e));
     prompt_computed(r);
+    if (waited) release();  // it may have held back the ones behind it
   }
 
   bool end(request_id id, finish_reason why) {
