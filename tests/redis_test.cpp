@@ -1,6 +1,8 @@
 // The shared KV tier in Redis (cache::redis_tier) against a real redis-server on loopback, started
 // and stopped by the test: a chain of blocks read in one round trip, written once behind the caller,
-// and a store that dies, stalls or comes back costing at most the budget and never an error.
+// and a store that dies, stalls or comes back costing at most the budget and never an error; then
+// engines (replicas) sharing KV through it: a block one computed is another's hit, the same tokens
+// come out, and a value of another model, tenant or prefix, or one damaged in the store, is refused.
 #include <hiredis/hiredis.h>
 #include <signal.h>
 
@@ -15,6 +17,7 @@
 
 #include "efim/cache/redis_tier.hpp"
 #include "server_process.hpp"
+#include "small_model.hpp"
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
@@ -223,5 +226,201 @@ TEST_CASE("redis tier: a store that dies, stalls or comes back costs at most the
     tier.flush();
     CHECK(tier.stats().dropped >= 1);
     REQUIRE(r->command("CONFIG SET maxmemory 64mb") == "OK");
+  }
+}
+
+// ---- engines sharing KV through the store ----
+
+namespace {
+
+efim::engine::request long_request(const std::string& session, const std::string& tenant = {}) {
+  efim::engine::request r;
+  r.prefix = "def total(items):\n";
+  for (int i = 0; i < 12; ++i)
+    r.prefix += "    s_" + std::to_string(i) + " = sum(x * " + std::to_string(i) + " for x in items)\n";
+  r.suffix = "\n    return s\n\nprint(total([1, 2, 3]))\n";
+  r.session = session;
+  r.tenant = tenant;
+  r.max_tokens = 8;
+  r.ignore_eos = true;
+  return r;
+}
+
+template <class P>
+efim::engine::completion complete(P& p, const efim::engine::request& r) {
+  efim::engine::completion out;
+  bool done = false;
+  p.submit(r, {{}, [&](efim::engine::completion&& c) {
+                 out = std::move(c);
+                 done = true;
+               }});
+  p.run();
+  REQUIRE(done);
+  REQUIRE(out.error == nullptr);
+  return out;
+}
+
+// A replica: the small model, with the store as its shared tier.
+struct replica {
+  efim::cache::redis_tier tier;
+  efim_test::efim_pipeline p;
+  replica(const redis_server& r, const efim::model::weights& w, std::chrono::milliseconds budget = 500ms)
+      : tier(options_for(r, budget)), p(efim_test::qwen_tokenizer(), w, with_tier(tier)) {}
+  static efim::engine::pipeline_options with_tier(efim::cache::redis_tier& t) {
+    auto o = efim_test::small_options();
+    o.remote = efim::cache::remote_tier_ref(t);
+    return o;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("replicas share KV through Redis: the second computes what the first did not store", "[redis][engine]") {
+  require_redis();
+  redis_server r;
+  const auto weights = efim_test::small_weights();
+  // What one engine alone, without a store, computes and generates.
+  efim_test::efim_pipeline alone(efim_test::qwen_tokenizer(), weights, efim_test::small_options());
+  const auto want = complete(alone, long_request("s"));
+  REQUIRE(want.prompt_tokens > 20 * 16);
+  const std::size_t full = (want.prompt_tokens - 1) / 16 * 16;  // tokens of the blocks a cache may give
+
+  replica a(r, weights), b(r, weights);
+  const auto first = complete(a.p, long_request("s"));
+  CHECK(first.tokens == want.tokens);
+  CHECK(first.cached_tokens == 0);
+  a.tier.flush();
+  CHECK(a.p.remote_stats().stored_blocks >= full / 16);
+  CHECK(a.tier.stats().written == a.p.remote_stats().stored_blocks);
+
+  const auto second = complete(b.p, long_request("s"));
+  CHECK(second.tokens == want.tokens);  // the same bits: KV from the store is the KV computed
+  CHECK(second.cached_tokens == full);
+  CHECK(second.computed_prompt_tokens() == want.prompt_tokens - full);
+  CHECK(b.p.remote_stats().used_blocks == full / 16);
+  CHECK(b.p.remote_stats().refused_blocks == 0);
+  CHECK(b.tier.stats().fetches == 1);  // the whole chain in one round trip
+
+  // Again on b: its own cache now, the store not asked.
+  const auto third = complete(b.p, long_request("s"));
+  CHECK(third.tokens == want.tokens);
+  CHECK(b.tier.stats().fetches == 1);
+
+  SECTION("another tenant's blocks are never read") {
+    replica c(r, weights);
+    const auto other = complete(c.p, long_request("t", "tenant-2"));
+    CHECK(other.cached_tokens == 0);
+    CHECK(c.p.remote_stats().found_blocks == 0);
+    CHECK(other.tokens == want.tokens);  // the same text, computed
+  }
+  SECTION("another model's blocks are never read") {
+    const auto other_weights = efim_test::small_weights(22);
+    efim_test::efim_pipeline plain(efim_test::qwen_tokenizer(), other_weights, efim_test::small_options());
+    const auto other_want = complete(plain, long_request("s"));
+    replica c(r, other_weights);
+    const auto other = complete(c.p, long_request("s"));
+    CHECK(other.cached_tokens == 0);
+    CHECK(c.p.remote_stats().found_blocks == 0);
+    CHECK(other.tokens == other_want.tokens);
+  }
+}
+
+TEST_CASE("values damaged or planted in Redis are refused and computed, never used", "[redis][engine]") {
+  require_redis();
+  redis_server r;
+  const auto weights = efim_test::small_weights();
+  efim_test::efim_pipeline alone(efim_test::qwen_tokenizer(), weights, efim_test::small_options());
+  const auto want = complete(alone, long_request("s"));
+  const std::size_t full_blocks = (want.prompt_tokens - 1) / 16;
+  {
+    replica a(r, weights);
+    complete(a.p, long_request("s"));
+    a.tier.flush();
+  }
+  // The store's keys, in chain order: found by their values' parent links.
+  const std::string keys_reply = [&] {
+    const timeval tv{1, 0};
+    redisContext* c = redisConnectWithTimeout("127.0.0.1", std::stoi(r.port()), tv);
+    REQUIRE(c != nullptr);
+    std::string all;
+    auto* rep = static_cast<redisReply*>(redisCommand(c, "KEYS efim:kv:*"));
+    REQUIRE(rep != nullptr);
+    CHECK(rep->elements >= full_blocks);
+    for (std::size_t i = 0; i < rep->elements; ++i)
+      all += std::string(rep->element[i]->str, rep->element[i]->len) + "\n";
+    freeReplyObject(rep);
+    redisFree(c);
+    return all;
+  }();
+  REQUIRE_FALSE(keys_reply.empty());
+  // Damage every stored value the same way; the next replica finds them all and must use none.
+  const auto damage_all = [&](auto&& change) {
+    const timeval tv{1, 0};
+    redisContext* c = redisConnectWithTimeout("127.0.0.1", std::stoi(r.port()), tv);
+    std::size_t at = 0, n = 0;
+    for (std::size_t end; (end = keys_reply.find('\n', at)) != std::string::npos; at = end + 1, ++n) {
+      const std::string key = keys_reply.substr(at, end - at);
+      auto* got = static_cast<redisReply*>(redisCommand(c, "GET %b", key.data(), key.size()));
+      REQUIRE(got != nullptr);
+      std::string value(got->str, got->len);
+      freeReplyObject(got);
+      change(value, n);
+      auto* set =
+          static_cast<redisReply*>(redisCommand(c, "SET %b %b", key.data(), key.size(), value.data(), value.size()));
+      freeReplyObject(set);
+    }
+    redisFree(c);
+  };
+  SECTION("a bit flipped in the KV") {
+    damage_all([](std::string& v, std::size_t n) { v[v.size() - 1 - n % 100] ^= 0x10; });
+  }
+  SECTION("cut short") {
+    damage_all([](std::string& v, std::size_t n) { v.resize(v.size() / (2 + n % 3)); });
+  }
+  SECTION("the header of another model") {
+    damage_all([](std::string& v, std::size_t) { v[8] ^= 1; });  // the root's first byte
+  }
+  SECTION("other token ids") {
+    damage_all([](std::string& v, std::size_t) { v[8 + 32 + 20] ^= 1; });  // the first token id
+  }
+  SECTION("the value of another key") {
+    std::string first_value;
+    damage_all([&](std::string& v, std::size_t n) {
+      if (n == 0)
+        first_value = v;
+      else
+        v = first_value;
+    });
+  }
+  replica b(r, weights);
+  const auto got = complete(b.p, long_request("s"));
+  CHECK(got.tokens == want.tokens);
+  CHECK(b.p.remote_stats().used_blocks <= 1);     // at most one block's value left whole ("another key")
+  CHECK(b.p.remote_stats().refused_blocks == 1);  // the chain stops at the first refused
+  CHECK(got.cached_tokens == b.p.remote_stats().used_blocks * 16);
+}
+
+TEST_CASE("an engine whose store is down or stalled answers every request, computing what it must", "[redis][engine]") {
+  require_redis();
+  auto r = std::make_unique<redis_server>();
+  const auto weights = efim_test::small_weights();
+  efim_test::efim_pipeline alone(efim_test::qwen_tokenizer(), weights, efim_test::small_options());
+  const auto want = complete(alone, long_request("s"));
+  replica a(*r, weights, 100ms);
+  SECTION("stalled") {
+    kill(r->proc().pid(), SIGSTOP);
+    const auto start = std::chrono::steady_clock::now();
+    const auto got = complete(a.p, long_request("s"));
+    CHECK(std::chrono::steady_clock::now() - start < 5s);
+    CHECK(got.tokens == want.tokens);
+    CHECK(got.cached_tokens == 0);
+    kill(r->proc().pid(), SIGCONT);
+  }
+  SECTION("killed") {
+    r->proc().stop(SIGKILL);
+    const auto got = complete(a.p, long_request("s"));
+    CHECK(got.tokens == want.tokens);
+    CHECK(got.cached_tokens == 0);
+    CHECK(a.tier.stats().errors >= 1);
   }
 }

@@ -40,8 +40,8 @@ struct redis_options {
   std::string host = "127.0.0.1";
   int port = 6379;
   int db = 0;
-  std::chrono::milliseconds budget{50};   // longest a fetch takes, connecting included
-  std::chrono::milliseconds retry{1000};  // after an error, how long the store is left alone
+  std::chrono::milliseconds budget{50};              // longest a fetch takes, connecting included
+  std::chrono::milliseconds retry{1000};             // after an error, how long the store is left alone
   std::size_t queue_bytes = std::size_t{256} << 20;  // values waiting to be written, at most
   std::size_t remembered = std::size_t{1} << 20;     // keys remembered as written
 };
@@ -80,17 +80,17 @@ inline redis_options parse_redis_url(std::string_view url, redis_options o = {})
 
 // What the tier did, for /metrics.
 struct remote_stats {
-  std::uint64_t fetches = 0;       // fetch() calls that asked the store
-  std::uint64_t keys = 0;          // keys asked for
-  std::uint64_t found = 0;         // values the store had
-  std::uint64_t read_bytes = 0;    // bytes of those values
-  std::uint64_t fetch_us = 0;      // time in fetches, microseconds
-  std::uint64_t skipped = 0;       // fetch() calls answered at once while the store is left alone
-  std::uint64_t errors = 0;        // connections or commands that failed (timeouts included)
-  std::uint64_t timeouts = 0;      // of which: the budget ran out
-  std::uint64_t written = 0;       // values written
+  std::uint64_t fetches = 0;     // fetch() calls that asked the store
+  std::uint64_t keys = 0;        // keys asked for
+  std::uint64_t found = 0;       // values the store had
+  std::uint64_t read_bytes = 0;  // bytes of those values
+  std::uint64_t fetch_us = 0;    // time in fetches, microseconds
+  std::uint64_t skipped = 0;     // fetch() calls answered at once while the store is left alone
+  std::uint64_t errors = 0;      // connections or commands that failed (timeouts included)
+  std::uint64_t timeouts = 0;    // of which: the budget ran out
+  std::uint64_t written = 0;     // values written
   std::uint64_t written_bytes = 0;
-  std::uint64_t dropped = 0;       // values not written: the queue was full, or the store failed
+  std::uint64_t dropped = 0;  // values not written: the queue was full, or the store failed
 };
 
 class redis_tier {

@@ -25,6 +25,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "efim/cache/block_hash.hpp"
@@ -53,6 +54,32 @@ struct no_remote_tier {
   void store(std::string, std::string) const noexcept {}
 };
 static_assert(remote_tier<no_remote_tier>);
+
+// A remote tier behind one type (not owned: it must outlive its users), so that one pipeline type
+// serves with a store or without: the engine calls it a few times per request, never per token.
+class remote_tier_ref {
+ public:
+  remote_tier_ref() = default;  // none
+  template <remote_tier R>
+  requires(!std::same_as<R, remote_tier_ref>) explicit remote_tier_ref(R& tier)
+      : tier_(&tier),
+        fetch_([](void* t, std::span<const std::string> keys) { return static_cast<R*>(t)->fetch(keys); }),
+        store_([](void* t, std::string k, std::string v) { static_cast<R*>(t)->store(std::move(k), std::move(v)); }) {}
+
+  explicit operator bool() const noexcept { return tier_ != nullptr; }
+  std::vector<std::optional<std::string>> fetch(std::span<const std::string> keys) const {
+    return tier_ ? fetch_(tier_, keys) : std::vector<std::optional<std::string>>(keys.size());
+  }
+  void store(std::string key, std::string value) const {
+    if (tier_) store_(tier_, std::move(key), std::move(value));
+  }
+
+ private:
+  void* tier_ = nullptr;
+  std::vector<std::optional<std::string>> (*fetch_)(void*, std::span<const std::string>) = nullptr;
+  void (*store_)(void*, std::string, std::string) = nullptr;
+};
+static_assert(remote_tier<remote_tier_ref>);
 
 // The shape of a block's KV: what a block's bytes mean.
 struct block_shape {
@@ -156,13 +183,20 @@ enum class refusal { none, malformed, other_root, other_parent, other_shape, oth
 
 inline std::string_view to_string(refusal r) noexcept {
   switch (r) {
-    case refusal::none: return "none";
-    case refusal::malformed: return "malformed";
-    case refusal::other_root: return "other model, adapter or tenant";
-    case refusal::other_parent: return "other prefix";
-    case refusal::other_shape: return "other KV shape";
-    case refusal::other_tokens: return "other tokens";
-    case refusal::corrupted: return "corrupted";
+    case refusal::none:
+      return "none";
+    case refusal::malformed:
+      return "malformed";
+    case refusal::other_root:
+      return "other model, adapter or tenant";
+    case refusal::other_parent:
+      return "other prefix";
+    case refusal::other_shape:
+      return "other KV shape";
+    case refusal::other_tokens:
+      return "other tokens";
+    case refusal::corrupted:
+      return "corrupted";
   }
   return "?";
 }

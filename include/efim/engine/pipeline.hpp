@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -30,6 +31,7 @@
 
 #include "efim/cache/clock.hpp"
 #include "efim/cache/manager.hpp"
+#include "efim/cache/remote.hpp"
 #include "efim/core/dtype.hpp"
 #include "efim/core/error.hpp"
 #include "efim/core/random.hpp"
@@ -82,12 +84,28 @@ struct pipeline_options {
   // engine's, or one that submitted to an async_runner), so possibly on several at once; what it throws
   // is dropped. Unset: only counted (pipeline::callback_failures()).
   std::function<void(request_id, std::exception_ptr)> on_callback_error;
+  // A shared KV tier (cache/remote.hpp; not owned, it must outlive the pipeline): full blocks of a
+  // prompt the local cache misses are looked for there, off the engine thread, before the request is
+  // admitted, and used only when their values verify; full blocks computed here are stored there
+  // behind the request. Empty: none. Needs a backend whose KV storage exports blocks (the host's).
+  cache::remote_tier_ref remote;
+  std::string remote_prefix = "efim:kv:";  // the store's keys begin so
+};
+
+// What a pipeline did with its shared KV tier.
+struct remote_use {
+  std::uint64_t lookups = 0;         // requests whose missing blocks were asked for
+  std::uint64_t asked_blocks = 0;    // blocks asked for
+  std::uint64_t found_blocks = 0;    // of which the store had, verified
+  std::uint64_t refused_blocks = 0;  // values refused (another model, tenant, prefix, shape; damaged)
+  std::uint64_t used_blocks = 0;     // blocks whose KV came from the store (not computed)
+  std::uint64_t stored_blocks = 0;   // blocks handed to the store
 };
 
 template <prompt::fim_format F, cache::block_hasher H, cache::eviction_policy E, text::fragmenter G, kernels::backend B,
           text::tokenizer T = text::byte_tokenizer, cache::tick_clock C = cache::logical_clock,
           text::healing_policy Heal = text::heal_trailing>
-  requires std::copy_constructible<G>
+requires std::copy_constructible<G>
 class pipeline {
  public:
   using format = F;
@@ -121,6 +139,9 @@ class pipeline {
                 " tokens but the model only " + std::to_string(weights.cfg.vocab));
     // KV computed with int8 products is another model's: never shared with exact products' KV.
     model_key_ = weights.fingerprint ^ (options_.products == kernels::products::int8 ? 0x9e3779b97f4a7c15ull : 0);
+    shape_ = remote_shape();
+    require(!options_.remote || exports_blocks, errc::invalid_argument,
+            "pipeline: a shared KV tier needs a backend whose KV storage exports blocks (the host backend's)");
   }
 
   pipeline(const pipeline&) = delete;
@@ -151,21 +172,22 @@ class pipeline {
     const sampling_params sampling = p.sampling;
     auto superseded = std::move(p.superseded);
     std::vector<token_id> tokens = std::move(p.tokens);
-    scheduler_.enqueue(sequence_type{.id = id,
-                                     .tokens = std::move(tokens),
-                                     .prompt_tokens = prompt_tokens,
-                                     .reserve = reserve,
-                                     .computed = 0,
-                                     .keys = std::move(keys),
-                                     .lookup = lookup,
-                                     .blocks = {},
-                                     .done = false,
-                                     .payload = payload{.max_tokens = max_tokens,
-                                                        .sampling = sampling,
-                                                        .random = rng(sampling.seed),
-                                                        .gen = generation<T>(prep_.tokenizer(), p, std::move(out)),
-                                                        .session_version = version,
-                                                        .superseded = std::move(superseded)}});
+    queue(sequence_type{.id = id,
+                        .tokens = std::move(tokens),
+                        .prompt_tokens = prompt_tokens,
+                        .reserve = reserve,
+                        .computed = 0,
+                        .keys = std::move(keys),
+                        .lookup = lookup,
+                        .blocks = {},
+                        .done = false,
+                        .payload = payload{.max_tokens = max_tokens,
+                                           .sampling = sampling,
+                                           .random = rng(sampling.seed),
+                                           .gen = generation<T>(prep_.tokenizer(), p, std::move(out)),
+                                           .session_version = version,
+                                           .superseded = std::move(superseded),
+                                           .shared = {}}});
     // Last, as their callbacks may submit again.
     if (replaced) end(id, finish_reason::superseded);
     if (supersedes != 0) end(supersedes, finish_reason::superseded);
@@ -177,9 +199,14 @@ class pipeline {
 
   // Runs one batch. Returns false when there is nothing left to do.
   bool step() {
+    if (!fetching_.empty()) take_fetched();
     scheduler_.remove_done();  // sequences cancelled between steps
-    auto slices = scheduler_.schedule(cache_);
-    if (slices.empty()) return !scheduler_.idle();
+    auto slices = scheduler_.schedule(cache_, [this](sequence_type& s) { import_remote(s); });
+    if (slices.empty()) {
+      if (fetching_.empty()) return !scheduler_.idle();
+      (void)fetching_.front().values.wait_for(std::chrono::milliseconds(1));  // nothing to compute meanwhile
+      return true;
+    }
     auto& running = scheduler_.running();
     items_.clear();
     const auto start = clock::now();
@@ -188,7 +215,7 @@ class pipeline {
       auto& c = s.payload.gen.result();
       if (c.started == clock::time_point{}) {
         c.started = start;
-        c.cached_tokens = s.blocks.hit_tokens;
+        c.cached_tokens = s.blocks.hit_tokens + s.payload.shared.tokens;  // from this cache or the shared tier
       }
       const bool last = sl.start + sl.count == s.tokens.size();
       items_.push_back({std::span(s.tokens).subspan(sl.start, sl.count), static_cast<position>(sl.start),
@@ -205,6 +232,7 @@ class pipeline {
       if (s.done) continue;  // cancelled by a callback during this step
       s.computed += slices[i].count;
       cache_.commit(s.blocks, s.tokens, s.computed);
+      if (options_.remote) store_remote(s);
       if (s.computed == s.prompt_tokens) s.payload.gen.result().prompt_done = now;
       if (items_[i].want_logits) {
         try {
@@ -249,7 +277,8 @@ class pipeline {
   [[nodiscard]] const preparer_options& preparation() const noexcept { return prep_.options(); }
   [[nodiscard]] std::size_t sessions() const { return prep_.sessions(); }
   [[nodiscard]] std::size_t running() const noexcept { return scheduler_.running().size(); }
-  [[nodiscard]] std::size_t waiting() const noexcept { return scheduler_.waiting().size(); }
+  [[nodiscard]] std::size_t waiting() const noexcept { return scheduler_.waiting().size() + fetching_.size(); }
+  [[nodiscard]] const remote_use& remote_stats() const noexcept { return remote_use_; }
   [[nodiscard]] const text::token_memo& memo() const noexcept { return prep_.memo(); }
 
  private:
@@ -276,6 +305,17 @@ class pipeline {
       return typename B::context{};
   }
 
+  // A sequence's blocks in the shared KV tier: their keys there (from `root`, extended as it goes),
+  // the verified values of blocks [first, ...) until it is admitted, and the blocks not to store again.
+  struct shared_blocks {
+    cache::hash128 root{};
+    std::vector<cache::hash128> chain;
+    std::vector<std::string> values;
+    std::size_t first = 0;
+    std::size_t tokens = 0;  // prompt tokens whose KV came from the store
+    std::size_t stored = 0;
+  };
+
   struct payload {
     std::size_t max_tokens = 0;
     sampling_params sampling;
@@ -283,9 +323,142 @@ class pipeline {
     generation<T> gen;                // its tokens' way to the client, and its completion
     std::uint64_t session_version{};  // the session's version it was laid out from
     std::shared_ptr<std::atomic<bool>> superseded;
+    shared_blocks shared;
   };
   using scheduler_type = scheduler<cache_type, payload>;
   using sequence_type = typename scheduler_type::sequence_type;
+
+  // A request whose missing blocks are being asked of the shared KV tier.
+  struct fetching {
+    sequence_type seq;
+    std::future<std::vector<std::optional<std::string>>> values;  // of blocks [seq.payload.shared.first, ...)
+  };
+
+  static constexpr bool exports_blocks =
+      requires(typename B::storage & st, block_id b, std::span<std::byte> out, std::span<const std::byte> in) {
+    st.export_block(b, out);
+    st.import_block(b, in);
+  };
+
+  // ---- the shared KV tier ----
+
+  cache::block_shape remote_shape() const {
+    const auto& c = model_.cfg();
+    return {static_cast<std::uint32_t>(c.layers), static_cast<std::uint32_t>(c.kv_heads),
+            static_cast<std::uint32_t>(c.head_dim()), static_cast<std::uint32_t>(options_.cache.block_size),
+            options_.kv_type};
+  }
+
+  // The keys of its first `blocks` blocks.
+  void extend_chain(sequence_type& s, std::size_t blocks) const {
+    auto& p = s.payload.shared;
+    const std::size_t bs = options_.cache.block_size;
+    for (std::size_t i = p.chain.size(); i < blocks; ++i)
+      p.chain.push_back(cache::remote_chain(i == 0 ? p.root : p.chain[i - 1], std::span(s.tokens).subspan(i * bs, bs)));
+  }
+
+  // To the scheduler; first, where the shared KV tier may have full blocks of its prompt that the
+  // local cache does not, they are asked for on a thread of their own (take_fetched() then queues it).
+  void queue(sequence_type&& s) {
+    if (options_.remote && options_.cache.reuse) {
+      s.payload.shared.root = cache::remote_root(s.keys, shape_);
+      const std::size_t full = s.lookup ? (s.prompt_tokens - 1) / options_.cache.block_size : 0;
+      std::size_t local = full;
+      if (full > 0) try {
+          local = cache_.plan(s.tokens, s.reserve, s.keys, true).hits.size();
+        } catch (const error&) {  // it can never fit: the scheduler says so
+        }
+      if (local < full) {
+        extend_chain(s, full);
+        std::vector<std::string> keys;
+        for (std::size_t i = local; i < full; ++i)
+          keys.push_back(cache::remote_key(options_.remote_prefix, s.payload.shared.chain[i]));
+        ++remote_use_.lookups;
+        remote_use_.asked_blocks += keys.size();
+        s.payload.shared.first = local;
+        auto values = std::async(std::launch::async,
+                                 [tier = options_.remote, keys = std::move(keys)] { return tier.fetch(keys); });
+        fetching_.push_back({std::move(s), std::move(values)});
+        return;
+      }
+    }
+    scheduler_.enqueue(std::move(s));
+  }
+
+  // Queues the requests whose blocks came back: each keeps the values that verify, in order, up to
+  // the first that is missing or refused.
+  void take_fetched() {
+    const std::size_t bs = options_.cache.block_size;
+    for (auto it = fetching_.begin(); it != fetching_.end();) {
+      if (it->values.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+        ++it;
+        continue;
+      }
+      std::vector<std::optional<std::string>> values;
+      try {
+        values = it->values.get();
+      } catch (...) {  // the store's own failure: nothing found
+      }
+      auto s = std::move(it->seq);
+      it = fetching_.erase(it);
+      if (s.done) continue;  // cancelled meanwhile
+      auto& p = s.payload.shared;
+      for (std::size_t k = 0; k < values.size() && values[k]; ++k) {
+        const std::size_t i = p.first + k;
+        const cache::block_identity want{p.root, i == 0 ? p.root : p.chain[i - 1], shape_,
+                                         std::span(s.tokens).subspan(i * bs, bs)};
+        if (cache::read_block(*values[k], want).why != cache::refusal::none) {
+          ++remote_use_.refused_blocks;
+          break;
+        }
+        p.values.push_back(std::move(*values[k]));
+      }
+      remote_use_.found_blocks += p.values.size();
+      scheduler_.enqueue(std::move(s));
+    }
+  }
+
+  // At admission: the blocks from the store that the local cache still lacks become its KV.
+  void import_remote(sequence_type& s) {
+    auto& p = s.payload.shared;
+    const std::size_t bs = options_.cache.block_size;
+    if constexpr (exports_blocks) {
+      const std::size_t have = s.computed / bs, end = p.first + p.values.size();
+      if (!p.values.empty() && p.first <= have && end > have) {  // continues what is cached here
+        for (std::size_t i = have; i < end; ++i) {
+          const std::string& v = p.values[i - p.first];
+          kv_.import_block(s.blocks.table[i], std::as_bytes(std::span(v)).last(shape_.bytes()));
+        }
+        p.tokens = (end - have) * bs;
+        remote_use_.used_blocks += end - have;
+        s.computed = end * bs;
+        cache_.commit(s.blocks, s.tokens, s.computed);
+      }
+    }
+    p.values.clear();
+    p.values.shrink_to_fit();
+    p.stored = s.computed / bs;  // cached here, or had from the store: not stored again
+  }
+
+  // Behind the request: its full blocks computed since the last call go to the store.
+  void store_remote(sequence_type& s) {
+    if constexpr (exports_blocks) {
+      auto& p = s.payload.shared;
+      const std::size_t bs = options_.cache.block_size, full = s.computed / bs;
+      if (full <= p.stored || !options_.cache.reuse) return;
+      extend_chain(s, full);
+      block_bytes_.resize(shape_.bytes());
+      for (std::size_t i = p.stored; i < full; ++i) {
+        kv_.export_block(s.blocks.table[i], block_bytes_);
+        const cache::block_identity id{p.root, i == 0 ? p.root : p.chain[i - 1], shape_,
+                                       std::span(s.tokens).subspan(i * bs, bs)};
+        options_.remote.store(cache::remote_key(options_.remote_prefix, p.chain[i]),
+                              cache::write_block(id, block_bytes_));
+        ++remote_use_.stored_blocks;
+      }
+      p.stored = full;
+    }
+  }
 
   static constexpr bool heals = preparer_type::heals;
 
@@ -353,6 +526,11 @@ class pipeline {
         finish(s, why);
         return true;
       }
+    for (auto& f : fetching_)
+      if (f.seq.id == id && !f.seq.done) {
+        finish(f.seq, why);  // dropped when its fetch returns
+        return true;
+      }
     return false;
   }
 
@@ -371,6 +549,10 @@ class pipeline {
   std::vector<std::pair<float, token_id>> scratch_;
   std::vector<token_id> allowed_;  // a healing step's allowed tokens
   std::vector<float> gathered_;    // their logits
+  cache::block_shape shape_;       // a block's KV, for the shared tier
+  std::vector<fetching> fetching_;
+  remote_use remote_use_;
+  std::vector<std::byte> block_bytes_;
 };
 
 }  // namespace efim::engine

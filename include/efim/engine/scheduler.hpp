@@ -54,8 +54,13 @@ class scheduler {
   void enqueue(sequence_type&& s) { waiting_.push_back(std::move(s)); }
 
   // Picks this step's work, admitting waiting sequences into `cache` (oldest first; a sequence
-  // that does not fit now waits, and so do those behind it).
+  // that does not fit now waits, and so do those behind it). `on_admit` sees each sequence as it is
+  // admitted, and may find more of its prompt's KV elsewhere (raising `computed`).
   std::vector<slice> schedule(Cache& cache) {
+    return schedule(cache, [](sequence_type&) {});
+  }
+  template <class OnAdmit>
+  std::vector<slice> schedule(Cache& cache, OnAdmit&& on_admit) {
     std::vector<slice> out;
     std::size_t budget = options_.max_batch_tokens;
     // Decoding sequences: one token each, whatever the budget.
@@ -83,7 +88,8 @@ class scheduler {
       s.computed = plan.hit_tokens;
       running_.push_back(std::move(s));
       waiting_.pop_front();
-      const auto& r = running_.back();
+      auto& r = running_.back();
+      on_admit(r);
       const std::size_t n = std::min(budget, r.prompt_tokens - r.computed);
       out.push_back({running_.size() - 1, r.computed, n});
       budget -= n;
