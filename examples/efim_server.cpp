@@ -26,6 +26,9 @@
 #include "efim/efim.hpp"
 #include "efim/server/service.hpp"
 #include "efim/server/upstream.hpp"
+#if EFIM_WITH_REDIS
+#include "efim/cache/redis_tier.hpp"
+#endif
 #include "http/server.hpp"
 #include "http/upstream_client.hpp"
 
@@ -90,6 +93,12 @@ engine
                            AVX-512 VNNI, 1.5x with AVX2; logits within about 1% of the exact ones)
                            (exact)
   --eviction NAME          cache eviction: lru, fifo, lfu (lru)
+  --kv-store URL           redis://HOST[:PORT][/DB]: a KV tier shared by replicas, in Redis or Valkey
+                           (run it with maxmemory and allkeys-lru): blocks missing here are read from
+                           it (verified: model, tenant, tokens, shape), blocks computed here are
+                           written to it behind the requests. A store that is down or slow only
+                           costs the time below, and the blocks are computed.
+  --kv-store-budget-ms N   longest wait for the store per request (50)
   --format NAME            prompt layout: efim, psm, spm (efim)
   --n-predict N            tokens per /infill request that names none (128)
   --max-predict N          the most tokens one request may ask for (4096)
@@ -128,6 +137,8 @@ struct options {
   efim::server::upstream_api upstream_api = efim::server::upstream_api::llama;
   std::chrono::milliseconds upstream_timeout{60000};
   std::optional<std::size_t> upstream_prompt_budget;  // unset: by the API
+  std::string kv_store;                               // empty: none
+  std::chrono::milliseconds kv_store_budget{50};
 };
 
 [[noreturn]] void fail(const std::string& message, int code = 2) { efim_examples::fail(program, message, code); }
@@ -221,6 +232,19 @@ options parse(int argc, char** argv) {
           } catch (const efim::error& e) {
             fail(std::string("--products: ") + e.what());
           }
+        } else if (flag == "--kv-store") {
+#if EFIM_WITH_REDIS
+          try {
+            (void)efim::cache::parse_redis_url(v);
+          } catch (const std::exception& e) {
+            fail(std::string("--kv-store: ") + e.what());
+          }
+          o.kv_store = v;
+#else
+          fail("--kv-store: this efim-server was built without hiredis (libhiredis-dev)");
+#endif
+        } else if (flag == "--kv-store-budget-ms") {
+          o.kv_store_budget = std::chrono::milliseconds(count(flag, v, 1, 60000));
         } else if (flag == "--eviction") {
           if (v != "lru" && v != "fifo" && v != "lfu") fail("--eviction must be lru, fifo or lfu, not " + v);
           o.eviction = v;
@@ -304,6 +328,32 @@ template <class Pipeline>
 int run_service(const options& o, Pipeline& p, const efim::server::service_options& so, const std::string& banner,
                 std::optional<efim_examples::http::server>& http);
 
+#if EFIM_WITH_REDIS
+// The shared KV store's own counters, for /metrics.
+void kv_store_metrics(const efim::cache::redis_tier& store, efim::server::metrics_registry& m) {
+  const auto s = store.stats();
+  m.describe("efim_kv_store_fetches_total", "counter", "Lookups sent to the shared KV store (one per request).");
+  m.set("efim_kv_store_fetches_total", {}, static_cast<double>(s.fetches));
+  m.describe("efim_kv_store_fetch_seconds_total", "counter", "Time spent waiting for the shared KV store.");
+  m.set("efim_kv_store_fetch_seconds_total", {}, static_cast<double>(s.fetch_us) / 1e6);
+  m.describe("efim_kv_store_values_total", "counter",
+             "Values of the shared KV store: asked for, found, written, dropped (queue full or store failing).");
+  m.set("efim_kv_store_values_total", {{"kind", "asked"}}, static_cast<double>(s.keys));
+  m.set("efim_kv_store_values_total", {{"kind", "found"}}, static_cast<double>(s.found));
+  m.set("efim_kv_store_values_total", {{"kind", "written"}}, static_cast<double>(s.written));
+  m.set("efim_kv_store_values_total", {{"kind", "dropped"}}, static_cast<double>(s.dropped));
+  m.describe("efim_kv_store_bytes_total", "counter", "Bytes read from and written to the shared KV store.");
+  m.set("efim_kv_store_bytes_total", {{"direction", "read"}}, static_cast<double>(s.read_bytes));
+  m.set("efim_kv_store_bytes_total", {{"direction", "written"}}, static_cast<double>(s.written_bytes));
+  m.describe("efim_kv_store_errors_total", "counter",
+             "Failures of the shared KV store (connections, commands, timeouts), and lookups skipped while it is "
+             "left alone after one.");
+  m.set("efim_kv_store_errors_total", {{"kind", "error"}}, static_cast<double>(s.errors - s.timeouts));
+  m.set("efim_kv_store_errors_total", {{"kind", "timeout"}}, static_cast<double>(s.timeouts));
+  m.set("efim_kv_store_errors_total", {{"kind", "skipped"}}, static_cast<double>(s.skipped));
+}
+#endif
+
 template <class Format>
 int serve(const options& o, efim::text::bpe_tokenizer tok, const efim::prompt::fim_token_set& fim,
           const efim::model::weights& w, const std::string& model_name) {
@@ -320,6 +370,18 @@ int serve(const options& o, efim::text::bpe_tokenizer tok, const efim::prompt::f
   po.products = o.products;
   po.threads = o.threads;
   po.heal_tokens = o.heal_tokens;
+  auto so = service_options(o, model_name);
+#if EFIM_WITH_REDIS
+  // Declared before the pipeline, which uses it until it is gone.
+  std::optional<efim::cache::redis_tier> store;
+  if (!o.kv_store.empty()) {
+    auto ro = efim::cache::parse_redis_url(o.kv_store);
+    ro.budget = o.kv_store_budget;
+    store.emplace(ro);
+    po.remote = efim::cache::remote_tier_ref(*store);
+    so.more_metrics = [&store](efim::server::metrics_registry& m) { kv_store_metrics(*store, m); };
+  }
+#endif
 
   // Declared before the pipeline, so that it goes after it: requests that ended hold their
   // connection until the pipeline lets them go.
@@ -328,13 +390,14 @@ int serve(const options& o, efim::text::bpe_tokenizer tok, const efim::prompt::f
   std::ostringstream banner;
   banner << program << ": model " << model_name << " (" << efim::model::to_string(cfg.arch) << ", " << cfg.layers
          << " layers, hidden " << cfg.hidden << ", " << efim::to_string(w.type()) << "), tokenizer "
-         << p.tokenizer().description() << ", " << fim.family << " FIM tokens; format " << Format::name
-         << "; context " << cfg.max_context << "; KV cache " << po.cache.blocks * po.cache.block_size << " tokens ("
-         << efim::to_string(o.kv) << ", " << (po.cache.blocks * po.cache.block_size * kv_token_bytes >> 20)
-         << " MiB), " << o.eviction << " eviction; " << o.parallel << " parallel"
+         << p.tokenizer().description() << ", " << fim.family << " FIM tokens; format " << Format::name << "; context "
+         << cfg.max_context << "; KV cache " << po.cache.blocks * po.cache.block_size << " tokens ("
+         << efim::to_string(o.kv) << ", " << (po.cache.blocks * po.cache.block_size * kv_token_bytes >> 20) << " MiB), "
+         << o.eviction << " eviction; " << o.parallel << " parallel"
          << (o.api_keys.empty() ? "" : "; API keys required")
-         << (o.products == efim::kernels::products::int8 ? "; int8 products" : "");
-  return run_service(o, p, service_options(o, model_name), banner.str(), http);
+         << (o.products == efim::kernels::products::int8 ? "; int8 products" : "")
+         << (o.kv_store.empty() ? "" : "; shared KV store " + o.kv_store);
+  return run_service(o, p, so, banner.str(), http);
 }
 
 // efim-server in front of another engine: sessions, layouts, tokens and healing here, the compute there.
@@ -350,7 +413,8 @@ int serve_upstream(const options& o, efim::text::bpe_tokenizer tok, const efim::
   uo.prepare.session.reanchor_bytes = o.reanchor_bytes;
   uo.prepare.sessions.max_sessions = o.max_sessions;
   uo.prepare.heal_tokens = o.heal_tokens;
-  uo.context = info.context == 0 ? (o.ctx == 0 ? 4096 : o.ctx) : (o.ctx == 0 ? info.context : std::min(o.ctx, info.context));
+  uo.context =
+      info.context == 0 ? (o.ctx == 0 ? 4096 : o.ctx) : (o.ctx == 0 ? info.context : std::min(o.ctx, info.context));
   uo.slots = o.upstream_api == efim::server::upstream_api::llama ? info.slots : 0;
   uo.timeout = o.upstream_timeout;
   uo.prompt_budget = o.upstream_prompt_budget.value_or(uo.api == efim::server::upstream_api::llama ? 2048 : 0);
@@ -362,8 +426,8 @@ int serve_upstream(const options& o, efim::text::bpe_tokenizer tok, const efim::
   pipeline p(std::move(tok), client, uo);
   std::ostringstream banner;
   banner << program << ": upstream " << o.upstream << " (" << info.description << "), tokenizer "
-         << p.tokenizer().description() << ", " << fim.family << " FIM tokens; format " << Format::name
-         << "; context " << uo.context << (uo.slots ? "; sessions kept on the upstream's slots" : "")
+         << p.tokenizer().description() << ", " << fim.family << " FIM tokens; format " << Format::name << "; context "
+         << uo.context << (uo.slots ? "; sessions kept on the upstream's slots" : "")
          << (uo.prompt_budget ? "; prompt budget " + std::to_string(uo.prompt_budget) + " tokens" : "")
          << (o.api_keys.empty() ? "" : "; API keys required");
   return run_service(o, p, service_options(o, model_name), banner.str(), http);
@@ -442,6 +506,8 @@ int run_upstream(const options& o) {
 
 int run(options o) {
   o.http.max_connections = connections_allowed(o.http.max_connections);
+  if (!o.upstream.empty() && !o.kv_store.empty())
+    fail("--kv-store: with --upstream the KV is the upstream's; give one or the other");
   if (!o.upstream.empty()) return run_upstream(o);
   std::string model_name = o.alias;
   std::optional<efim::model::model_file> file;

@@ -424,3 +424,72 @@ TEST_CASE("an engine whose store is down or stalled answers every request, compu
     CHECK(a.tier.stats().errors >= 1);
   }
 }
+
+// ---- efim-server replicas with --kv-store, over HTTP ----
+
+#include <nlohmann/json.hpp>
+
+#include "http/client.hpp"
+
+namespace {
+
+double metric(efim_examples::http::client& c, const std::string& series) {
+  const std::string m = c.get("/metrics").body;
+  const auto at = m.find("\n" + series + " ");
+  return at == std::string::npos ? -1 : std::stod(m.substr(at + series.size() + 2));
+}
+
+}  // namespace
+
+TEST_CASE("efim-server replicas with --kv-store: one computes, the other reads; a dead store costs nothing",
+          "[redis][server]") {
+  require_redis();
+  using json = nlohmann::json;
+  using efim_examples::http::client;
+  using efim_examples::http::parse_url;
+  redis_server r;
+  const std::vector<std::string> args{"--kv-store", "redis://127.0.0.1:" + r.port(), "--kv-store-budget-ms", "200"};
+  efim_test::server_process a(EFIM_SERVER_PATH, args, build_dir + "/redis-efim-a.log");
+  efim_test::server_process b(EFIM_SERVER_PATH, args, build_dir + "/redis-efim-b.log");
+  client ca(parse_url(a.url())), cb(parse_url(b.url()));
+  std::string prefix = "def report(rows):\n";
+  for (int i = 0; i < 40; ++i)
+    prefix += "    col_" + std::to_string(i) + " = [row[" + std::to_string(i) + "] for row in rows]\n";
+  const json body{{"input_prefix", prefix},
+                  {"input_suffix", "\n    return cols\n"},
+                  {"n_predict", 8},
+                  {"temperature", 0},
+                  {"session_id", "u1"}};
+  const auto post = [&](client& c, const json& j) {
+    const auto res = c.post("/infill", j.dump());
+    INFO(res.body);
+    REQUIRE(res.status == 200);
+    return json::parse(res.body);
+  };
+  const json first = post(ca, body);
+  const auto prompt = first["tokens_evaluated"].get<std::size_t>();
+  REQUIRE(prompt > 160);
+  CHECK(first["tokens_cached"] == 0);
+  // A writes its blocks behind the request.
+  double written = 0;
+  for (int i = 0; i < 500 && written < double((prompt - 1) / 16); ++i) {
+    std::this_thread::sleep_for(10ms);
+    written = metric(ca, "efim_kv_store_values_total{kind=\"written\"}");
+  }
+  REQUIRE(written >= double((prompt - 1) / 16));
+  const json second = post(cb, body);
+  CHECK(second["tokens_cached"].get<std::size_t>() == (prompt - 1) / 16 * 16);
+  CHECK(second["content"] == first["content"]);
+  CHECK(second["tokens"] == first["tokens"]);
+  CHECK(metric(cb, "efim_kv_remote_blocks_total{kind=\"used\"}") == double((prompt - 1) / 16));
+
+  r.proc().stop(SIGKILL);
+  json other = body;
+  other["input_suffix"] = "\n    return None\n";
+  other["session_id"] = "u2";
+  const json third = post(cb, other);
+  CHECK(third.contains("content"));
+  CHECK(metric(cb, "efim_kv_store_errors_total{kind=\"error\"}") >= 1);
+  CHECK(a.stop() == 0);
+  CHECK(b.stop() == 0);
+}

@@ -39,6 +39,9 @@ struct service_options {
   // Where generation requests are prepared (tokenized, matched to their session, laid out): on the
   // handler thread that received them (the default), or on the engine thread (for comparison only).
   engine::preparation prepare = engine::preparation::caller;
+  // Called as /metrics is read (on the engine thread), to add what only the program knows (its
+  // shared KV store's own counters, say); it describes and sets its metrics on the registry.
+  std::function<void(metrics_registry&)> more_metrics;
 };
 
 // What the service says of each request it answered.
@@ -162,6 +165,10 @@ class service {
                       "threads).");
     metrics_.describe("efim_callback_failures_total", "counter",
                       "Exceptions from a request's completion callback that no answer could carry.");
+    if constexpr (requires(const Pipeline& p) { p.remote_stats(); })
+      metrics_.describe("efim_kv_remote_blocks_total", "counter",
+                        "KV blocks and the shared KV tier: asked for, found (verified), refused (another model, "
+                        "tenant, prefix or shape, or damaged), used instead of computed, stored.");
   }
 
   // ---- endpoints ----
@@ -219,6 +226,16 @@ class service {
     if constexpr (requires { p->cache(); }) {
       if (p != nullptr) read_cache_gauges(*p);
     }
+    if constexpr (requires { p->remote_stats(); }) {
+      if (p != nullptr) {
+        const auto& r = p->remote_stats();
+        for (const auto& [kind, n] : {std::pair{"asked", r.asked_blocks}, std::pair{"found", r.found_blocks},
+                                      std::pair{"refused", r.refused_blocks}, std::pair{"used", r.used_blocks},
+                                      std::pair{"stored", r.stored_blocks}})
+          metrics_.set("efim_kv_remote_blocks_total", {{"kind", kind}}, static_cast<double>(n));
+      }
+    }
+    if (options_.more_metrics) options_.more_metrics(metrics_);
     if (p != nullptr) {
       metrics_.set("efim_requests_waiting", {}, static_cast<double>(p->waiting()));
       metrics_.set("efim_sessions", {}, static_cast<double>(p->sessions()));
