@@ -295,10 +295,11 @@ TEST_CASE("encode takes known ids for a fragment instead of tokenizing it", "[pr
   std::vector<std::string> pieces;
   std::vector<token_id> ids;
   text::at_boundaries frag;
-  prompt::encode(prompt::efim_format::layout(r, q), tok, q, frag, ids, [&](std::string_view piece, std::vector<token_id>& o) {
-    pieces.emplace_back(piece);
-    tok.encode(piece, o);
-  });
+  prompt::encode(prompt::efim_format::layout(r, q), tok, q, frag, ids,
+                 [&](std::string_view piece, std::vector<token_id>& o) {
+                   pieces.emplace_back(piece);
+                   tok.encode(piece, o);
+                 });
   CHECK(pieces == std::vector<std::string>{"a", "b", "cd", "g"});
 }
 
@@ -433,7 +434,8 @@ TEST_CASE("session table: requests find their session by content", "[prompt][ses
   CHECK(small.request().prefix == "x");
   CHECK(t.size() == kept);
   // A keyed session is never found by content.
-  const auto keyed = t.apply({.tenant = "", .key = "k", .match = false, .prefix = typed_doc.substr(0, 25), .suffix = edited});
+  const auto keyed =
+      t.apply({.tenant = "", .key = "k", .match = false, .prefix = typed_doc.substr(0, 25), .suffix = edited});
   CHECK(keyed.key != a.key);
   CHECK(t.match("", typed_doc.substr(0, 27), edited) == a.key);
   // Of two sessions whose anchors the prefix extends, the longer anchor wins.
@@ -471,8 +473,11 @@ TEST_CASE("session table: the least recently used session goes first, and the in
   small.max_bytes = 100;
   table b(small);
   for (int i = 0; i < 4; ++i)
-    b.apply({.tenant = "", .key = "k" + std::to_string(i), .match = false,
-             .prefix = std::string(40, static_cast<char>('a' + i)), .suffix = ""},
+    b.apply({.tenant = "",
+             .key = "k" + std::to_string(i),
+             .match = false,
+             .prefix = std::string(40, static_cast<char>('a' + i)),
+             .suffix = ""},
             i);
   CHECK(b.size() == 2);
   CHECK(b.bytes() == 2 * (40 + 5));  // the text and the table's key ("=0:k3")
@@ -484,8 +489,8 @@ TEST_CASE("session table: the least recently used session goes first, and the in
 TEST_CASE("session table: a refused request changes nothing; stored sessions never change in place",
           "[prompt][session]") {
   table t;
-  const prompt::session_query first{.tenant = "t", .key = "doc", .match = false, .prefix = "int f() {\n  return ",
-                                    .suffix = ";\n}\n"};
+  const prompt::session_query first{
+      .tenant = "t", .key = "doc", .match = false, .prefix = "int f() {\n  return ", .suffix = ";\n}\n"};
   const auto turn = t.apply(first, 1);
   const auto before = t.find(turn.key);
   REQUIRE(before);
@@ -526,8 +531,11 @@ TEST_CASE("session table: the content index holds exactly the sessions found by 
     const std::size_t cursor = 10 + r.below(doc.size() - 10);
     std::string prefix = doc.substr(0, cursor) + std::string(r.below(12), 'y');
     std::string suffix = doc.substr(cursor) + (r.below(4) == 0 ? "#" : "");
-    const auto turn = r.below(5) == 0 ? t.apply({.tenant = "", .key = "k" + std::to_string(r.below(3)), .match = false,
-                                                 .prefix = prefix, .suffix = suffix})
+    const auto turn = r.below(5) == 0 ? t.apply({.tenant = "",
+                                                 .key = "k" + std::to_string(r.below(3)),
+                                                 .match = false,
+                                                 .prefix = prefix,
+                                                 .suffix = suffix})
                                       : t.apply(by_content(r.below(3) == 0 ? "other" : "", prefix, suffix));
     keys.push_back(turn.key);
     if (r.below(10) == 0) t.erase(keys[r.below(keys.size())]);
@@ -614,4 +622,132 @@ TEST_CASE("session table: concurrent requests of one session each land once, in 
   for (int w = 4; w < threads; ++w) CHECK(versions[w].back() == static_cast<std::uint64_t>(rounds));
   CHECK(checks.load() >= threads * rounds);
   CHECK(t.size() == 5);
+}
+
+// ---- a session saved and taken up elsewhere (a replica after another) ----
+
+namespace {
+// Whether a session's request is whole: its fragments valid UTF-8, and every known id list spelling
+// exactly its fragment's text.
+bool spelled_right(const prompt::infill_session& s, const text::byte_tokenizer& tok) {
+  const auto r = s.request();
+  for (std::size_t i = 0; i < r.typed.size(); ++i) {
+    if (!utf8::is_valid(r.typed[i])) return false;
+    if (i >= r.typed_ids.size() || r.typed_ids[i].empty()) continue;
+    std::string bytes;
+    for (const token_id t : r.typed_ids[i]) bytes += tok.token_bytes(t);
+    if (bytes != r.typed[i]) return false;
+  }
+  return true;
+}
+
+bool same_request(const prompt::infill_session& a, const prompt::infill_session& b) {
+  const auto x = a.request(), y = b.request();
+  if (x.prefix != y.prefix || x.suffix != y.suffix || x.typed.size() != y.typed.size() ||
+      x.typed_ids.size() != y.typed_ids.size() || x.extra.size() != y.extra.size())
+    return false;
+  for (std::size_t i = 0; i < x.typed.size(); ++i)
+    if (x.typed[i] != y.typed[i]) return false;
+  for (std::size_t i = 0; i < x.typed_ids.size(); ++i)
+    if (!std::ranges::equal(x.typed_ids[i], y.typed_ids[i])) return false;
+  for (std::size_t i = 0; i < x.extra.size(); ++i)
+    if (x.extra[i].name != y.extra[i].name || x.extra[i].text != y.extra[i].text) return false;
+  return a.version() == b.version();
+}
+}  // namespace
+
+TEST_CASE("session: saved and loaded at any point, it lays out every next request as the original",
+          "[prompt][session][fuzz]") {
+  const text::byte_tokenizer tok(prompt::qwen25_coder.special_tokens());
+  rng r(17);
+  const std::string alphabet[] = {"a", "b", " ", "\n", "(", "\xC3\xA9", "\xE4\xB8\xAD"};
+  prompt::infill_session s(prompt::session_options{48});
+  std::string text = "def f():\n    return 1\n";
+  std::size_t cursor = 10;
+  const std::vector<prompt::context_file> extra{{"util.py", "def g(): pass\n"}};
+  for (int step = 0; step < 4000; ++step) {
+    const auto op = r.below(12);
+    if (op < 6) {
+      const auto& c = alphabet[r.below(std::size(alphabet))];
+      text.insert(cursor, c);
+      cursor += c.size();
+    } else if (op < 8 && cursor > 0) {
+      const std::size_t start = utf8::floor_boundary(text, cursor - 1);
+      text.erase(start, cursor - start);
+      cursor = start;
+    } else if (op == 8) {
+      cursor = utf8::floor_boundary(text, r.below(text.size() + 1));
+    } else if (op == 9) {
+      text.insert(utf8::floor_boundary(text, cursor + r.below(text.size() - cursor + 1)), "x");
+    } else {  // the model suggests "ret" (one byte token each) and the editor accepts it
+      std::vector<token_id> ids;
+      std::string bytes;
+      std::vector<std::size_t> ends;
+      for (const char c : std::string("ret")) {
+        ids.push_back(static_cast<unsigned char>(c));
+        bytes += c;
+        ends.push_back(bytes.size());
+      }
+      s.record_generation(s.version(), ids, bytes, ends);
+      text.insert(cursor, "ret");
+      cursor += 3;
+    }
+    const auto moved = prompt::infill_session::load(s.save(), tok, prompt::session_options{48});
+    REQUIRE(moved.has_value());
+    REQUIRE(same_request(s, *moved));
+    auto t = *moved;
+    const std::string prefix = text.substr(0, cursor), suffix = text.substr(cursor);
+    const auto u = s.update(prefix, suffix, extra);
+    const auto v = t.update(prefix, suffix, extra);
+    REQUIRE(u.kind == v.kind);
+    REQUIRE(u.typed_bytes == v.typed_bytes);
+    REQUIRE(u.kept_bytes == v.kept_bytes);
+    REQUIRE(u.reused_tokens == v.reused_tokens);
+    REQUIRE(same_request(s, t));
+    REQUIRE(spelled_right(s, tok));
+  }
+  CHECK_FALSE(prompt::infill_session::load(prompt::infill_session{}.save(), tok) == std::nullopt);
+}
+
+TEST_CASE("session: a saved session cut, changed or made up is refused, or loads whole", "[prompt][session][fuzz]") {
+  const text::byte_tokenizer tok(prompt::qwen25_coder.special_tokens());
+  prompt::infill_session s;
+  s.update("def f(x):\n    ", "\n", std::vector<prompt::context_file>{{"a.py", "x = 1\n"}});
+  s.update("def f(x):\n    re", "\n");
+  record(s, {"t", "u", "rn"}, 't');  // ids 't', 'u', 'v': 'v' does not spell "rn"
+  s.update("def f(x):\n    retu", "\n");
+  std::vector<token_id> ids{'r', 'n', ' '};
+  s.record_generation(s.version(), ids, "rn ", {1, 2, 3});
+  s.update("def f(x):\n    return x", "\n");
+  const std::string saved = s.save();
+  const auto whole = prompt::infill_session::load(saved, tok);
+  REQUIRE(whole.has_value());
+  CHECK(same_request(s, *whole));
+  for (std::size_t n = 0; n < saved.size(); ++n) {
+    INFO("first " << n << " bytes");
+    CHECK_FALSE(prompt::infill_session::load(std::string_view(saved).substr(0, n), tok).has_value());
+  }
+  CHECK_FALSE(prompt::infill_session::load(saved + "x", tok).has_value());
+  for (std::size_t i = 0; i < saved.size(); ++i)
+    for (const unsigned char bit : {0x01, 0x40, 0x80}) {
+      std::string bad = saved;
+      bad[i] = static_cast<char>(bad[i] ^ bit);
+      const auto got = prompt::infill_session::load(bad, tok);
+      INFO("byte " << i << " ^ " << int(bit));
+      if (got) CHECK(spelled_right(*got, tok));
+    }
+  rng r(3);
+  for (int i = 0; i < 3000; ++i) {
+    std::string junk = i % 2 ? saved.substr(0, r.below(saved.size())) : std::string("EFIMSS01");
+    for (std::size_t k = 0, n = r.below(64); k < n; ++k) junk += static_cast<char>(r.next());
+    const auto got = prompt::infill_session::load(junk, tok);
+    if (got) CHECK(spelled_right(*got, tok));
+  }
+  // Ids outside the vocabulary are refused, even where their text would not matter.
+  std::string out_of_range = saved;
+  const token_id huge = 1 << 30;
+  const auto at = out_of_range.rfind(std::string(reinterpret_cast<const char*>(&ids[0]), sizeof(token_id)));
+  REQUIRE(at != std::string::npos);
+  out_of_range.replace(at, sizeof huge, reinterpret_cast<const char*>(&huge), sizeof huge);
+  CHECK_FALSE(prompt::infill_session::load(out_of_range, tok).has_value());
 }

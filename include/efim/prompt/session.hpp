@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -13,6 +15,7 @@
 #include "efim/core/types.hpp"
 #include "efim/core/utf8.hpp"
 #include "efim/prompt/layout.hpp"
+#include "efim/text/concepts.hpp"
 
 namespace efim::prompt {
 
@@ -160,6 +163,100 @@ class infill_session {
     return r;
   }
 
+  // The session as bytes, to be taken up elsewhere by load() (a replica that serves the session's
+  // next request after the one that served it is lost). Host byte order.
+  [[nodiscard]] std::string save() const {
+    std::string out(magic);
+    put(out, std::uint64_t{anchored_});
+    put(out, version_);
+    for (const std::string* t : {&prefix_, &suffix_, &typed_}) put_text(out, *t);
+    put(out, std::uint64_t{extra_.size()});
+    for (const auto& f : extra_) {
+      put_text(out, f.name);
+      put_text(out, f.text);
+    }
+    put(out, std::uint64_t{cuts_.size()});
+    for (const std::size_t c : cuts_) put(out, std::uint64_t{c});
+    put(out, std::uint64_t{known_.size()});
+    for (const auto& k : known_) {
+      put(out, std::uint64_t{k.begin});
+      put(out, std::uint64_t{k.end});
+      put_ids(out, k.ids);
+    }
+    put(out, std::uint64_t{generation_.at});
+    put_ids(out, generation_.ids);
+    put_text(out, generation_.bytes);
+    put(out, std::uint64_t{generation_.ends.size()});
+    for (const std::size_t e : generation_.ends) put(out, std::uint64_t{e});
+    return out;
+  }
+
+  // A session from what save() wrote, checked as a request would be and against `tok`: valid UTF-8,
+  // fragments inside the typed text, and every token id the vocabulary's, spelling exactly the text
+  // it stands for (so a session read from a shared store can never put other tokens into a prompt).
+  // Nothing (nullopt) when any of it fails; a recorded generation that does not spell its bytes is
+  // dropped alone.
+  template <text::tokenizer T>
+  static std::optional<infill_session> load(std::string_view in, const T& tok, session_options options = {}) {
+    infill_session s(options);
+    if (!in.starts_with(magic)) return std::nullopt;
+    in.remove_prefix(magic.size());
+    std::uint64_t anchored = 0, n = 0;
+    if (!get(in, anchored) || anchored > 1 || !get(in, s.version_)) return std::nullopt;
+    s.anchored_ = anchored == 1;
+    for (std::string* t : {&s.prefix_, &s.suffix_, &s.typed_})
+      if (!get_text(in, *t)) return std::nullopt;
+    if (!get(in, n) || n > in.size()) return std::nullopt;
+    for (std::uint64_t i = 0; i < n; ++i) {
+      owned_context_file f;
+      if (!get_text(in, f.name) || !get_text(in, f.text)) return std::nullopt;
+      s.extra_.push_back(std::move(f));
+    }
+    if (!get(in, n) || n > in.size() / sizeof(std::uint64_t)) return std::nullopt;
+    for (std::uint64_t i = 0, c = 0; i < n; ++i) {
+      if (!get(in, c) || c == 0 || c >= s.typed_.size() || (!s.cuts_.empty() && c <= s.cuts_.back()))
+        return std::nullopt;
+      s.cuts_.push_back(static_cast<std::size_t>(c));
+    }
+    if (!get(in, n) || n > in.size()) return std::nullopt;
+    for (std::uint64_t i = 0; i < n; ++i) {
+      std::uint64_t begin = 0, end = 0;
+      known_fragment k;
+      if (!get(in, begin) || !get(in, end) || begin >= end || end > s.typed_.size() || !get_ids(in, k.ids, tok) ||
+          !spells(tok, k.ids, std::string_view(s.typed_).substr(begin, end - begin)))
+        return std::nullopt;
+      k.begin = static_cast<std::size_t>(begin);
+      k.end = static_cast<std::size_t>(end);
+      s.known_.push_back(std::move(k));
+    }
+    std::uint64_t at = 0;
+    generation g;
+    if (!get(in, at) || !get_ids(in, g.ids, tok) || !get_text(in, g.bytes) || !get(in, n) || n != g.ids.size())
+      return std::nullopt;
+    for (std::uint64_t i = 0, e = 0; i < n; ++i) {
+      if (!get(in, e)) return std::nullopt;
+      g.ends.push_back(static_cast<std::size_t>(e));
+    }
+    if (!in.empty()) return std::nullopt;
+    for (const std::string* t : {&s.prefix_, &s.suffix_, &s.typed_})
+      if (!utf8::is_valid(*t)) return std::nullopt;
+    for (const auto& f : s.extra_)
+      if (!utf8::is_valid(f.name) || !utf8::is_valid(f.text)) return std::nullopt;
+    if (!s.anchored_ && (!s.prefix_.empty() || !s.suffix_.empty() || !s.typed_.empty() || !s.extra_.empty()))
+      return std::nullopt;
+    // The generation: each token's bytes end where its `ends` says, and they are `bytes`.
+    bool spelled = at <= s.typed_.size() && !g.ids.empty() && g.ends.back() == g.bytes.size();
+    for (std::size_t i = 0, from = 0; spelled && i < g.ids.size(); from = g.ends[i++]) {
+      const std::string_view b = tok.token_bytes(g.ids[i]);
+      spelled = g.ends[i] >= from && g.ends[i] - from == b.size() && g.bytes.compare(from, b.size(), b) == 0;
+    }
+    if (spelled) {
+      g.at = static_cast<std::size_t>(at);
+      s.generation_ = std::move(g);
+    }
+    return s;
+  }
+
   [[nodiscard]] bool anchored() const noexcept { return anchored_; }
   [[nodiscard]] std::string_view anchor_prefix() const noexcept { return prefix_; }
   [[nodiscard]] std::string_view anchor_suffix() const noexcept { return suffix_; }
@@ -232,6 +329,57 @@ class infill_session {
         {at, end, std::vector<token_id>(g.ids.begin(), g.ids.begin() + static_cast<std::ptrdiff_t>(tokens))});
     if (end < at + added.size()) add_cut(end);
     return tokens;
+  }
+
+  static constexpr std::string_view magic = "EFIMSS01";
+
+  template <class V>
+  static void put(std::string& out, const V& v) {
+    out.append(reinterpret_cast<const char*>(&v), sizeof v);
+  }
+  static void put_text(std::string& out, std::string_view t) {
+    put(out, std::uint64_t{t.size()});
+    out += t;
+  }
+  static void put_ids(std::string& out, std::span<const token_id> ids) {
+    put(out, std::uint64_t{ids.size()});
+    for (const token_id t : ids) put(out, t);
+  }
+  template <class V>
+  static bool get(std::string_view& in, V& v) {
+    if (in.size() < sizeof v) return false;
+    std::memcpy(&v, in.data(), sizeof v);
+    in.remove_prefix(sizeof v);
+    return true;
+  }
+  static bool get_text(std::string_view& in, std::string& t) {
+    std::uint64_t n = 0;
+    if (!get(in, n) || n > in.size()) return false;
+    t.assign(in.substr(0, n));
+    in.remove_prefix(n);
+    return true;
+  }
+  template <class T>
+  static bool get_ids(std::string_view& in, std::vector<token_id>& ids, const T& tok) {
+    std::uint64_t n = 0;
+    if (!get(in, n) || n > in.size() / sizeof(token_id)) return false;
+    for (std::uint64_t i = 0; i < n; ++i) {
+      token_id t = 0;
+      if (!get(in, t) || t < 0 || static_cast<std::size_t>(t) >= tok.vocab_size()) return false;
+      ids.push_back(t);
+    }
+    return true;
+  }
+  // Whether `ids`' bytes, one after the other, are `text`.
+  template <class T>
+  static bool spells(const T& tok, std::span<const token_id> ids, std::string_view text) {
+    if (ids.empty()) return false;
+    for (const token_id t : ids) {
+      const std::string_view b = tok.token_bytes(t);
+      if (!text.starts_with(b) || b.empty()) return false;
+      text.remove_prefix(b.size());
+    }
+    return text.empty();
   }
 
   session_options options_;
