@@ -291,7 +291,8 @@ TEST_CASE("replicas share KV through Redis: the second computes what the first d
   CHECK(first.cached_tokens == 0);
   a.tier.flush();
   CHECK(a.p.remote_stats().stored_blocks >= full / 16);
-  CHECK(a.tier.stats().written == a.p.remote_stats().stored_blocks);
+  // Its blocks, and its session twice (as the request left it, then with what it generated).
+  CHECK(a.tier.stats().written == a.p.remote_stats().stored_blocks + 2);
 
   const auto second = complete(b.p, long_request("s"));
   CHECK(second.tokens == want.tokens);  // the same bits: KV from the store is the KV computed
@@ -299,12 +300,13 @@ TEST_CASE("replicas share KV through Redis: the second computes what the first d
   CHECK(second.computed_prompt_tokens() == want.prompt_tokens - full);
   CHECK(b.p.remote_stats().used_blocks == full / 16);
   CHECK(b.p.remote_stats().refused_blocks == 0);
-  CHECK(b.tier.stats().fetches == 1);  // the whole chain in one round trip
+  CHECK(b.p.remote_stats().lookups == 1);
+  CHECK(b.tier.stats().fetches == 2);  // the session, then the whole chain in one round trip
 
-  // Again on b: its own cache now, the store not asked.
+  // Again on b: its own session and cache now, the store not asked.
   const auto third = complete(b.p, long_request("s"));
   CHECK(third.tokens == want.tokens);
-  CHECK(b.tier.stats().fetches == 1);
+  CHECK(b.tier.stats().fetches == 2);
 
   SECTION("another tenant's blocks are never read") {
     replica c(r, weights);
@@ -423,6 +425,41 @@ TEST_CASE("an engine whose store is down or stalled answers every request, compu
     CHECK(got.cached_tokens == 0);
     CHECK(a.tier.stats().errors >= 1);
   }
+}
+
+TEST_CASE("a session taken up by another replica: laid out as before, only the typed text computed",
+          "[redis][engine]") {
+  require_redis();
+  const bool keyed = GENERATE(false, true);  // llama.vim sends no key: sessions found by their content
+  INFO((keyed ? "keyed" : "matched by content"));
+  redis_server r;
+  const auto weights = efim_test::small_weights();
+  replica a(r, weights), b(r, weights);
+  auto req = long_request(keyed ? "user-1" : "");
+  req.match_session = !keyed;
+  req.max_tokens = 4;
+  const std::string base = req.prefix;
+  efim::engine::completion last;
+  for (const std::string typed : {"", "    x", "    x = ", "    x = total"}) {
+    req.prefix = base + typed;
+    last = complete(a.p, req);
+  }
+  CHECK(last.session_change == efim::prompt::change::append);
+  a.tier.flush();
+  // A is lost; the next keystroke reaches B, whose cache and sessions are empty.
+  req.prefix = base + "    x = total(";
+  const auto moved = complete(b.p, req);
+  CHECK(moved.session_change == efim::prompt::change::append);
+  CHECK(moved.computed_prompt_tokens() <= 1 + 16);  // "(" and the tokens after the last full block
+  // What a single server answers: A, which served the session all along.
+  const auto single = complete(a.p, req);
+  CHECK(moved.prompt_tokens == single.prompt_tokens);
+  CHECK(moved.tokens == single.tokens);
+  // And B keeps the session: its next keystroke hits its own cache.
+  req.prefix += "i";
+  const auto next = complete(b.p, req);
+  CHECK(next.session_change == efim::prompt::change::append);
+  CHECK(next.computed_prompt_tokens() <= 1 + 16);
 }
 
 // ---- efim-server replicas with --kv-store, over HTTP ----

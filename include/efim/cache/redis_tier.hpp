@@ -7,9 +7,10 @@
 //   milliseconds (connecting included). A store that is down, refuses, answers garbage or takes
 //   longer costs at most the budget and answers "not there" for every key; after an error the store
 //   is left alone for `retry` (each fetch then answers at once), then tried again.
-// - store(): queued for a writer thread of its own with its own connection, which writes what waits
-//   in pipelined SETs; a queue over `queue_bytes` drops what comes (counted); a key is written once
-//   (remembered until the store is seen to fail, when it may have lost what it held).
+// - store() and put(): queued for a writer thread of its own with its own connection, which writes
+//   what waits in pipelined SETs, in order; a queue over `queue_bytes` drops what comes (counted). A
+//   key store()d is written once (remembered until the store is seen to fail, when it may have lost
+//   what it held); put() always writes (a value that replaces the last).
 // - The store is expected to evict by itself (maxmemory with allkeys-lru): efim never deletes.
 #include <hiredis/hiredis.h>
 #include <sys/time.h>
@@ -162,22 +163,8 @@ class redis_tier {
     return out;
   }
 
-  void store(std::string key, std::string value) {
-    const std::size_t bytes = key.size() + value.size();
-    {
-      std::lock_guard lock(queue_m_);
-      if (written_.contains(key)) return;  // written, or waiting to be
-      if (queued_bytes_ + bytes > o_.queue_bytes) {
-        ++dropped_;
-        return;
-      }
-      if (written_.size() >= o_.remembered) written_.clear();
-      written_.insert(key);
-      queued_bytes_ += bytes;
-      queue_.emplace_back(std::move(key), std::move(value));
-    }
-    queue_cv_.notify_one();
-  }
+  void store(std::string key, std::string value) { queue(std::move(key), std::move(value), true); }
+  void put(std::string key, std::string value) { queue(std::move(key), std::move(value), false); }
 
   // Waits until every value queued so far is written or dropped (tests, a clean shutdown).
   void flush() {
@@ -254,6 +241,26 @@ class redis_tier {
       }
     }
     return true;
+  }
+
+  // A value for the writer; `once`: skipped if the key was written (or queued) before.
+  void queue(std::string key, std::string value, bool once) {
+    const std::size_t bytes = key.size() + value.size();
+    {
+      std::lock_guard lock(queue_m_);
+      if (once && written_.contains(key)) return;
+      if (queued_bytes_ + bytes > o_.queue_bytes) {
+        ++dropped_;
+        return;
+      }
+      if (once) {
+        if (written_.size() >= o_.remembered) written_.clear();
+        written_.insert(key);
+      }
+      queued_bytes_ += bytes;
+      queue_.emplace_back(std::move(key), std::move(value));
+    }
+    queue_cv_.notify_one();
   }
 
   // The connection is in an unknown state: closed, and the store left alone for a while.

@@ -41,8 +41,11 @@ template <class R>
 concept remote_tier = requires(R& r, std::span<const std::string> keys, std::string key, std::string value) {
   // The values of `keys` (nullopt: not there, or the store did not answer in time), one per key.
   { r.fetch(keys) } -> std::same_as<std::vector<std::optional<std::string>>>;
-  // Stores a value behind the caller: queued, and dropped if the queue is full; never blocks.
+  // Stores a value behind the caller: queued, and dropped if the queue is full; never blocks. A key
+  // already stored may be skipped (a block's value never changes).
   r.store(std::move(key), std::move(value));
+  // The same for a value that replaces what the key held (a session's state): never skipped.
+  r.put(std::move(key), std::move(value));
 };
 
 // The default: no store.
@@ -52,6 +55,7 @@ struct no_remote_tier {
     return std::vector<std::optional<std::string>>(keys.size());
   }
   void store(std::string, std::string) const noexcept {}
+  void put(std::string, std::string) const noexcept {}
 };
 static_assert(remote_tier<no_remote_tier>);
 
@@ -64,7 +68,8 @@ class remote_tier_ref {
   requires(!std::same_as<R, remote_tier_ref>) explicit remote_tier_ref(R& tier)
       : tier_(&tier),
         fetch_([](void* t, std::span<const std::string> keys) { return static_cast<R*>(t)->fetch(keys); }),
-        store_([](void* t, std::string k, std::string v) { static_cast<R*>(t)->store(std::move(k), std::move(v)); }) {}
+        store_([](void* t, std::string k, std::string v) { static_cast<R*>(t)->store(std::move(k), std::move(v)); }),
+        put_([](void* t, std::string k, std::string v) { static_cast<R*>(t)->put(std::move(k), std::move(v)); }) {}
 
   explicit operator bool() const noexcept { return tier_ != nullptr; }
   std::vector<std::optional<std::string>> fetch(std::span<const std::string> keys) const {
@@ -73,11 +78,15 @@ class remote_tier_ref {
   void store(std::string key, std::string value) const {
     if (tier_) store_(tier_, std::move(key), std::move(value));
   }
+  void put(std::string key, std::string value) const {
+    if (tier_) put_(tier_, std::move(key), std::move(value));
+  }
 
  private:
   void* tier_ = nullptr;
   std::vector<std::optional<std::string>> (*fetch_)(void*, std::span<const std::string>) = nullptr;
   void (*store_)(void*, std::string, std::string) = nullptr;
+  void (*put_)(void*, std::string, std::string) = nullptr;
 };
 static_assert(remote_tier<remote_tier_ref>);
 

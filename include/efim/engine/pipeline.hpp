@@ -87,7 +87,9 @@ struct pipeline_options {
   // A shared KV tier (cache/remote.hpp; not owned, it must outlive the pipeline): full blocks of a
   // prompt the local cache misses are looked for there, off the engine thread, before the request is
   // admitted, and used only when their values verify; full blocks computed here are stored there
-  // behind the request. Empty: none. Needs a backend whose KV storage exports blocks (the host's).
+  // behind the request. Sessions are kept there too (preparer_options::remote), so a replica lays out
+  // a session's next request as the one that served it before. Empty: none. Needs a backend whose KV
+  // storage exports blocks (the host's).
   cache::remote_tier_ref remote;
   std::string remote_prefix = "efim:kv:";  // the store's keys begin so
 };
@@ -123,7 +125,8 @@ class pipeline {
                                .session = options_.session,
                                .sessions = options_.sessions,
                                .memo = options_.memo,
-                               .heal_tokens = options_.heal_tokens},
+                               .heal_tokens = options_.heal_tokens,
+                               .remote = options_.remote},
               preparation_limits{.context = weights.cfg.max_context,
                                  .block_size = options_.cache.block_size,
                                  .blocks = options_.cache.blocks}),

@@ -25,6 +25,8 @@
 #include <utility>
 #include <vector>
 
+#include "efim/cache/remote.hpp"
+#include "efim/cache/xxhash.hpp"
 #include "efim/core/error.hpp"
 #include "efim/core/utf8.hpp"
 #include "efim/engine/request.hpp"
@@ -56,6 +58,11 @@ struct preparer_options {
   // Token healing (text/healing.hpp): at most this many tokens at the end of the text before the
   // cursor are removed and generated again under a constraint (0: off); a request may override it.
   std::size_t heal_tokens = 0;
+  // A store replicas share (cache/remote.hpp; not owned): sessions are saved there as requests leave
+  // them, and a request that finds no session here takes up the one saved there, so that it is laid
+  // out as on the replica that served the session before. Empty: none.
+  cache::remote_tier_ref remote;
+  std::string remote_prefix = "efim:session:";  // the store's keys of sessions begin so
 };
 
 // A session's request in flight, as the session table keeps it.
@@ -74,7 +81,7 @@ struct prepared_request {
   completion result;  // what the completion starts from (id, session, change, prompt and healed tokens)
   std::vector<token_id> tokens;
   std::size_t max_tokens = 0;
-  bool limited = false;   // max_tokens was cut to what the context has room for
+  bool limited = false;     // max_tokens was cut to what the context has room for
   std::size_t reserve = 0;  // tokens of KV the request may need: prompt, healing steps and generation
   bool ignore_eos = false;
   bool reuse_cache = true;
@@ -85,7 +92,7 @@ struct prepared_request {
   std::string tenant;
   std::uint64_t session_version = 0;
   std::shared_ptr<std::atomic<bool>> superseded;  // a newer request of its session replaced it
-  request_id supersedes = 0;                       // the older request it replaces (0: none)
+  request_id supersedes = 0;                      // the older request it replaces (0: none)
 
   [[nodiscard]] request_id id() const noexcept { return result.id; }
   [[nodiscard]] std::size_t prompt_tokens() const noexcept { return result.prompt_tokens; }
@@ -110,8 +117,11 @@ class request_preparer {
   static constexpr bool heals = !std::is_same_v<Heal, text::no_healing>;
 
   request_preparer(T tokenizer, preparer_options options, preparation_limits limits)
-      : options_(std::move(options)), limits_(limits), tok_(std::move(tokenizer)),
-        sessions_(options_.sessions, options_.session), memo_(options_.memo) {
+      : options_(std::move(options)),
+        limits_(limits),
+        tok_(std::move(tokenizer)),
+        sessions_(options_.sessions, options_.session),
+        memo_(options_.memo) {
     require(limits_.context > 0, errc::invalid_argument, "request_preparer: the context holds no token");
     for (const auto role : {prompt::fim_role::prefix, prompt::fim_role::suffix, prompt::fim_role::middle})
       (void)prompt::special_id(tok_, options_.fim, role);  // fails now, not on the first request
@@ -119,6 +129,7 @@ class request_preparer {
       bos_ = prompt::special_id(tok_, options_.fim, prompt::fim_role::bos);
     eos_ = options_.fim.eos.empty() ? std::nullopt : tok_.special_id(options_.fim.eos);
     if (heals && options_.heal_tokens > 0) (void)heal_index();  // built now rather than in the first request
+    if (options_.remote) sessions_.set_store(shared_sessions());
   }
 
   request_preparer(const request_preparer&) = delete;
@@ -220,8 +231,9 @@ class request_preparer {
     const auto layout = F::layout(input, options_.fim);
     std::vector<std::size_t> ends;
     G fragmenter = fragmenter_;
-    prompt::encode(layout, tok_, options_.fim, fragmenter, p.tokens,
-                   [&](std::string_view piece, std::vector<token_id>& o) { memo_.encode(tok_, piece, o); }, &ends);
+    prompt::encode(
+        layout, tok_, options_.fim, fragmenter, p.tokens,
+        [&](std::string_view piece, std::vector<token_id>& o) { memo_.encode(tok_, piece, o); }, &ends);
     // Where typed text goes at the end, only that is healed: the anchor's prefix before <SUF> stays
     // as it is, so the session's next request finds it in the cache.
     std::size_t cursor_begin = 0, cursor_end = 0;  // the ids of the text before the cursor
@@ -278,10 +290,29 @@ class request_preparer {
     p.result.healed_tokens = cut.tokens;
   }
 
+  // The session table's store in the shared tier: a session's name hashed to a key; a value that does
+  // not load (another build's, damaged, of other ids) is no session.
+  prompt::session_store shared_sessions() {
+    const auto key = [this](const std::string& name) {
+      const XXH128_hash_t h = XXH3_128bits(name.data(), name.size());
+      return cache::remote_key(options_.remote_prefix, cache::hash128{h.low64, h.high64});
+    };
+    return {[this, key](const std::string& name) -> std::shared_ptr<prompt::infill_session> {
+              const std::string k = key(name);
+              const auto values = options_.remote.fetch(std::span(&k, 1));
+              if (values.empty() || !values[0]) return nullptr;
+              auto s = prompt::infill_session::load(*values[0], tok_, options_.session);
+              return s ? std::make_shared<prompt::infill_session>(std::move(*s)) : nullptr;
+            },
+            [this, key](const std::string& name, const prompt::infill_session& s) {
+              options_.remote.put(key(name), s.save());
+            }};
+  }
+
   preparer_options options_;
   preparation_limits limits_;
   T tok_;
-  G fragmenter_;  // copied for each request
+  G fragmenter_;                               // copied for each request
   prompt::session_table<in_flight> sessions_;  // with the request in flight of each session
   text::token_memo memo_;                      // shared by preparing threads
   std::optional<token_id> bos_, eos_;
@@ -322,9 +353,17 @@ class generation {
  public:
   // Takes what the prepared request says of its generation (not its prompt ids).
   generation(const T& tok, prepared_request& p, stream out)
-      : tok_(&tok), max_tokens_(p.max_tokens), limited_(p.limited), ignore_eos_(p.ignore_eos),
-        max_generate_time_(p.max_generate_time), detok_(tok), gate_(std::move(p.stop)), out_(std::move(out)),
-        result_(std::move(p.result)), prompt_tokens_(result_.prompt_tokens), heal_(std::move(p.heal_text)) {}
+      : tok_(&tok),
+        max_tokens_(p.max_tokens),
+        limited_(p.limited),
+        ignore_eos_(p.ignore_eos),
+        max_generate_time_(p.max_generate_time),
+        detok_(tok),
+        gate_(std::move(p.stop)),
+        out_(std::move(out)),
+        result_(std::move(p.result)),
+        prompt_tokens_(result_.prompt_tokens),
+        heal_(std::move(p.heal_text)) {}
 
   [[nodiscard]] bool finished() const noexcept { return finished_; }
   [[nodiscard]] const completion& result() const noexcept { return result_; }

@@ -40,11 +40,11 @@ struct session_table_options {
 
 // A request as its session sees it. Views: read during the call only.
 struct session_query {
-  std::string_view tenant;  // sessions (and the keys clients give them) never cross tenants
-  std::string_view key;     // the client's key for its session (empty: none)
-  bool match = false;       // without a key: find the session by the request's content
-  std::string_view prefix;  // the editor's whole text before the cursor
-  std::string_view suffix;  // ... and after it
+  std::string_view tenant;                   // sessions (and the keys clients give them) never cross tenants
+  std::string_view key;                      // the client's key for its session (empty: none)
+  bool match = false;                        // without a key: find the session by the request's content
+  std::string_view prefix;                   // the editor's whole text before the cursor
+  std::string_view suffix;                   // ... and after it
   std::span<const context_file> extra = {};  // context files (taken when the anchor is set)
   bool renew = false;  // the request becomes the anchor whatever it is (a prefill-only request warming the cache)
 };
@@ -52,14 +52,22 @@ struct session_query {
 // What apply() did with one request.
 template <class Data>
 struct session_turn {
-  std::string key;                 // the session's key in the table (empty: the request has no session)
-  session_update update;           // how the request changed its session (change::first without one)
-  std::uint64_t version = 0;       // the session's version() after it (a generation record names it)
-  std::optional<Data> superseded;  // the session's request in flight that this one replaces
+  std::string key;                                // the session's key in the table (empty: the request has no session)
+  session_update update;                          // how the request changed its session (change::first without one)
+  std::uint64_t version = 0;                      // the session's version() after it (a generation record names it)
+  std::optional<Data> superseded;                 // the session's request in flight that this one replaces
   std::shared_ptr<const infill_session> session;  // as the request left it; never changed in place
 
   // What to lay out: views into `session`.
   [[nodiscard]] infill_request request() const { return session->request(); }
+};
+
+// Where sessions are kept beyond one table (a store replicas share), under names the table gives:
+// `load` is asked for a session a request finds no session for here, `save` is given each session as
+// a request leaves it, and again with what that request generated. Both on the caller's thread.
+struct session_store {
+  std::function<std::shared_ptr<infill_session>(const std::string& name)> load;  // null: none
+  std::function<void(const std::string& name, const infill_session&)> save;
 };
 
 // `Data` is what the owner keeps beside each session: its request in flight (Data{}: none).
@@ -72,6 +80,7 @@ class session_table {
     Data data{};
     std::string scope;        // sessions are only matched within their scope (a tenant)
     bool by_content = false;  // found by content (no key given)
+    std::string stored_as;    // its name in the session store
   };
 
   explicit session_table(session_table_options options = {}, session_options session = {})
@@ -81,6 +90,9 @@ class session_table {
 
   session_table(const session_table&) = delete;
   session_table& operator=(const session_table&) = delete;
+
+  // Sessions in a store beyond the table (before the first request).
+  void set_store(session_store store) { store_ = std::move(store); }
 
   // One request's transaction. Finds its session: the client's key, else (with q.match) the session
   // its content belongs to, or a new one; none for a request too small to be matched, or that asks
@@ -95,8 +107,9 @@ class session_table {
   // `check` runs without the table's lock; if another request of the same session is stored
   // meanwhile, the transaction starts again from that one (so `check` may run more than once).
   template <class Check>
-    requires std::invocable<Check&, const infill_request&>
-  session_turn<Data> apply(const session_query& q, const Data& in_flight, Check&& check) {
+  requires std::invocable<Check&, const infill_request&> session_turn<Data> apply(const session_query& q,
+                                                                                  const Data& in_flight,
+                                                                                  Check&& check) {
     const bool keyed = !q.key.empty();
     for (;;) {
       session_turn<Data> turn;
@@ -117,7 +130,15 @@ class session_table {
           stamp = it->second.stamp;
         }
       }
-      auto next = current ? std::make_shared<infill_session>(*current) : std::make_shared<infill_session>(session_options_);
+      std::shared_ptr<infill_session> next;
+      if (current) {
+        next = std::make_shared<infill_session>(*current);
+      } else if (!turn.key.empty() && store_.load) {  // kept elsewhere: used if this request continues it
+        next = store_.load(store_name(q.tenant, keyed ? q.key : std::string_view(), q.suffix));
+        if (next && (q.renew || starts_anchor(infill_session(*next).update(q.prefix, q.suffix, q.extra).kind)))
+          next = nullptr;
+      }
+      if (!next) next = std::make_shared<infill_session>(session_options_);
       if (generated) next->record_generation(std::move(*generated));
       turn.update = next->update(q.prefix, q.suffix, q.extra, q.renew);
       turn.version = next->version();
@@ -125,12 +146,16 @@ class session_table {
       check(std::as_const(turn).request());
       if (turn.key.empty()) return turn;
 
-      std::lock_guard lock(mutex_);
-      const auto it = slots_.find(turn.key);
-      if ((it == slots_.end() ? 0 : it->second.stamp) != stamp) continue;  // the session moved on: again
-      const Data older = it == slots_.end() ? Data{} : it->second.e.data;
-      if (older != Data{} && (keyed || !starts_anchor(turn.update.kind))) turn.superseded = older;
-      store_locked(turn.key, entry{turn.session, in_flight, std::string(q.tenant), !keyed});
+      std::string name = store_name(q.tenant, keyed ? q.key : std::string_view(), turn.session->anchor_suffix());
+      {
+        std::lock_guard lock(mutex_);
+        const auto it = slots_.find(turn.key);
+        if ((it == slots_.end() ? 0 : it->second.stamp) != stamp) continue;  // the session moved on: again
+        const Data older = it == slots_.end() ? Data{} : it->second.e.data;
+        if (older != Data{} && (keyed || !starts_anchor(turn.update.kind))) turn.superseded = older;
+        store_locked(turn.key, entry{turn.session, in_flight, std::string(q.tenant), !keyed, name});
+      }
+      if (store_.save) store_.save(name, *turn.session);
       return turn;
     }
   }
@@ -144,11 +169,24 @@ class session_table {
   // new typed text starts with it is laid out with those ids (change::accepted). Ignored once the
   // session has moved on.
   void finish(const std::string& key, const Data& in_flight, std::optional<generation_record> generated = {}) {
-    std::lock_guard lock(mutex_);
-    const auto it = slots_.find(key);
-    if (it == slots_.end()) return;
-    if (it->second.e.data == in_flight) it->second.e.data = Data{};
-    if (generated && generated->version == it->second.e.session->version()) it->second.generated = std::move(generated);
+    std::optional<infill_session> saved;
+    std::string name;
+    {
+      std::lock_guard lock(mutex_);
+      const auto it = slots_.find(key);
+      if (it == slots_.end()) return;
+      if (it->second.e.data == in_flight) it->second.e.data = Data{};
+      if (!generated || generated->version != it->second.e.session->version()) return;
+      it->second.generated = generated;
+      if (store_.save) {
+        saved.emplace(*it->second.e.session);
+        name = it->second.e.stored_as;
+      }
+    }
+    if (saved) {  // elsewhere with what it generated, so an accepted suggestion there reuses its ids
+      saved->record_generation(std::move(*generated));
+      store_.save(name, *saved);
+    }
   }
 
   // Forgets the session the client of `tenant` keyed `key`.
@@ -214,11 +252,21 @@ class session_table {
  private:
   struct slot {
     entry e;
-    std::uint64_t used = 0;   // recency
-    std::uint64_t stamp = 0;  // new with every store: a transaction checks it did not move
-    std::size_t bytes = 0;    // the text it keeps
+    std::uint64_t used = 0;                      // recency
+    std::uint64_t stamp = 0;                     // new with every store: a transaction checks it did not move
+    std::size_t bytes = 0;                       // the text it keeps
     std::optional<generation_record> generated;  // what its last request generated (finish())
   };
+
+  // A session's name in the store: its tenant and the client's key, or, for one found by content,
+  // its tenant and its anchor suffix (which a request continuing it has as its suffix).
+  static std::string store_name(std::string_view tenant, std::string_view key, std::string_view suffix) {
+    std::string n = key.empty() ? "suffix:" : "key:";
+    n += std::to_string(tenant.size()) + ":";
+    n += tenant;
+    n += key.empty() ? suffix : key;
+    return n;
+  }
 
   // Keys clients give live in their tenant's space; keys of sessions found by content start with '#'.
   static std::string scoped_key(std::string_view tenant, std::string_view key) {
@@ -309,6 +357,7 @@ class session_table {
 
   session_table_options options_;
   session_options session_options_;
+  session_store store_;
   mutable std::mutex mutex_;
   std::unordered_map<std::string, slot> slots_;
   std::unordered_multimap<std::size_t, std::string> by_suffix_;  // anchor suffix (and scope) -> content-matched keys
