@@ -530,3 +530,51 @@ TEST_CASE("efim-server replicas with --kv-store: one computes, the other reads; 
   CHECK(a.stop() == 0);
   CHECK(b.stop() == 0);
 }
+
+TEST_CASE("efim-server replica killed mid-session: the next keystroke, on another replica, computes what was typed",
+          "[redis][server]") {
+  require_redis();
+  using json = nlohmann::json;
+  using efim_examples::http::client;
+  using efim_examples::http::parse_url;
+  redis_server r;
+  const std::vector<std::string> args{"--kv-store", "redis://127.0.0.1:" + r.port()};
+  auto a = std::make_unique<efim_test::server_process>(EFIM_SERVER_PATH, args, build_dir + "/redis-efim-kill-a.log");
+  efim_test::server_process b(EFIM_SERVER_PATH, args, build_dir + "/redis-efim-kill-b.log");
+  client ca(parse_url(a->url())), cb(parse_url(b.url()));
+  std::string before = "import math\n\ndef area(shapes):\n";
+  for (int i = 0; i < 30; ++i)
+    before += "    a_" + std::to_string(i) + " = math.pi * shapes[" + std::to_string(i) + "] ** 2\n";
+  std::string after = "\n    return total\n\n";
+  for (int i = 0; i < 30; ++i)
+    after += "def helper_" + std::to_string(i) + "(x):\n    return x * " + std::to_string(i) + "\n";
+  // As llama.vim sends them: no session key, the whole text before and after the cursor.
+  const auto keystroke = [&](client& c, const std::string& typed) {
+    const json body{{"input_prefix", before + typed}, {"input_suffix", after}, {"n_predict", 8}, {"temperature", 0}};
+    const auto res = c.post("/infill", body.dump());
+    INFO(res.body);
+    REQUIRE(res.status == 200);
+    return json::parse(res.body);
+  };
+  const std::string typed = "    total = sum(a_";
+  std::size_t n = 0;
+  for (; n < 10; ++n) keystroke(ca, typed.substr(0, n));
+  // A's writes are behind its answers: wait for them, as the next keystroke a person types would.
+  double written = 0, last = -1;
+  for (int i = 0; i < 500 && written != last; ++i) {
+    last = written;
+    std::this_thread::sleep_for(50ms);
+    written = metric(ca, "efim_kv_store_values_total{kind=\"written\"}");
+  }
+  const json single = keystroke(ca, typed.substr(0, n + 1));  // what A would answer next
+  a->stop(SIGKILL);
+  a.reset();
+  const json moved = keystroke(cb, typed.substr(0, n + 1));
+  const auto computed = moved["timings"]["prompt_n"].get<std::size_t>();
+  INFO("prompt " << moved["tokens_evaluated"] << ", computed " << computed);
+  CHECK(moved["tokens_evaluated"].get<std::size_t>() > 500);
+  CHECK(computed <= 2 + 16);  // the typed character's token(s) and those after the last full block
+  CHECK(moved["tokens"] == single["tokens"]);
+  CHECK(moved["content"] == single["content"]);
+  CHECK(b.stop() == 0);
+}
