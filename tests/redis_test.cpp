@@ -9,8 +9,10 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -577,4 +579,97 @@ TEST_CASE("efim-server replica killed mid-session: the next keystroke, on anothe
   CHECK(moved["tokens"] == single["tokens"]);
   CHECK(moved["content"] == single["content"]);
   CHECK(b.stop() == 0);
+}
+
+// ---- through nginx (deploy/nginx.conf.in): each user on one replica, the next when it is lost ----
+
+TEST_CASE("replicas behind nginx: a user stays on one replica; killed, the next keystroke goes on elsewhere",
+          "[redis][server][nginx]") {
+  require_redis();
+  const std::string nginx_path = "/usr/sbin/nginx";
+  if (!fs::exists(nginx_path)) {
+    std::cout << "test_redis: skipped: no " << nginx_path << " (.ci/setup installs nginx)" << std::endl;
+    std::exit(0);
+  }
+  using json = nlohmann::json;
+  using efim_examples::http::client;
+  using efim_examples::http::parse_url;
+  redis_server r;
+  const std::vector<std::string> args{"--kv-store", "redis://127.0.0.1:" + r.port(), "--api-key", "user-one,user-two"};
+  std::vector<std::unique_ptr<efim_test::server_process>> replicas;
+  std::string servers;
+  for (int i = 0; i < 2; ++i) {
+    replicas.push_back(std::make_unique<efim_test::server_process>(
+        EFIM_SERVER_PATH, args, build_dir + "/nginx-replica-" + std::to_string(i) + ".log"));
+    servers += "server 127.0.0.1:" + replicas.back()->port() + " max_fails=1 fail_timeout=30s; ";
+  }
+  // nginx from the configuration deploy/ ships, filled in as deploy/team.sh fills it.
+  const std::string dir = build_dir + "/nginx-test";
+  fs::create_directories(dir);
+  const std::string port = efim_test::free_port();
+  std::ifstream in(std::string(EFIM_SOURCE_DIR) + "/deploy/nginx.conf.in");
+  std::stringstream conf;
+  conf << in.rdbuf();
+  std::string text = conf.str();
+  const auto fill = [&](const std::string& at, const std::string& with) {
+    for (std::size_t p; (p = text.find(at)) != std::string::npos;) text.replace(p, at.size(), with);
+  };
+  fill("@DIR@", dir);
+  fill("@LISTEN@", "127.0.0.1:" + port);
+  fill("@SERVERS@", servers);
+  std::ofstream(dir + "/nginx.conf") << text;
+  efim_test::process nginx({nginx_path, "-p", dir, "-c", dir + "/nginx.conf", "-g", "user root;"}, dir + "/nginx.log");
+  client front(parse_url("http://127.0.0.1:" + port));
+  for (int i = 0; i < 300; ++i) {
+    REQUIRE(nginx.running());
+    try {
+      if (front.get("/health").status == 200) break;
+    } catch (const std::exception&) {
+      front.close();
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  std::string before = "class Shape:\n";
+  for (int i = 0; i < 30; ++i)
+    before += "    def side_" + std::to_string(i) + "(self):\n        return self.s * " + std::to_string(i) + "\n";
+  const std::string after = "\n\nprint(Shape())\n";
+  const auto keystroke = [&](client& c, const std::string& user, const std::string& typed) {
+    const json body{{"input_prefix", before + typed}, {"input_suffix", after}, {"n_predict", 8}, {"temperature", 0}};
+    const auto res = c.post("/infill", body.dump(), {{"Authorization", "Bearer " + user}});
+    INFO(res.body);
+    REQUIRE(res.status == 200);
+    return json::parse(res.body);
+  };
+  const auto served = [&](std::size_t i) {  // the /infill requests a replica answered
+    const std::string log = replicas[i]->log();
+    std::size_t n = 0;
+    for (std::size_t at = 0; (at = log.find("POST /infill 200", at)) != std::string::npos; ++at) ++n;
+    return n;
+  };
+  const std::string typed = "    def area(self):\n        return self.s";
+  for (std::size_t n = 0; n < 24; n += 2) keystroke(front, "user-one", typed.substr(0, n));
+  std::this_thread::sleep_for(300ms);  // the replicas' logs
+  const std::size_t home = served(0) > 0 ? 0 : 1;
+  CHECK(served(home) == 12);  // every keystroke of the user on one replica
+  CHECK(served(1 - home) == 0);
+  client direct(parse_url(replicas[home]->url()));
+  double written = 0, last = -1;
+  for (int i = 0; i < 500 && written != last; ++i) {
+    last = written;
+    std::this_thread::sleep_for(50ms);
+    const std::string m = direct.request("GET", "/metrics", {}, {{"Authorization", "Bearer user-one"}}).body;
+    const std::string series = "\nefim_kv_store_values_total{kind=\"written\"} ";
+    if (const auto at = m.find(series); at != std::string::npos) written = std::stod(m.substr(at + series.size()));
+  }
+  REQUIRE(written > 0);
+  const json single = keystroke(direct, "user-one", typed.substr(0, 25));  // what the user's replica answers next
+  replicas[home]->stop(SIGKILL);
+  const json moved = keystroke(front, "user-one", typed.substr(0, 25));
+  const auto computed = moved["timings"]["prompt_n"].get<std::size_t>();
+  INFO("prompt " << moved["tokens_evaluated"] << ", computed " << computed);
+  CHECK(computed <= 1 + 16);
+  CHECK(moved["content"] == single["content"]);
+  CHECK(served(1 - home) == 1);
+  CHECK(nginx.stop() == 0);
+  CHECK(replicas[1 - home]->stop() == 0);
 }

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# A team's server on this machine, on loopback: redis-server (the KV tier the replicas share), N
+# efim-server replicas, and nginx in front keeping each user (API key) on one replica.
+#
+#   deploy/team.sh [REPLICAS] [PORT] [-- efim-server flags...]     (2 replicas, port 8012)
+#
+# Editors and clients use http://127.0.0.1:PORT with their own API key (llama.vim: api_key in
+# g:llama_config; OpenAI clients: apiKey). Ctrl-C stops everything. Logs in $TEAM_DIR (a temporary
+# directory unless set).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+replicas=${1:-2}
+port=${2:-8012}
+shift $(($# < 2 ? $# : 2))
+[ "${1:-}" = "--" ] && shift
+server=${EFIM_SERVER:-$here/../build/examples/efim-server}
+dir=${TEAM_DIR:-$(mktemp -d)}
+mkdir -p "$dir"
+for tool in redis-server nginx; do
+  command -v $tool >/dev/null || [ -x /usr/sbin/$tool ] || { echo "team.sh: no $tool (apt-get install redis-server nginx)" >&2; exit 1; }
+done
+[ -x "$server" ] || { echo "team.sh: no $server (build first, or set EFIM_SERVER)" >&2; exit 1; }
+
+pids=()
+stop() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; }
+trap stop EXIT INT TERM
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+redis_port=$(free_port)
+redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no \
+  --maxmemory "${TEAM_REDIS_MEMORY:-2gb}" --maxmemory-policy allkeys-lru > "$dir/redis.log" 2>&1 &
+pids+=($!)
+servers=""
+for i in $(seq 1 "$replicas"); do
+  p=$(free_port)
+  "$server" --port "$p" --kv-store "redis://127.0.0.1:$redis_port" "$@" > "$dir/replica-$i.out" 2> "$dir/replica-$i.log" &
+  pids+=($!)
+  servers+="server 127.0.0.1:$p max_fails=1 fail_timeout=10s; "
+  until curl -sf "127.0.0.1:$p/health" >/dev/null; do
+    kill -0 "${pids[-1]}" 2>/dev/null || { echo "team.sh: replica $i did not start:" >&2; cat "$dir/replica-$i.log" >&2; exit 1; }
+    sleep 0.2
+  done
+done
+sed -e "s|@DIR@|$dir|g" -e "s|@LISTEN@|127.0.0.1:$port|" -e "s|@SERVERS@|$servers|" "$here/nginx.conf.in" > "$dir/nginx.conf"
+nginx=$(command -v nginx || echo /usr/sbin/nginx)
+"$nginx" -p "$dir" -c "$dir/nginx.conf" -g "user $(id -un);" 2> "$dir/nginx.log" &
+pids+=($!)
+until curl -sf "127.0.0.1:$port/health" >/dev/null; do sleep 0.2; done
+echo "team.sh: http://127.0.0.1:$port ($replicas replicas, KV store redis://127.0.0.1:$redis_port; logs in $dir)"
+wait
