@@ -65,7 +65,8 @@ class remote_tier_ref {
  public:
   remote_tier_ref() = default;  // none
   template <remote_tier R>
-  requires(!std::same_as<R, remote_tier_ref>) explicit remote_tier_ref(R& tier)
+    requires(!std::same_as<R, remote_tier_ref>)
+  explicit remote_tier_ref(R& tier)
       : tier_(&tier),
         fetch_([](void* t, std::span<const std::string> keys) { return static_cast<R*>(t)->fetch(keys); }),
         store_([](void* t, std::string k, std::string v) { static_cast<R*>(t)->store(std::move(k), std::move(v)); }),

@@ -107,7 +107,7 @@ struct remote_use {
 template <prompt::fim_format F, cache::block_hasher H, cache::eviction_policy E, text::fragmenter G, kernels::backend B,
           text::tokenizer T = text::byte_tokenizer, cache::tick_clock C = cache::logical_clock,
           text::healing_policy Heal = text::heal_trailing>
-requires std::copy_constructible<G>
+  requires std::copy_constructible<G>
 class pipeline {
  public:
   using format = F;

@@ -81,7 +81,7 @@ struct prepared_request {
   completion result;  // what the completion starts from (id, session, change, prompt and healed tokens)
   std::vector<token_id> tokens;
   std::size_t max_tokens = 0;
-  bool limited = false;     // max_tokens was cut to what the context has room for
+  bool limited = false;   // max_tokens was cut to what the context has room for
   std::size_t reserve = 0;  // tokens of KV the request may need: prompt, healing steps and generation
   bool ignore_eos = false;
   bool reuse_cache = true;
@@ -92,7 +92,7 @@ struct prepared_request {
   std::string tenant;
   std::uint64_t session_version = 0;
   std::shared_ptr<std::atomic<bool>> superseded;  // a newer request of its session replaced it
-  request_id supersedes = 0;                      // the older request it replaces (0: none)
+  request_id supersedes = 0;                       // the older request it replaces (0: none)
 
   [[nodiscard]] request_id id() const noexcept { return result.id; }
   [[nodiscard]] std::size_t prompt_tokens() const noexcept { return result.prompt_tokens; }
@@ -117,11 +117,8 @@ class request_preparer {
   static constexpr bool heals = !std::is_same_v<Heal, text::no_healing>;
 
   request_preparer(T tokenizer, preparer_options options, preparation_limits limits)
-      : options_(std::move(options)),
-        limits_(limits),
-        tok_(std::move(tokenizer)),
-        sessions_(options_.sessions, options_.session),
-        memo_(options_.memo) {
+      : options_(std::move(options)), limits_(limits), tok_(std::move(tokenizer)),
+        sessions_(options_.sessions, options_.session), memo_(options_.memo) {
     require(limits_.context > 0, errc::invalid_argument, "request_preparer: the context holds no token");
     for (const auto role : {prompt::fim_role::prefix, prompt::fim_role::suffix, prompt::fim_role::middle})
       (void)prompt::special_id(tok_, options_.fim, role);  // fails now, not on the first request
@@ -231,9 +228,8 @@ class request_preparer {
     const auto layout = F::layout(input, options_.fim);
     std::vector<std::size_t> ends;
     G fragmenter = fragmenter_;
-    prompt::encode(
-        layout, tok_, options_.fim, fragmenter, p.tokens,
-        [&](std::string_view piece, std::vector<token_id>& o) { memo_.encode(tok_, piece, o); }, &ends);
+    prompt::encode(layout, tok_, options_.fim, fragmenter, p.tokens,
+                   [&](std::string_view piece, std::vector<token_id>& o) { memo_.encode(tok_, piece, o); }, &ends);
     // Where typed text goes at the end, only that is healed: the anchor's prefix before <SUF> stays
     // as it is, so the session's next request finds it in the cache.
     std::size_t cursor_begin = 0, cursor_end = 0;  // the ids of the text before the cursor
@@ -312,7 +308,7 @@ class request_preparer {
   preparer_options options_;
   preparation_limits limits_;
   T tok_;
-  G fragmenter_;                               // copied for each request
+  G fragmenter_;  // copied for each request
   prompt::session_table<in_flight> sessions_;  // with the request in flight of each session
   text::token_memo memo_;                      // shared by preparing threads
   std::optional<token_id> bos_, eos_;
@@ -353,17 +349,9 @@ class generation {
  public:
   // Takes what the prepared request says of its generation (not its prompt ids).
   generation(const T& tok, prepared_request& p, stream out)
-      : tok_(&tok),
-        max_tokens_(p.max_tokens),
-        limited_(p.limited),
-        ignore_eos_(p.ignore_eos),
-        max_generate_time_(p.max_generate_time),
-        detok_(tok),
-        gate_(std::move(p.stop)),
-        out_(std::move(out)),
-        result_(std::move(p.result)),
-        prompt_tokens_(result_.prompt_tokens),
-        heal_(std::move(p.heal_text)) {}
+      : tok_(&tok), max_tokens_(p.max_tokens), limited_(p.limited), ignore_eos_(p.ignore_eos),
+        max_generate_time_(p.max_generate_time), detok_(tok), gate_(std::move(p.stop)), out_(std::move(out)),
+        result_(std::move(p.result)), prompt_tokens_(result_.prompt_tokens), heal_(std::move(p.heal_text)) {}
 
   [[nodiscard]] bool finished() const noexcept { return finished_; }
   [[nodiscard]] const completion& result() const noexcept { return result_; }

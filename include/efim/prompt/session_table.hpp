@@ -40,11 +40,11 @@ struct session_table_options {
 
 // A request as its session sees it. Views: read during the call only.
 struct session_query {
-  std::string_view tenant;                   // sessions (and the keys clients give them) never cross tenants
-  std::string_view key;                      // the client's key for its session (empty: none)
-  bool match = false;                        // without a key: find the session by the request's content
-  std::string_view prefix;                   // the editor's whole text before the cursor
-  std::string_view suffix;                   // ... and after it
+  std::string_view tenant;  // sessions (and the keys clients give them) never cross tenants
+  std::string_view key;     // the client's key for its session (empty: none)
+  bool match = false;       // without a key: find the session by the request's content
+  std::string_view prefix;  // the editor's whole text before the cursor
+  std::string_view suffix;  // ... and after it
   std::span<const context_file> extra = {};  // context files (taken when the anchor is set)
   bool renew = false;  // the request becomes the anchor whatever it is (a prefill-only request warming the cache)
 };
@@ -52,10 +52,10 @@ struct session_query {
 // What apply() did with one request.
 template <class Data>
 struct session_turn {
-  std::string key;                                // the session's key in the table (empty: the request has no session)
-  session_update update;                          // how the request changed its session (change::first without one)
-  std::uint64_t version = 0;                      // the session's version() after it (a generation record names it)
-  std::optional<Data> superseded;                 // the session's request in flight that this one replaces
+  std::string key;                 // the session's key in the table (empty: the request has no session)
+  session_update update;           // how the request changed its session (change::first without one)
+  std::uint64_t version = 0;       // the session's version() after it (a generation record names it)
+  std::optional<Data> superseded;  // the session's request in flight that this one replaces
   std::shared_ptr<const infill_session> session;  // as the request left it; never changed in place
 
   // What to lay out: views into `session`.
@@ -107,9 +107,8 @@ class session_table {
   // `check` runs without the table's lock; if another request of the same session is stored
   // meanwhile, the transaction starts again from that one (so `check` may run more than once).
   template <class Check>
-  requires std::invocable<Check&, const infill_request&> session_turn<Data> apply(const session_query& q,
-                                                                                  const Data& in_flight,
-                                                                                  Check&& check) {
+    requires std::invocable<Check&, const infill_request&>
+  session_turn<Data> apply(const session_query& q, const Data& in_flight, Check&& check) {
     const bool keyed = !q.key.empty();
     for (;;) {
       session_turn<Data> turn;
