@@ -650,7 +650,7 @@ TEST_CASE("replicas behind nginx: a user stays on one replica; killed, the next 
   };
   const std::string typed = "    def area(self):\n        return self.s";
   for (std::size_t n = 0; n < 24; n += 2) keystroke(front, "user-one", typed.substr(0, n));
-  std::this_thread::sleep_for(300ms);  // the replicas' logs
+  for (int i = 0; i < 250 && served(0) + served(1) < 12; ++i) std::this_thread::sleep_for(20ms);  // their log lines
   const std::size_t home = served(0) > 0 ? 0 : 1;
   CHECK(served(home) == 12);  // every keystroke of the user on one replica
   CHECK(served(1 - home) == 0);
@@ -671,6 +671,7 @@ TEST_CASE("replicas behind nginx: a user stays on one replica; killed, the next 
   INFO("prompt " << moved["tokens_evaluated"] << ", computed " << computed);
   CHECK(computed <= 1 + 16);
   CHECK(moved["content"] == single["content"]);
+  for (int i = 0; i < 250 && served(1 - home) == 0; ++i) std::this_thread::sleep_for(20ms);  // its log line
   CHECK(served(1 - home) == 1);
   CHECK(nginx.stop() == 0);
   CHECK(replicas[1 - home]->stop() == 0);
