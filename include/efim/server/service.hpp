@@ -229,10 +229,14 @@ class service {
     if constexpr (requires { p->remote_stats(); }) {
       if (p != nullptr) {
         const auto& r = p->remote_stats();
-        for (const auto& [kind, n] : {std::pair{"asked", r.asked_blocks}, std::pair{"found", r.found_blocks},
-                                      std::pair{"refused", r.refused_blocks}, std::pair{"used", r.used_blocks},
-                                      std::pair{"stored", r.stored_blocks}})
+        const auto set = [&](const char* kind, std::uint64_t n) {
           metrics_.set("efim_kv_remote_blocks_total", {{"kind", kind}}, static_cast<double>(n));
+        };
+        set("asked", r.asked_blocks);
+        set("found", r.found_blocks);
+        set("refused", r.refused_blocks);
+        set("used", r.used_blocks);
+        set("stored", r.stored_blocks);
       }
     }
     if (options_.more_metrics) options_.more_metrics(metrics_);
