@@ -472,10 +472,32 @@ TEST_CASE("a session taken up by another replica: laid out as before, only the t
 
 namespace {
 
-double metric(efim_examples::http::client& c, const std::string& series) {
-  const std::string m = c.get("/metrics").body;
+using headers = std::vector<efim::server::header>;
+
+double metric(efim_examples::http::client& c, const std::string& series, const headers& h = {}) {
+  const std::string m = c.request("GET", "/metrics", {}, h).body;
   const auto at = m.find("\n" + series + " ");
   return at == std::string::npos ? -1 : std::stod(m.substr(at + series.size() + 2));
+}
+
+// POST /infill, answered 200: its JSON.
+nlohmann::json infill(efim_examples::http::client& c, const nlohmann::json& body, const headers& h = {}) {
+  const auto res = c.post("/infill", body.dump(), h);
+  INFO(res.body);
+  REQUIRE(res.status == 200);
+  return nlohmann::json::parse(res.body);
+}
+
+// Waits until a replica's writes to the store, behind its answers, stop coming (as the next
+// keystroke a person types would).
+void wait_for_writes(efim_examples::http::client& c, const headers& h = {}) {
+  double written = 0, last = -1;
+  for (int i = 0; i < 500 && written != last; ++i) {
+    last = written;
+    std::this_thread::sleep_for(50ms);
+    written = metric(c, "efim_kv_store_values_total{kind=\"written\"}", h);
+  }
+  REQUIRE(written > 0);
 }
 
 }  // namespace
@@ -499,13 +521,7 @@ TEST_CASE("efim-server replicas with --kv-store: one computes, the other reads; 
                   {"n_predict", 8},
                   {"temperature", 0},
                   {"session_id", "u1"}};
-  const auto post = [&](client& c, const json& j) {
-    const auto res = c.post("/infill", j.dump());
-    INFO(res.body);
-    REQUIRE(res.status == 200);
-    return json::parse(res.body);
-  };
-  const json first = post(ca, body);
+  const json first = infill(ca, body);
   const auto prompt = first["tokens_evaluated"].get<std::size_t>();
   REQUIRE(prompt > 160);
   CHECK(first["tokens_cached"] == 0);
@@ -516,7 +532,7 @@ TEST_CASE("efim-server replicas with --kv-store: one computes, the other reads; 
     written = metric(ca, "efim_kv_store_values_total{kind=\"written\"}");
   }
   REQUIRE(written >= double((prompt - 1) / 16));
-  const json second = post(cb, body);
+  const json second = infill(cb, body);
   CHECK(second["tokens_cached"].get<std::size_t>() == (prompt - 1) / 16 * 16);
   CHECK(second["content"] == first["content"]);
   CHECK(second["tokens"] == first["tokens"]);
@@ -526,7 +542,7 @@ TEST_CASE("efim-server replicas with --kv-store: one computes, the other reads; 
   json other = body;
   other["input_suffix"] = "\n    return None\n";
   other["session_id"] = "u2";
-  const json third = post(cb, other);
+  const json third = infill(cb, other);
   CHECK(third.contains("content"));
   CHECK(metric(cb, "efim_kv_store_errors_total{kind=\"error\"}") >= 1);
   CHECK(a.stop() == 0);
@@ -553,22 +569,12 @@ TEST_CASE("efim-server replica killed mid-session: the next keystroke, on anothe
     after += "def helper_" + std::to_string(i) + "(x):\n    return x * " + std::to_string(i) + "\n";
   // As llama.vim sends them: no session key, the whole text before and after the cursor.
   const auto keystroke = [&](client& c, const std::string& typed) {
-    const json body{{"input_prefix", before + typed}, {"input_suffix", after}, {"n_predict", 8}, {"temperature", 0}};
-    const auto res = c.post("/infill", body.dump());
-    INFO(res.body);
-    REQUIRE(res.status == 200);
-    return json::parse(res.body);
+    return infill(c, {{"input_prefix", before + typed}, {"input_suffix", after}, {"n_predict", 8}, {"temperature", 0}});
   };
   const std::string typed = "    total = sum(a_";
   std::size_t n = 0;
   for (; n < 10; ++n) keystroke(ca, typed.substr(0, n));
-  // A's writes are behind its answers: wait for them, as the next keystroke a person types would.
-  double written = 0, last = -1;
-  for (int i = 0; i < 500 && written != last; ++i) {
-    last = written;
-    std::this_thread::sleep_for(50ms);
-    written = metric(ca, "efim_kv_store_values_total{kind=\"written\"}");
-  }
+  wait_for_writes(ca);
   const json single = keystroke(ca, typed.substr(0, n + 1));  // what A would answer next
   a->stop(SIGKILL);
   a.reset();
@@ -636,11 +642,8 @@ TEST_CASE("replicas behind nginx: a user stays on one replica; killed, the next 
     before += "    def side_" + std::to_string(i) + "(self):\n        return self.s * " + std::to_string(i) + "\n";
   const std::string after = "\n\nprint(Shape())\n";
   const auto keystroke = [&](client& c, const std::string& user, const std::string& typed) {
-    const json body{{"input_prefix", before + typed}, {"input_suffix", after}, {"n_predict", 8}, {"temperature", 0}};
-    const auto res = c.post("/infill", body.dump(), {{"Authorization", "Bearer " + user}});
-    INFO(res.body);
-    REQUIRE(res.status == 200);
-    return json::parse(res.body);
+    return infill(c, {{"input_prefix", before + typed}, {"input_suffix", after}, {"n_predict", 8}, {"temperature", 0}},
+                  {{"Authorization", "Bearer " + user}});
   };
   const auto served = [&](std::size_t i) {  // the /infill requests a replica answered
     const std::string log = replicas[i]->log();
@@ -655,15 +658,7 @@ TEST_CASE("replicas behind nginx: a user stays on one replica; killed, the next 
   CHECK(served(home) == 12);  // every keystroke of the user on one replica
   CHECK(served(1 - home) == 0);
   client direct(parse_url(replicas[home]->url()));
-  double written = 0, last = -1;
-  for (int i = 0; i < 500 && written != last; ++i) {
-    last = written;
-    std::this_thread::sleep_for(50ms);
-    const std::string m = direct.request("GET", "/metrics", {}, {{"Authorization", "Bearer user-one"}}).body;
-    const std::string series = "\nefim_kv_store_values_total{kind=\"written\"} ";
-    if (const auto at = m.find(series); at != std::string::npos) written = std::stod(m.substr(at + series.size()));
-  }
-  REQUIRE(written > 0);
+  wait_for_writes(direct, {{"Authorization", "Bearer user-one"}});
   const json single = keystroke(direct, "user-one", typed.substr(0, 25));  // what the user's replica answers next
   replicas[home]->stop(SIGKILL);
   const json moved = keystroke(front, "user-one", typed.substr(0, 25));
