@@ -217,6 +217,20 @@ TEST_CASE("redis tier: a store that dies, stalls or comes back costs at most the
     CHECK(tier.stats().errors == errors);
   }
 
+  SECTION("restarted while the tier was idle: its kept connections are made again, no error, nothing lost") {
+    r->proc().stop(SIGKILL);
+    r.reset();
+    r = std::make_unique<redis_server>(port);  // empty
+    const auto got = tier.fetch(keys);
+    for (const auto& v : got) CHECK_FALSE(v.has_value());
+    tier.store("efim:f:after", value_of(9));
+    tier.flush();
+    const auto after = tier.fetch(std::vector<std::string>{"efim:f:after"});
+    CHECK(after[0] == value_of(9));
+    CHECK(tier.stats().errors == 0);
+    CHECK(tier.stats().dropped == 0);
+  }
+
   SECTION("answers that are not values: an error reply and a key of another type") {
     REQUIRE(r->command("DEL efim:f:0") == "1");
     REQUIRE(r->command("RPUSH efim:f:0 x") == "1");  // MGET answers nil for a list
@@ -502,50 +516,80 @@ void wait_for_writes(efim_examples::http::client& c, const headers& h = {}) {
 
 }  // namespace
 
-TEST_CASE("efim-server replicas with --kv-store: one computes, the other reads; a dead store costs nothing",
+TEST_CASE("efim-server replicas with --kv-store: one computes, the other reads, a restarted one warms up; a dead "
+          "store costs nothing and, back, is used again",
           "[redis][server]") {
   require_redis();
   using json = nlohmann::json;
   using efim_examples::http::client;
   using efim_examples::http::parse_url;
-  redis_server r;
-  const std::vector<std::string> args{"--kv-store", "redis://127.0.0.1:" + r.port(), "--kv-store-budget-ms", "2000"};
-  efim_test::server_process a(EFIM_SERVER_PATH, args, build_dir + "/redis-efim-a.log");
+  auto r = std::make_unique<redis_server>();
+  const std::vector<std::string> args{"--kv-store", "redis://127.0.0.1:" + r->port(), "--kv-store-budget-ms", "2000"};
+  auto a = std::make_unique<efim_test::server_process>(EFIM_SERVER_PATH, args, build_dir + "/redis-efim-a.log");
   efim_test::server_process b(EFIM_SERVER_PATH, args, build_dir + "/redis-efim-b.log");
-  client ca(parse_url(a.url())), cb(parse_url(b.url()));
-  std::string prefix = "def report(rows):\n";
-  for (int i = 0; i < 40; ++i)
-    prefix += "    col_" + std::to_string(i) + " = [row[" + std::to_string(i) + "] for row in rows]\n";
-  const json body{{"input_prefix", prefix},
-                  {"input_suffix", "\n    return cols\n"},
-                  {"n_predict", 8},
-                  {"temperature", 0},
-                  {"session_id", "u1"}};
-  const json first = infill(ca, body);
+  auto ca = std::make_unique<client>(parse_url(a->url()));
+  client cb(parse_url(b.url()));
+  const auto request = [](const std::string& session, const std::string& name, const std::string& suffix) {
+    std::string prefix = "def report(rows):\n";
+    for (int i = 0; i < 40; ++i)
+      prefix += "    " + name + std::to_string(i) + " = [row[" + std::to_string(i) + "] for row in rows]\n";
+    return json{{"input_prefix", prefix},
+                {"input_suffix", suffix},
+                {"n_predict", 8},
+                {"temperature", 0},
+                {"session_id", session}};
+  };
+  const json body = request("u1", "col_", "\n    return cols\n");
+  const json first = infill(*ca, body);
   const auto prompt = first["tokens_evaluated"].get<std::size_t>();
+  const std::size_t full = (prompt - 1) / 16;  // full blocks, the last token's excluded
   REQUIRE(prompt > 160);
   CHECK(first["tokens_cached"] == 0);
   // A writes its blocks behind the request.
-  double written = 0;
-  for (int i = 0; i < 500 && written < double((prompt - 1) / 16); ++i) {
-    std::this_thread::sleep_for(10ms);
-    written = metric(ca, "efim_kv_store_values_total{kind=\"written\"}");
-  }
-  REQUIRE(written >= double((prompt - 1) / 16));
+  wait_for_writes(*ca);
+  CHECK(metric(*ca, "efim_kv_store_values_total{kind=\"written\"}") >= double(full));
   const json second = infill(cb, body);
-  CHECK(second["tokens_cached"].get<std::size_t>() == (prompt - 1) / 16 * 16);
+  CHECK(second["tokens_cached"].get<std::size_t>() == full * 16);
   CHECK(second["content"] == first["content"]);
   CHECK(second["tokens"] == first["tokens"]);
-  CHECK(metric(cb, "efim_kv_remote_blocks_total{kind=\"used\"}") == double((prompt - 1) / 16));
+  CHECK(metric(cb, "efim_kv_remote_blocks_total{kind=\"used\"}") == double(full));
 
-  r.proc().stop(SIGKILL);
-  json other = body;
-  other["input_suffix"] = "\n    return None\n";
-  other["session_id"] = "u2";
-  const json third = infill(cb, other);
-  CHECK(third.contains("content"));
+  // A restarted, empty: its first request reads what it had computed, the same tokens come out.
+  CHECK(a->stop() == 0);
+  ca.reset();
+  a = std::make_unique<efim_test::server_process>(EFIM_SERVER_PATH, args, build_dir + "/redis-efim-a2.log");
+  ca = std::make_unique<client>(parse_url(a->url()));
+  const json warmed = infill(*ca, body);
+  CHECK(warmed["tokens_cached"].get<std::size_t>() == full * 16);
+  CHECK(warmed["timings"]["prompt_n"].get<std::size_t>() == prompt - full * 16);
+  CHECK(warmed["tokens"] == first["tokens"]);
+  CHECK(metric(*ca, "efim_kv_remote_blocks_total{kind=\"used\"}") == double(full));
+
+  // The store killed: answered all the same, the errors counted.
+  const std::string port = r->port();
+  r->proc().stop(SIGKILL);
+  r.reset();
+  const json third = infill(cb, request("u2", "key_", "\n    return None\n"));
+  CHECK(third["tokens_cached"] == 0);
   CHECK(metric(cb, "efim_kv_store_errors_total{kind=\"error\"}") >= 1);
-  CHECK(a.stop() == 0);
+
+  // Back on its port, empty: once the replicas' second apart is over, B writes and A reads again,
+  // neither restarted.
+  r = std::make_unique<redis_server>(port);
+  std::this_thread::sleep_for(1500ms);
+  const double written = metric(cb, "efim_kv_store_values_total{kind=\"written\"}");
+  const json again = request("u3", "row_", "\n    return rows\n");
+  const json fourth = infill(cb, again);
+  const std::size_t full4 = (fourth["tokens_evaluated"].get<std::size_t>() - 1) / 16;
+  CHECK(fourth["tokens_cached"] == 0);
+  wait_for_writes(cb);
+  CHECK(metric(cb, "efim_kv_store_values_total{kind=\"written\"}") >= written + double(full4));
+  const double used = metric(*ca, "efim_kv_remote_blocks_total{kind=\"used\"}");
+  const json fifth = infill(*ca, again);
+  CHECK(fifth["tokens_cached"].get<std::size_t>() == full4 * 16);
+  CHECK(fifth["tokens"] == fourth["tokens"]);
+  CHECK(metric(*ca, "efim_kv_remote_blocks_total{kind=\"used\"}") == used + double(full4));
+  CHECK(a->stop() == 0);
   CHECK(b.stop() == 0);
 }
 

@@ -11,9 +11,17 @@
 //   what waits in pipelined SETs, in order; a queue over `queue_bytes` drops what comes (counted). A
 //   key store()d is written once (remembered until the store is seen to fail, when it may have lost
 //   what it held); put() always writes (a value that replaces the last).
+// - A store that closes a connection while efim writes to it never raises SIGPIPE in the program:
+//   hiredis writes with write(2), so the tier blocks SIGPIPE on its writer thread and, around a
+//   fetch, on the caller's thread (a SIGPIPE the fetch caused is taken back before it returns).
 // - The store is expected to evict by itself (maxmemory with allkeys-lru): efim never deletes.
 #include <hiredis/hiredis.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/time.h>
+
+#include <cerrno>
+#include <ctime>
 
 #include <atomic>
 #include <chrono>
@@ -99,7 +107,13 @@ class redis_tier {
   explicit redis_tier(redis_options o) : o_(std::move(o)) {
     require(o_.budget.count() > 0 && o_.retry.count() >= 0, errc::invalid_argument,
             "kv store: the budget must be positive");
-    writer_ = std::thread([this] { write_loop(); });
+    writer_ = std::thread([this] {
+      sigset_t pipe;
+      sigemptyset(&pipe);
+      sigaddset(&pipe, SIGPIPE);
+      pthread_sigmask(SIG_BLOCK, &pipe, nullptr);  // a SIGPIPE of this thread's writes stays pending, unseen
+      write_loop();
+    });
   }
 
   redis_tier(const redis_tier&) = delete;
@@ -118,14 +132,21 @@ class redis_tier {
     std::vector<std::optional<std::string>> out(keys.size());
     if (keys.empty()) return out;
     std::lock_guard lock(read_m_);
+    const no_sigpipe guard;
     const auto start = clock::now();
+    const auto found_before = stats_.found;
+    const auto bytes_before = stats_.read_bytes;
     if (start < read_.resume_at) {
       ++stats_.skipped;
       return out;
     }
     const auto deadline = start + o_.budget;
     bool ok = false, timed_out = false;
-    if (connect(read_, deadline, timed_out)) {
+    // A connection kept from an earlier fetch may have been closed by a store that restarted since:
+    // then one new connection, within the same budget.
+    for (bool reused = read_.c != nullptr;; reused = false) {
+      timed_out = false;
+      if (!connect(read_, deadline, timed_out)) break;
       std::vector<const char*> argv{"MGET"};
       std::vector<std::size_t> lens{4};
       for (const auto& k : keys) {
@@ -150,7 +171,13 @@ class redis_tier {
           }
         }
       }
-      if (!ok) timed_out = read_.c && (read_.c->err == REDIS_ERR_IO) && clock::now() >= deadline;
+      if (ok) break;
+      timed_out = read_.c->err == REDIS_ERR_IO && clock::now() >= deadline;
+      if (!reused || !lost(*read_.c) || clock::now() >= deadline) break;
+      std::fill(out.begin(), out.end(), std::nullopt);
+      stats_.found = found_before;
+      stats_.read_bytes = bytes_before;
+      read_.c.reset();
     }
     const auto spent = std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - start);
     ++stats_.fetches;
@@ -199,6 +226,41 @@ class redis_tier {
   };
   using reply = std::unique_ptr<redisReply, reply_free>;
 
+  // SIGPIPE blocked on this thread while it lives; one raised meanwhile (and not pending before) is
+  // taken back before the mask is restored.
+  class no_sigpipe {
+   public:
+    no_sigpipe() {
+      sigemptyset(&pipe_);
+      sigaddset(&pipe_, SIGPIPE);
+      sigset_t pending;
+      sigemptyset(&pending);
+      sigpending(&pending);
+      was_pending_ = sigismember(&pending, SIGPIPE) == 1;
+      blocked_ = pthread_sigmask(SIG_BLOCK, &pipe_, &old_) == 0;
+    }
+    no_sigpipe(const no_sigpipe&) = delete;
+    no_sigpipe& operator=(const no_sigpipe&) = delete;
+    ~no_sigpipe() {
+      if (!blocked_) return;
+      sigset_t pending;
+      sigemptyset(&pending);
+      sigpending(&pending);
+      if (!was_pending_ && sigismember(&pending, SIGPIPE) == 1) {
+        const int saved = errno;
+        const timespec none{0, 0};
+        while (sigtimedwait(&pipe_, nullptr, &none) == -1 && errno == EINTR) {
+        }
+        errno = saved;
+      }
+      pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+    }
+
+   private:
+    sigset_t pipe_{}, old_{};
+    bool was_pending_ = false, blocked_ = false;
+  };
+
   struct link {
     std::unique_ptr<redisContext, context_free> c;
     clock::time_point resume_at{};
@@ -208,6 +270,9 @@ class redis_tier {
     const auto us = std::max<std::int64_t>(std::chrono::duration_cast<std::chrono::microseconds>(d).count(), 1000);
     return timeval{static_cast<time_t>(us / 1000000), static_cast<suseconds_t>(us % 1000000)};
   }
+
+  // Whether a command failed on the connection (closed by the store, reset), not by an answer.
+  static bool lost(const redisContext& c) { return c.err == REDIS_ERR_EOF || c.err == REDIS_ERR_IO; }
 
   static bool set_timeout(link& l, clock::time_point deadline) {
     const auto left = deadline - clock::now();
@@ -307,18 +372,24 @@ class redis_tier {
   bool write(link& l, const std::vector<std::pair<std::string, std::string>>& batch) {
     if (clock::now() < l.resume_at) return false;
     const auto deadline = clock::now() + std::max<clock::duration>(o_.budget * 20, std::chrono::seconds(2));
-    bool timed_out = false;
-    bool ok = connect(l, deadline, timed_out) && set_timeout(l, deadline);
-    for (std::size_t i = 0; ok && i < batch.size(); ++i) {
-      const char* argv[] = {"SET", batch[i].first.data(), batch[i].second.data()};
-      const std::size_t lens[] = {3, batch[i].first.size(), batch[i].second.size()};
-      ok = redisAppendCommandArgv(l.c.get(), 3, argv, lens) == REDIS_OK;
-    }
-    for (std::size_t i = 0; ok && i < batch.size(); ++i) {
-      redisReply* raw = nullptr;
-      ok = redisGetReply(l.c.get(), reinterpret_cast<void**>(&raw)) == REDIS_OK && raw != nullptr;
-      const reply r(raw);
-      ok = ok && r->type == REDIS_REPLY_STATUS;
+    bool ok = false;
+    // As in fetch(): a kept connection the store closed since is made again once (SET is idempotent).
+    for (bool reused = l.c != nullptr;; reused = false) {
+      bool timed_out = false;
+      ok = connect(l, deadline, timed_out) && set_timeout(l, deadline);
+      for (std::size_t i = 0; ok && i < batch.size(); ++i) {
+        const char* argv[] = {"SET", batch[i].first.data(), batch[i].second.data()};
+        const std::size_t lens[] = {3, batch[i].first.size(), batch[i].second.size()};
+        ok = redisAppendCommandArgv(l.c.get(), 3, argv, lens) == REDIS_OK;
+      }
+      for (std::size_t i = 0; ok && i < batch.size(); ++i) {
+        redisReply* raw = nullptr;
+        ok = redisGetReply(l.c.get(), reinterpret_cast<void**>(&raw)) == REDIS_OK && raw != nullptr;
+        const reply r(raw);
+        ok = ok && r->type == REDIS_REPLY_STATUS;
+      }
+      if (ok || !reused || !l.c || !lost(*l.c) || clock::now() >= deadline) break;
+      l.c.reset();
     }
     if (!ok) {
       l.c.reset();
