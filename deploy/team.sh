@@ -6,7 +6,10 @@
 #
 # Editors and clients use http://127.0.0.1:PORT with their own API key (llama.vim: api_key in
 # g:llama_config; OpenAI clients: apiKey). Ctrl-C stops everything. Logs in $TEAM_DIR (a temporary
-# directory unless set).
+# directory unless set), and $TEAM_DIR/replicas: a line "PID PORT" per replica.
+#
+# To compare: TEAM_KV_STORE=none runs no Redis (each replica keeps its own KV), TEAM_BALANCE=round-robin
+# spreads requests over the replicas without affinity.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 replicas=${1:-2}
@@ -21,30 +24,44 @@ for tool in redis-server nginx; do
 done
 [ -x "$server" ] || { echo "team.sh: no $server (build first, or set EFIM_SERVER)" >&2; exit 1; }
 
+store=${TEAM_KV_STORE:-redis}
+balance=${TEAM_BALANCE:-hash}
+case "$store/$balance" in redis/hash | redis/round-robin | none/hash | none/round-robin) ;;
+  *) echo "team.sh: TEAM_KV_STORE is redis or none, TEAM_BALANCE hash or round-robin" >&2; exit 2 ;;
+esac
 pids=()
 stop() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; }
 trap stop EXIT INT TERM
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-redis_port=$(free_port)
-redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no \
-  --maxmemory "${TEAM_REDIS_MEMORY:-2gb}" --maxmemory-policy allkeys-lru > "$dir/redis.log" 2>&1 &
-pids+=($!)
+store_flags=()
+if [ "$store" = redis ]; then
+  redis_port=$(free_port)
+  redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no \
+    --maxmemory "${TEAM_REDIS_MEMORY:-2gb}" --maxmemory-policy allkeys-lru > "$dir/redis.log" 2>&1 &
+  pids+=($!)
+  store_flags=(--kv-store "redis://127.0.0.1:$redis_port")
+fi
 servers=""
+: > "$dir/replicas"
 for i in $(seq 1 "$replicas"); do
   p=$(free_port)
-  "$server" --port "$p" --kv-store "redis://127.0.0.1:$redis_port" "$@" > "$dir/replica-$i.out" 2> "$dir/replica-$i.log" &
+  "$server" --port "$p" "${store_flags[@]}" "$@" > "$dir/replica-$i.out" 2> "$dir/replica-$i.log" &
   pids+=($!)
+  echo "${pids[-1]} $p" >> "$dir/replicas"
   servers+="server 127.0.0.1:$p max_fails=1 fail_timeout=10s; "
   until curl -sf "127.0.0.1:$p/health" >/dev/null; do
     kill -0 "${pids[-1]}" 2>/dev/null || { echo "team.sh: replica $i did not start:" >&2; cat "$dir/replica-$i.log" >&2; exit 1; }
     sleep 0.2
   done
 done
-sed -e "s|@DIR@|$dir|g" -e "s|@LISTEN@|127.0.0.1:$port|" -e "s|@SERVERS@|$servers|" "$here/nginx.conf.in" > "$dir/nginx.conf"
+rr=()
+[ "$balance" = round-robin ] && rr=(-e '/hash \$efim_user consistent;/d')
+sed -e "s|@DIR@|$dir|g" -e "s|@LISTEN@|127.0.0.1:$port|" -e "s|@SERVERS@|$servers|" "${rr[@]}" \
+  "$here/nginx.conf.in" > "$dir/nginx.conf"
 nginx=$(command -v nginx || echo /usr/sbin/nginx)
 "$nginx" -p "$dir" -c "$dir/nginx.conf" -g "user $(id -un);" 2> "$dir/nginx.log" &
 pids+=($!)
 until curl -sf "127.0.0.1:$port/health" >/dev/null; do sleep 0.2; done
-echo "team.sh: http://127.0.0.1:$port ($replicas replicas, KV store redis://127.0.0.1:$redis_port; logs in $dir)"
+echo "team.sh: http://127.0.0.1:$port ($replicas replicas, ${balance/hash/affinity by API key}, KV store ${store_flags[1]:-none}; logs in $dir)"
 wait

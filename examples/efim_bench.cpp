@@ -77,6 +77,8 @@ struct options {
   bool keystroke = false;
   std::size_t keystroke_prefix = 1500, keystroke_suffix = 1500, keystroke_chars = 240;
   double duration_s = 0;  // over HTTP: each user repeats its work until this many seconds have passed
+  bool keep_going = false;    // over HTTP: a failed request is counted and the user goes on
+  std::string samples_path;   // over HTTP: every request, one JSON line each
 };
 
 const char* const usage = R"(usage: efim-bench [options]
@@ -117,15 +119,20 @@ over HTTP (the same workload and documents; the server's model and layout)
   --url [NAME=]URL        a server (repeatable); NAME is the scheme it stands for in the table
                           (default: server); psm-nocache asks it not to use its cache
   --api infill|openai     the API to speak: POST /infill or POST /v1/completions with suffix (infill)
-  --api-key KEY           sent as "Authorization: Bearer KEY"
+  --api-key KEY           sent as "Authorization: Bearer KEY"; {user} in KEY is replaced by the user's
+                          number (0, 1, ...): a key per user, as a team's editors send them
   --keystroke             instead: typing at a fixed cursor, one to three characters per request, in
                           documents cut into a prefix and a suffix of the sizes below
   --keystroke-prefix N    tokens before the cursor (1500)
   --keystroke-suffix N    tokens after it (1500)
   --keystroke-chars N     characters typed per document (240)
   --duration S            each user repeats its documents until S seconds have passed (a soak test)
+  --keep-going            a request that fails (refused, cut off) is counted, and its user goes on
+                          with the next one on a new connection (default: the run stops)
 output
   --json FILE             write the results as JSON
+  --samples FILE          over HTTP: every request as one JSON line (scheme, user, start time in
+                          seconds since the epoch, latency, prompt and cached tokens, or the error)
   --quiet                 no progress on stderr
 )";
 
@@ -152,11 +159,13 @@ options parse(int argc, char** argv) {
   const auto on_switch = [&](const std::string& flag) {
     if (flag == "--quiet")
       o.progress = false;
+    else if (flag == "--keep-going")
+      o.keep_going = true;
     else
       o.keystroke = true;
   };
   efim_examples::for_each_flag(
-      argc, argv, "efim-bench", usage, {"--quiet", "--keystroke"}, on_switch,
+      argc, argv, "efim-bench", usage, {"--quiet", "--keystroke", "--keep-going"}, on_switch,
       [&](const std::string& flag, const std::string& v) {
         if (flag == "--corpus") {
           o.corpus = v;
@@ -202,6 +211,8 @@ options parse(int argc, char** argv) {
           o.api = v == "infill" ? http_api::infill : http_api::openai;
         } else if (flag == "--api-key") {
           o.api_key = v;
+        } else if (flag == "--samples") {
+          o.samples_path = v;
         } else if (flag == "--keystroke-prefix") {
           o.keystroke_prefix = parse_count(flag, v);
         } else if (flag == "--keystroke-suffix") {
@@ -395,6 +406,15 @@ struct sample {
   std::size_t typed_tokens = 0;  // keystroke workload: prompt tokens added since the session's previous request
   bool first = true;             // keystroke workload: a session's first request (the whole prompt is new)
   std::size_t healed_tokens = 0;  // prompt tokens token healing removed
+  std::size_t user = 0;           // over HTTP: who sent it
+  double start_s = 0;             // over HTTP: when it was sent, seconds since the epoch
+};
+
+// Over HTTP with --keep-going: a request that failed.
+struct failed_request {
+  std::size_t user = 0;
+  double start_s = 0;
+  std::string error;
 };
 
 struct scheme_result {
@@ -403,6 +423,7 @@ struct scheme_result {
   double wall_s = 0;
   efim::cache::cache_stats cache;
   std::optional<efim::engine::runner_stats> engine_thread;  // in-process runs
+  std::vector<failed_request> failed;                        // over HTTP, --keep-going
 };
 
 double percentile(std::vector<double> v, double p) {
@@ -431,6 +452,7 @@ json summarize(const scheme_result& r) {
   };
   json j;
   j["requests"] = r.samples.size();
+  j["failed_requests"] = r.failed.size();
   j["mean_latency_ms"] = mean(latency);
   j["p50_latency_ms"] = percentile(latency, 50);
   j["p99_latency_ms"] = percentile(latency, 99);
@@ -503,7 +525,7 @@ scheme_result run_scheme(const std::string& name, bool reuse, const options& o, 
   for (const auto& d : docs) work.push_back(rounds_of(d, o.rounds));
   const std::size_t total = work.size() * o.rounds;
 
-  scheme_result result{name, {}, 0, {}, std::nullopt};
+  scheme_result result{name, {}, 0, {}, std::nullopt, {}};
   std::mutex mutex;
   std::atomic<std::size_t> done{0};
   std::optional<std::string> failure;
@@ -592,6 +614,10 @@ void report(const options& o, json model, json engine, const std::vector<documen
                 s["p99_latency_ms"].get<double>(), s["mean_ttft_ms"].get<double>(), s["requests_per_s"].get<double>(),
                 s["prompt_tokens"].get<std::size_t>(), s["computed_prompt_tokens"].get<std::size_t>(),
                 s["cache_hit_rate"].get<double>());
+  for (const auto& [name, sc] : schemes.items())
+    if (sc["failed_requests"].get<std::size_t>() > 0)
+      std::printf("%s: %zu requests failed (--keep-going: counted, not timed)\n", name.c_str(),
+                  sc["failed_requests"].get<std::size_t>());
   if (o.keystroke) {
     std::printf("\nkeystrokes after each session's first request:\n%-12s %8s %10s %10s %14s %14s %14s %12s %10s\n",
                 "scheme", "requests", "p50_ms", "p99_ms", "computed_mean", "computed_p99", "computed_max", "typed_mean",
@@ -706,29 +732,38 @@ int run_bench(const options& o, const Tokenizer& tok, const efim::prompt::fim_to
 #if EFIM_BENCH_HTTP
 // ---- over HTTP ----
 
-std::vector<efim::server::header> auth_headers(const options& o) {
+// The user's API key ({user} in --api-key replaced by its number).
+std::vector<efim::server::header> auth_headers(const options& o, std::size_t user = 0) {
   if (o.api_key.empty()) return {};
-  return {{"Authorization", "Bearer " + o.api_key}};
+  std::string key = o.api_key;
+  for (std::size_t at; (at = key.find("{user}")) != std::string::npos;) key.replace(at, 6, std::to_string(user));
+  return {{"Authorization", "Bearer " + key}};
 }
 
-// Runs `work(user, client)` on o.users threads, each with its own connection to `url`, and times it.
+double epoch_s() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// Runs `work(user, send)` on o.users threads, each with its own connection to `url`, and times it.
+// send(prefix, suffix, annotate) is one request of the user: true and its sample recorded (once
+// annotate(sample&) has added what the workload knows); or, with --keep-going, false for a request
+// that failed (counted; the user's next request goes on a new connection).
 template <class Work>
 scheme_result run_users(const std::string& name, const std::string& url, const options& o, std::size_t total,
                         Work&& work) {
-  scheme_result result{name, {}, 0, {}, std::nullopt};
+  scheme_result result{name, {}, 0, {}, std::nullopt, {}};
   std::mutex mutex;
   std::atomic<std::size_t> done{0};
   std::optional<std::string> failure;
   std::atomic<bool> failed{false};
   const bool tty = isatty(STDERR_FILENO);
-  const auto record = [&](const sample& s) {
-    std::lock_guard lock(mutex);
-    result.samples.push_back(s);
+  const auto progress = [&] {
     const std::size_t n = ++done;
     if (o.progress && (tty || n % 10 == 0 || n == total))
       std::cerr << (tty ? "\r" : "") << name << ": " << n << "/" << total << " requests" << (tty ? "" : "\n")
                 << std::flush;
   };
+  const bool reuse = name != "psm-nocache";
   const auto start = std::chrono::steady_clock::now();
   const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
   std::vector<std::thread> users;
@@ -736,7 +771,33 @@ scheme_result run_users(const std::string& name, const std::string& url, const o
     users.emplace_back([&, u] {
       try {
         efim_examples::http::client c(efim_examples::http::parse_url(url));
-        do work(u, c, record);
+        const auto send = [&](const std::string& prefix, const std::string& suffix, const auto& annotate) {
+          const double sent = epoch_s();
+          try {
+            const auto h =
+                efim_examples::infill_over_http(c, o.api, prefix, suffix, o.output_tokens, reuse, auth_headers(o, u));
+            sample s{h.latency_ms, h.ttft_ms, h.prompt_tokens, h.cached_tokens};
+            s.user = u;
+            s.start_s = sent;
+            annotate(s);
+            {
+              std::lock_guard lock(mutex);
+              result.samples.push_back(s);
+            }
+            progress();
+            return true;
+          } catch (const std::exception& e) {
+            if (!o.keep_going) throw;
+            c.close();
+            {
+              std::lock_guard lock(mutex);
+              result.failed.push_back({u, sent, e.what()});
+            }
+            progress();
+            return false;
+          }
+        };
+        do work(u, send);
         while (elapsed() < o.duration_s && !failed);
       } catch (const std::exception& e) {
         failed = true;
@@ -751,21 +812,14 @@ scheme_result run_users(const std::string& name, const std::string& url, const o
   return result;
 }
 
-sample to_sample(const efim_examples::http_sample& h) {
-  return {h.latency_ms, h.ttft_ms, h.prompt_tokens, h.cached_tokens};
-}
-
 // The multi-round workload, each user's documents in turn, as in-process.
 scheme_result run_rounds_http(const std::string& name, const std::string& url, const options& o,
                               const std::vector<document>& docs) {
   std::vector<std::vector<round_request>> work;
   for (const auto& d : docs) work.push_back(rounds_of(d, o.rounds));
-  const bool reuse = name != "psm-nocache";
-  return run_users(name, url, o, work.size() * o.rounds, [&](std::size_t u, auto& c, const auto& record) {
+  return run_users(name, url, o, work.size() * o.rounds, [&](std::size_t u, const auto& send) {
     for (std::size_t d = u; d < work.size(); d += o.users)
-      for (const auto& round : work[d])
-        record(to_sample(efim_examples::infill_over_http(c, o.api, round.prefix, round.suffix, o.output_tokens, reuse,
-                                                         auth_headers(o))));
+      for (const auto& round : work[d]) send(round.prefix, round.suffix, [](sample&) {});
   });
 }
 
@@ -797,23 +851,44 @@ scheme_result run_keystrokes_http(const std::string& name, const std::string& ur
   }
   std::size_t total = 0;
   for (const auto& w : work) total += 1 + (w.typed.size() + 1) / 2;  // about: groups of 1-3 characters
-  const bool reuse = name != "psm-nocache";
-  return run_users(name, url, o, total, [&](std::size_t u, auto& c, const auto& record) {
+  return run_users(name, url, o, total, [&](std::size_t u, const auto& send) {
     for (std::size_t d = u; d < work.size(); d += o.users) {
       const auto& w = work[d];
       std::size_t previous_prompt = 0, typed = 0;
       for (std::size_t k = 0;; ++k) {
-        auto s = to_sample(efim_examples::infill_over_http(c, o.api, w.prefix + w.typed.substr(0, typed), w.suffix,
-                                                           o.output_tokens, reuse, auth_headers(o)));
-        s.first = k == 0;
-        s.typed_tokens = s.prompt_tokens > previous_prompt ? s.prompt_tokens - previous_prompt : 0;
-        previous_prompt = s.prompt_tokens;
-        record(s);
+        // After a failed request, what the next adds is counted from the last one answered.
+        send(w.prefix + w.typed.substr(0, typed), w.suffix, [&](sample& s) {
+          s.first = previous_prompt == 0;
+          s.typed_tokens = s.prompt_tokens > previous_prompt ? s.prompt_tokens - previous_prompt : 0;
+          previous_prompt = s.prompt_tokens;
+        });
         if (typed == w.typed.size()) break;
         typed = std::min(w.typed.size(), typed + char_offset(std::string_view(w.typed).substr(typed), 1 + k % 3));
       }
     }
   });
+}
+
+// Each request of a run as one JSON line, in the order they were sent.
+void write_samples(std::ostream& out, const scheme_result& r) {
+  std::vector<json> lines;
+  for (const auto& s : r.samples)
+    lines.push_back({{"scheme", r.name},
+                     {"user", s.user},
+                     {"start_s", s.start_s},
+                     {"latency_ms", s.latency_ms},
+                     {"ttft_ms", s.ttft_ms},
+                     {"prompt_tokens", s.prompt_tokens},
+                     {"cached_tokens", s.cached_tokens},
+                     {"computed_tokens", s.prompt_tokens - s.cached_tokens},
+                     {"typed_tokens", s.typed_tokens},
+                     {"first", s.first}});
+  for (const auto& f : r.failed)
+    lines.push_back({{"scheme", r.name}, {"user", f.user}, {"start_s", f.start_s}, {"error", f.error}});
+  std::stable_sort(lines.begin(), lines.end(), [](const json& a, const json& b) {
+    return a["start_s"].get<double>() < b["start_s"].get<double>();
+  });
+  for (const auto& l : lines) out << l.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
 }
 
 int bench_http(const options& o) {
@@ -826,6 +901,11 @@ int bench_http(const options& o) {
                   << " users, " << (o.keystroke ? "keystrokes" : std::to_string(o.rounds) + " rounds") << "\n";
         json servers = json::array();
         std::vector<scheme_result> results;
+        std::ofstream samples;
+        if (!o.samples_path.empty()) {
+          samples.open(o.samples_path);
+          if (!samples) fail("cannot write --samples " + o.samples_path);
+        }
         for (const auto& [scheme, url] : o.urls) {
           std::string model = "?";
           try {
@@ -837,7 +917,9 @@ int bench_http(const options& o) {
           servers.push_back({{"scheme", scheme}, {"url", url}, {"model", model}});
           results.push_back(o.keystroke ? run_keystrokes_http(scheme, url, o, docs, tok)
                                         : run_rounds_http(scheme, url, o, docs));
+          if (samples.is_open()) write_samples(samples, results.back());
         }
+        if (samples.is_open() && !samples.flush()) fail("cannot write --samples " + o.samples_path);
         json engine = {{"in_process", false},
                        {"api", o.api == efim_examples::http_api::infill ? "infill" : "openai"},
                        {"servers", servers}};
