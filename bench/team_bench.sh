@@ -13,7 +13,8 @@
 #   bench/team_bench.sh [OUT_DIR]
 #
 # Environment: EFIM_BUILD (build), USERS (16), ROUNDS (5), KEY_USERS (8), KEY_CHARS (120),
-# SERVER_FLAGS (more efim-server flags, e.g. --model FILE). Needs redis-server, nginx and jq.
+# SERVER_FLAGS (more efim-server flags, e.g. --model FILE), PARTS (multi,keystroke: which to run).
+# Needs redis-server, nginx, jq and python3.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
@@ -24,6 +25,7 @@ rounds=${ROUNDS:-5}
 key_users=${KEY_USERS:-8}
 key_chars=${KEY_CHARS:-120}
 read -r -a server_flags <<< "${SERVER_FLAGS:-}"
+parts=${PARTS:-multi,keystroke}
 bench=$build/examples/efim-bench
 export EFIM_SERVER=$build/examples/efim-server
 for tool in jq curl; do command -v $tool >/dev/null || { echo "team_bench.sh: needs $tool" >&2; exit 1; }; done
@@ -68,10 +70,11 @@ served() {  # the /infill requests each replica answered, space-separated
 }
 
 # ---- 1. the multi-round workload ----
-printf '%-28s %8s %9s %9s %9s %8s %10s %7s  %s\n' setup replicas mean_ms p50_ms p99_ms req/s computed hit "requests per replica" \
+[[ ,$parts, == *,multi,* ]] && printf '%-28s %8s %9s %9s %9s %8s %10s %7s  %s\n' setup replicas mean_ms p50_ms p99_ms req/s computed hit "requests per replica" \
   > "$out/multi-round.txt"
 for setup in "affinity+store 1 redis hash" "affinity+store 2 redis hash" "affinity+store 3 redis hash" \
   "round-robin 3 none round-robin"; do
+  [[ ,$parts, == *,multi,* ]] || break
   read -r name n store balance <<< "$setup"
   start_team "multi-$name-$n" "$n" "$store" "$balance"
   "$bench" --url "efim=$url" --api-key 'user-{user}' --users "$users" --rounds "$rounds" --quiet \
@@ -87,9 +90,10 @@ done
 
 # ---- 2. typing, the busiest replica killed half way ----
 total=$((key_users * (1 + (key_chars + 1) / 2)))
-printf '%-16s %-7s %9s %14s %12s %12s %10s %10s\n' store period keystrokes computed_mean computed_max over_typed p50_ms failed \
+printf '%-16s %-7s %9s %14s %12s %12s %10s\n' store period keystrokes computed_mean computed_max over_typed p50_ms \
   > "$out/keystroke-kill.txt"
 for store in redis none; do
+  [[ ,$parts, == *,keystroke,* ]] || break
   start_team "keystroke-$store" 2 "$store" hash
   "$bench" --url "efim=$url" --api-key 'user-{user}' --keystroke --users "$key_users" --documents "$key_users" \
     --keystroke-chars "$key_chars" --output-tokens 8 --keep-going --quiet --samples "$dir/samples.jsonl" \
@@ -120,17 +124,19 @@ for store in redis none; do
     row("before"; $before), row("after"; $after), row("next"; $next),
     [$store, "failed", (map(select(.error != null))|length), 0, 0, 0, 0, (map(select(.error != null))|length)] |
     @tsv' "$dir/samples.jsonl" |
-    awk -F'\t' '$2 != "failed" {printf "%-16s %-7s %9s %14s %12s %12s %10s %10s\n", $1,$2,$3,$4,$5,$6,$7,"-"}
+    awk -F'\t' '$2 != "failed" {printf "%-16s %-7s %9s %14s %12s %12s %10s\n", $1,$2,$3,$4,$5,$6,$7}
                 $2 == "failed" {failed[$1] = $8} END {for (s in failed) printf "%-16s failed requests: %s\n", s, failed[s]}' \
     >> "$out/keystroke-kill.txt"
   cat "$dir/killed" >> "$out/keystroke-kill.txt"
   stop_team
 done
 
-echo "multi-round workload through nginx ($users users, $rounds rounds; $(nproc) cores):"
-cat "$out/multi-round.txt"
-echo
-echo "typing through nginx, 2 replicas, $key_users users, $key_chars characters each; the busiest replica killed half way"
+if [[ ,$parts, == *,multi,* ]]; then
+  echo "multi-round workload through nginx ($users users, $rounds rounds; $(nproc) cores):"
+  cat "$out/multi-round.txt"
+  echo
+fi
+[[ ,$parts, == *,keystroke,* ]] && echo "typing through nginx, 2 replicas, $key_users users, $key_chars characters each; the busiest replica killed half way"
 echo "(before/after: keystrokes after each session's first request; next: each user's first keystroke after the kill):"
-cat "$out/keystroke-kill.txt"
+[[ ,$parts, == *,keystroke,* ]] && cat "$out/keystroke-kill.txt"
 echo "(results and logs in $out)"
