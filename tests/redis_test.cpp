@@ -632,14 +632,19 @@ TEST_CASE("efim-server replica killed mid-session: the next keystroke, on anothe
   CHECK(b.stop() == 0);
 }
 
-// ---- through nginx (deploy/nginx.conf.in): each user on one replica, the next when it is lost ----
+// ---- through a balancer (deploy/nginx.conf.in, deploy/haproxy.cfg.in): each user on one replica,
+// the next when it is lost ----
 
-TEST_CASE("replicas behind nginx: a user stays on one replica; killed, the next keystroke goes on elsewhere",
-          "[redis][server][nginx]") {
+namespace {
+
+// nginx or HAProxy from the configuration deploy/ ships, filled in as deploy/team.sh fills it, in
+// front of 2 replicas: a user's keystrokes all reach one replica; killed, the next keystroke reaches
+// the other, which computes what was typed (the rest from the store) and answers as the lost one would.
+void balancer_keeps_and_moves_a_user(const std::string& proxy) {
   require_redis();
-  const std::string nginx_path = "/usr/sbin/nginx";
-  if (!fs::exists(nginx_path)) {
-    std::cout << "test_redis: skipped: no " << nginx_path << " (.ci/setup installs nginx)" << std::endl;
+  const std::string proxy_path = "/usr/sbin/" + proxy;
+  if (!fs::exists(proxy_path)) {
+    std::cout << "test_redis: skipped: no " << proxy_path << " (.ci/setup installs it)" << std::endl;
     std::exit(0);
   }
   using json = nlohmann::json;
@@ -652,14 +657,16 @@ TEST_CASE("replicas behind nginx: a user stays on one replica; killed, the next 
   std::string servers;
   for (int i = 0; i < 2; ++i) {
     replicas.push_back(std::make_unique<efim_test::server_process>(
-        EFIM_SERVER_PATH, args, build_dir + "/nginx-replica-" + std::to_string(i) + ".log"));
-    servers += "server 127.0.0.1:" + replicas.back()->port() + " max_fails=1 fail_timeout=30s; ";
+        EFIM_SERVER_PATH, args, build_dir + "/" + proxy + "-replica-" + std::to_string(i) + ".log"));
+    const std::string address = "127.0.0.1:" + replicas.back()->port();
+    servers += proxy == "nginx" ? "server " + address + " max_fails=1 fail_timeout=30s; "
+                                : "server replica-" + std::to_string(i) + " " + address +
+                                      " check inter 1s fall 1 rise 1\n  ";
   }
-  // nginx from the configuration deploy/ ships, filled in as deploy/team.sh fills it.
-  const std::string dir = build_dir + "/nginx-test";
+  const std::string dir = build_dir + "/" + proxy + "-test";
   fs::create_directories(dir);
   const std::string port = efim_test::free_port();
-  std::ifstream in(std::string(EFIM_SOURCE_DIR) + "/deploy/nginx.conf.in");
+  std::ifstream in(std::string(EFIM_SOURCE_DIR) + "/deploy/" + (proxy == "nginx" ? "nginx.conf.in" : "haproxy.cfg.in"));
   std::stringstream conf;
   conf << in.rdbuf();
   std::string text = conf.str();
@@ -669,11 +676,16 @@ TEST_CASE("replicas behind nginx: a user stays on one replica; killed, the next 
   fill("@DIR@", dir);
   fill("@LISTEN@", "127.0.0.1:" + port);
   fill("@SERVERS@", servers);
-  std::ofstream(dir + "/nginx.conf") << text;
-  efim_test::process nginx({nginx_path, "-p", dir, "-c", dir + "/nginx.conf", "-g", "user root;"}, dir + "/nginx.log");
+  const std::string conf_path = dir + "/" + proxy + ".conf";
+  std::ofstream(conf_path) << text;
+  efim_test::process balancer(proxy == "nginx"
+                                  ? std::vector<std::string>{proxy_path, "-p", dir, "-c", conf_path, "-g", "user root;"}
+                                  : std::vector<std::string>{proxy_path, "-db", "-f", conf_path},
+                              dir + "/" + proxy + ".log");
   client front(parse_url("http://127.0.0.1:" + port));
   for (int i = 0; i < 300; ++i) {
-    REQUIRE(nginx.running());
+    INFO(balancer.log());
+    REQUIRE(balancer.running());
     try {
       if (front.get("/health").status == 200) break;
     } catch (const std::exception&) {
@@ -712,6 +724,19 @@ TEST_CASE("replicas behind nginx: a user stays on one replica; killed, the next 
   CHECK(moved["content"] == single["content"]);
   for (int i = 0; i < 250 && served(1 - home) == 0; ++i) std::this_thread::sleep_for(20ms);  // its log line
   CHECK(served(1 - home) == 1);
-  CHECK(nginx.stop() == 0);
+  CHECK(balancer.stop(proxy == "nginx" ? SIGTERM : SIGUSR1) == 0);  // HAProxy stops cleanly on SIGUSR1
   CHECK(replicas[1 - home]->stop() == 0);
+}
+
+}  // namespace
+
+TEST_CASE("replicas behind nginx: a user stays on one replica; killed, the next keystroke goes on elsewhere",
+          "[redis][server][nginx]") {
+  balancer_keeps_and_moves_a_user("nginx");
+}
+
+// Last: without haproxy the suite ends here, skipped.
+TEST_CASE("replicas behind HAProxy: a user stays on one replica; killed, the next keystroke goes on elsewhere",
+          "[redis][server][haproxy]") {
+  balancer_keeps_and_moves_a_user("haproxy");
 }
