@@ -174,17 +174,16 @@ class redis_tier {
       if (ok) break;
       timed_out = read_.c->err == REDIS_ERR_IO && clock::now() >= deadline;
       if (!reused || !lost(*read_.c) || clock::now() >= deadline) break;
-      std::fill(out.begin(), out.end(), std::nullopt);
-      stats_.found = found_before;
-      stats_.read_bytes = bytes_before;
       read_.c.reset();
     }
     const auto spent = std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - start);
     ++stats_.fetches;
     stats_.keys += keys.size();
     stats_.fetch_us += static_cast<std::uint64_t>(spent.count());
-    if (!ok) {
+    if (!ok) {  // nothing of a failed answer counts
       std::fill(out.begin(), out.end(), std::nullopt);
+      stats_.found = found_before;
+      stats_.read_bytes = bytes_before;
       failed(read_, timed_out);
     }
     return out;
