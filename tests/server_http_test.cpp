@@ -286,6 +286,30 @@ TEST_CASE("efim-server: bad input gets the right status, and the server keeps se
   CHECK(c.get("/health").status == 200);
 }
 
+TEST_CASE("efim-server with StarCoder's vocabulary: text with a character whose byte it lacks is served",
+          "[http][errors]") {
+  // StarCoder's vocabulary has no token for 0xF1, the lead byte of U+40000-U+7FFFF. The client's
+  // text is valid: /tokenize and /infill answer 200 (once, a 500 from /tokenize, the tokenizer's
+  // error taken for the server's).
+  const std::string vocab = std::string(EFIM_SHARED_DATA) + "/vocab/ggml-vocab-starcoder.gguf";
+  if (!std::filesystem::exists(vocab)) {
+    WARN("skipped: no shared data at " << vocab);
+    return;
+  }
+  efim_test::server_process s(EFIM_SERVER_PATH, {"--threads", "2", "--tokenizer", vocab, "--n-predict", "4"},
+                              build_dir + "/efim-server-starcoder.log");
+  auto c = connect(s);
+  const std::string u50000 = R"("\uD900\uDC00")";  // U+50000 as JSON writes it
+  const auto t = c.post("/tokenize", R"({"content": )" + u50000 + "}");
+  INFO(t.body);
+  CHECK(t.status == 200);
+  CHECK_FALSE(json::parse(t.body)["tokens"].empty());
+  const auto i = c.post("/infill", R"({"input_prefix": "x = '", "input_suffix": )" + u50000 + R"(, "n_predict": 2})");
+  INFO(i.body);
+  CHECK(i.status == 200);
+  CHECK(s.stop() == 0);
+}
+
 TEST_CASE("efim-server: a client that hangs up is cancelled at once, streaming or not", "[http][cancel]") {
   auto& s = shared_server();
   auto c = connect(s);

@@ -392,6 +392,23 @@ TEST_CASE("server: /tokenize, /detokenize, /health, /v1/models", "[server]") {
   CHECK(m["data"][0]["meta"]["format"] == "efim");
 }
 
+TEST_CASE("server: an efim::error is a 4xx when the client's input caused it, a 5xx when the server failed",
+          "[server][errors]") {
+  fixture f;
+  const auto status = [&](errc code) { return f.svc->to_api_error(efim::error(code, "x")).status(); };
+  CHECK(status(errc::invalid_argument) == 400);
+  CHECK(status(errc::invalid_utf8) == 400);
+  CHECK(status(errc::unknown_token) == 400);
+  CHECK(status(errc::too_long) == 400);
+  CHECK(status(errc::out_of_blocks) == 400);
+  CHECK(f.svc->to_api_error(efim::error(errc::too_long, "x")).type() == "exceed_context_size_error");
+  CHECK(status(errc::io) == 500);
+  CHECK(status(errc::unavailable) == 503);
+  CHECK(status(errc::upstream) == 502);
+  CHECK(status(errc::upstream_busy) == 503);
+  CHECK(status(errc::upstream_timeout) == 504);
+}
+
 TEST_CASE("server: /metrics counts agree with what the responses said", "[server][metrics]") {
   fixture f;
   std::size_t cached = 0, computed = 0, generated = 0;

@@ -307,6 +307,30 @@ TEST_CASE("a tokenizer.json becomes GGUF vocabulary metadata that tokenizes the 
   CHECK_THROWS_AS(text::gguf_vocabulary("{"), efim::error);
 }
 
+TEST_CASE("token ids in tokenizer.json are whole numbers in range: both loaders refuse floats and negatives",
+          "[text][bpe]") {
+  // Each id stands where a converter would read it: model.vocab values and added_tokens[].id.
+  const auto with_added = [](const std::string& id) {
+    return R"({"model":{"vocab":{"a":0},"merges":[]},"added_tokens":[{"id":)" + id + R"(,"content":"x"}]})";
+  };
+  const auto with_vocab = [](const std::string& id) { return R"({"model":{"vocab":{"a":)" + id + R"(},"merges":[]}})"; };
+  for (const std::string id : {"1e30", "-1.5", "3.7", "2.0", "-1", "16777216", "18446744073709551615"}) {
+    INFO("id " << id);
+    const bool negative = id == "-1";
+    const std::string says = id.find_first_of(".e") != std::string::npos ? "is not a whole number"
+                             : negative                                  ? "is negative"
+                                                                         : "is too large";
+    CHECK_THROWS_WITH(text::load_bpe_json(with_added(id)), Catch::Contains(says));
+    CHECK_THROWS_WITH(text::gguf_vocabulary(with_added(id)), Catch::Contains(says));
+    CHECK_THROWS_WITH(text::gguf_vocabulary(with_vocab(id)), Catch::Contains(says));
+    // The streaming reader of load_bpe_json's vocabulary has its own check.
+    CHECK_THROWS_AS(text::load_bpe_json(with_vocab(id)), efim::error);
+  }
+  // Whole numbers in range load (the GGUF converter goes on to ask for a pre-tokenizer preset).
+  CHECK(text::load_bpe_json(with_added("1")).vocab_size() == 2);
+  CHECK_THROWS_WITH(text::gguf_vocabulary(with_added("1")), Catch::Contains("none of the GGUF presets"));
+}
+
 TEST_CASE("FIM token sets are detected from the vocabulary", "[text][bpe][shared]") {
   if (!std::filesystem::is_directory(vocab_dir)) {
     WARN("skipped: no shared data at " << vocab_dir.string());
@@ -607,6 +631,69 @@ TEST_CASE("tokenizer.json loading: a small file works, and mutations give efim::
   bad["model"]["vocab"]["\x01"] = 300;
   bad["model"]["merges"].push_back("a \x01");
   refuse(bad, "names a token the vocabulary lacks");
+}
+
+TEST_CASE("a byte the vocabulary lacks is left out of its word, or the unknown token stands for it, as Hugging Face does",
+          "[text][bpe]") {
+  // The small tokenizer without a token for byte 0xC3 (the lead byte of "\xC3\xA9", e-acute), and with
+  // "a\xC2\xA9" (a and the byte-level form of 0xA9) merged: Hugging Face's BPE drops the character
+  // it lacks from the word and merges what is left, so "a" + e-acute is the one token "a" + 0xA9.
+  auto j = nlohmann::json::parse(small_tokenizer_json());
+  j["model"]["vocab"].erase("\xC3\x83");  // byte 0xC3 in the byte-level alphabet
+  j["model"]["vocab"]["a\xC2\xA9"] = 261;
+  j["model"]["merges"].push_back("a \xC2\xA9");
+  const auto ids_of = [](const nlohmann::json& file, const std::string& text) {
+    std::vector<token_id> ids;
+    text::load_bpe_json(file.dump()).encode(text, ids);
+    return ids;
+  };
+  using v = std::vector<token_id>;
+  CHECK(ids_of(j, "a\xC3\xA9") == v{261});
+  CHECK(ids_of(j, "\xC3\xA9") == v{0xA9});
+  CHECK(ids_of(j, "ab\xC3\xA9" "ab") == v{256, 0xA9, 256});  // "ab", the rest of e-acute, "ab"
+  // Through the GGUF vocabulary converted from it (without NFC, which no GGUF preset has): the same ids.
+  {
+    auto k = j;
+    k.erase("normalizer");
+    gguf::file f;
+    f.metadata = text::gguf_vocabulary(k.dump());
+    std::vector<token_id> ids;
+    text::load_bpe_gguf(f).encode("a\xC3\xA9", ids);
+    CHECK(ids == v{261});
+  }
+  // With an unknown token (model.unk_token): it stands where the byte was, and nothing merges across it.
+  j["model"]["vocab"]["<unk>"] = 262;
+  j["model"]["unk_token"] = "<unk>";
+  CHECK(ids_of(j, "a\xC3\xA9") == v{'a', 262, 0xA9});
+  // A run of such bytes: one unknown token each, or one for the run with fuse_unk.
+  j["model"]["vocab"].erase("\xC2\xA9");  // byte 0xA9 as well
+  j["model"]["merges"].erase(j["model"]["merges"].size() - 1);
+  j["model"]["vocab"].erase("a\xC2\xA9");
+  CHECK(ids_of(j, "\xC3\xA9" "b") == v{262, 262, 'b'});
+  j["model"]["fuse_unk"] = true;
+  CHECK(ids_of(j, "\xC3\xA9" "b") == v{262, 'b'});
+  // An unknown token the vocabulary lacks is none: the bytes are left out.
+  j["model"]["unk_token"] = "<missing>";
+  CHECK(ids_of(j, "\xC3\xA9" "b") == v{'b'});
+
+  // StarCoder's vocabulary has no token for 0xF1, the lead byte of U+40000-U+7FFFF: valid text with
+  // U+50000 is tokenized (the byte left out), on its own and in code.
+  const auto starcoder = vocab_dir / "ggml-vocab-starcoder.gguf";
+  if (!std::filesystem::exists(starcoder)) {
+    WARN("StarCoder part skipped: no shared data at " << vocab_dir.string());
+    return;
+  }
+  const auto tok = text::load_bpe(starcoder.string());
+  for (const std::string text : {"\xF1\x90\x80\x80", "x = '\xF1\x90\x80\x80' + y\n"}) {
+    std::vector<token_id> ids;
+    REQUIRE_NOTHROW(tok.encode(text, ids));
+    CHECK_FALSE(ids.empty());
+    std::string back;
+    for (const token_id id : ids) back += tok.token_bytes(id);
+    std::string without = text;
+    without.erase(without.find('\xF1'), 1);
+    CHECK(back == without);
+  }
 }
 
 TEST_CASE("added tokens are found in text as Hugging Face finds them", "[text][bpe]") {

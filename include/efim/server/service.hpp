@@ -89,9 +89,36 @@ class service {
       (this->*route->handler)(req, ch, start);
     } catch (const api_error& e) {
       answer_error(req, *ch, kind, e, start);
+    } catch (const efim::error& e) {  // the tokenizer's, say: the client's input, a 4xx
+      answer_error(req, *ch, kind, to_api_error(e), start);
     } catch (const std::exception& e) {  // out of memory, say: a 500, and the server goes on
       answer_error(req, *ch, kind, api_error(500, "server_error", e.what()), start);
     }
+  }
+
+  // The answer to a request that failed with `x`: 400 for what the client sent (text, ids, a prompt
+  // too long), 5xx where this server or the engine behind it failed.
+  [[nodiscard]] api_error to_api_error(const efim::error& x) const {
+    switch (x.code()) {
+      case errc::invalid_argument:
+      case errc::invalid_utf8:
+      case errc::unknown_token:
+        return {400, "invalid_request_error", x.what()};
+      case errc::too_long:
+      case errc::out_of_blocks:
+        return {400, "exceed_context_size_error", x.what()};
+      case errc::unavailable:
+        return engine_stopped();
+      case errc::upstream:  // the engine behind this server (server::upstream_pipeline)
+        return {502, "server_error", x.what()};
+      case errc::upstream_busy:
+        return {503, "unavailable_error", x.what()};
+      case errc::upstream_timeout:
+        return {504, "server_error", x.what()};
+      case errc::io:
+        break;
+    }
+    return {500, "server_error", x.what()};
   }
 
   // Refuses new generation requests (503), lets those in flight finish for up to `grace`, then
@@ -413,23 +440,7 @@ class service {
     try {
       std::rethrow_exception(done.error);
     } catch (const efim::error& x) {
-      const bool too_long = x.code() == errc::too_long || x.code() == errc::out_of_blocks;
-      switch (x.code()) {
-        case errc::unavailable:
-          e = engine_stopped();
-          break;
-        case errc::upstream:  // the engine behind this server (server::upstream_pipeline)
-          e = api_error(502, "server_error", x.what());
-          break;
-        case errc::upstream_busy:
-          e = api_error(503, "unavailable_error", x.what());
-          break;
-        case errc::upstream_timeout:
-          e = api_error(504, "server_error", x.what());
-          break;
-        default:
-          e = api_error(400, too_long ? "exceed_context_size_error" : "invalid_request_error", x.what());
-      }
+      e = to_api_error(x);
     } catch (const std::exception& x) {
       e = api_error(500, "server_error", x.what());
     }

@@ -69,6 +69,12 @@ struct bpe_config {
   bool ignore_merges = false;     // a word that is a whole token is that token (Llama 3)
   bool add_prefix_space = false;  // ByteLevel's add_prefix_space
   bool word_cache = true;         // keep recent words' ids (per thread); off, every word is merged
+  // A byte the vocabulary has no token for (StarCoder's has none for 0xF1, say) is left out of its
+  // word before merging, as Hugging Face's BPE leaves out a character it lacks; with an unknown token
+  // (tokenizer.json's model.unk_token) that token stands in its place, one per byte or, with
+  // fuse_unknown, one per run of such bytes. Valid text is never refused for a gap.
+  token_id unknown = -1;
+  bool fuse_unknown = false;
   std::string description;
 };
 
@@ -133,10 +139,14 @@ class bpe_tokenizer {
         ignore_merges_(c.ignore_merges),
         add_prefix_space_(c.add_prefix_space),
         description_(std::move(c.description)),
-        serial_(c.word_cache ? word_cache::next_serial() : 0) {
+        serial_(c.word_cache ? word_cache::next_serial() : 0),
+        unknown_(c.unknown),
+        fuse_unknown_(c.fuse_unknown) {
     const std::size_t n = c.tokens.size();
     require(n > 0 && n < (std::size_t{1} << 31), errc::invalid_argument,
             "bpe_tokenizer: the vocabulary is empty or too large");
+    require(unknown_ < static_cast<token_id>(n), errc::invalid_argument,
+            "bpe_tokenizer: the unknown token " + std::to_string(unknown_) + " is not in the vocabulary");
     require(c.kinds.empty() || c.kinds.size() == n, errc::invalid_argument,
             "bpe_tokenizer: " + std::to_string(c.kinds.size()) + " token kinds for " + std::to_string(n) + " tokens");
     kinds_ = c.kinds.empty() ? std::vector<token_kind>(n, token_kind::normal) : std::move(c.kinds);
@@ -424,13 +434,21 @@ class bpe_tokenizer {
     });
   }
 
-  // The token of one byte.
-  [[nodiscard]] token_id byte_token(char c) const {
-    const token_id id = byte_id_[static_cast<unsigned char>(c)];
-    if (id < 0)
-      throw error(errc::unknown_token, "bpe_tokenizer: the vocabulary has no token for byte " +
-                                           std::to_string(static_cast<unsigned char>(c)));
-    return id;
+  // The symbols a word's merging starts from, one per byte, passed to add(id): the byte's token; for
+  // a byte the vocabulary lacks, the unknown token (fused over a run) or nothing.
+  template <class Add>
+  void for_each_symbol(std::string_view word, Add&& add) const {
+    bool after_unknown = false;
+    for (const char ch : word) {
+      const token_id id = byte_id_[static_cast<unsigned char>(ch)];
+      if (id >= 0) {
+        add(id);
+        after_unknown = false;
+      } else if (unknown_ >= 0 && !(fuse_unknown_ && after_unknown)) {
+        add(unknown_);
+        after_unknown = true;
+      }
+    }
   }
 
   // One word merged: the pair of lowest rank first, the leftmost of equal ones, until no pair has a
@@ -451,8 +469,8 @@ class bpe_tokenizer {
     std::array<token_id, short_word> ids;
     std::array<std::uint32_t, short_word> ranks;  // ranks[i]: of the merge of ids[i] and ids[i + 1]
     std::array<token_id, short_word> merged;      // and what it makes
-    std::size_t n = word.size();
-    for (std::size_t i = 0; i < n; ++i) ids[i] = byte_token(word[i]);
+    std::size_t n = 0;
+    for_each_symbol(word, [&](token_id id) { ids[n++] = id; });
     const auto look = [&](std::size_t i) {
       const merge_table::merge* m = merges_.find(ids[i], ids[i + 1]);
       ranks[i] = m != nullptr ? m->rank : none;
@@ -483,9 +501,13 @@ class bpe_tokenizer {
       token_id id;
       int prev, next;
     };
-    std::vector<symbol> syms(word.size());
-    for (std::size_t i = 0; i < word.size(); ++i)
-      syms[i] = {byte_token(word[i]), static_cast<int>(i) - 1, i + 1 < word.size() ? static_cast<int>(i) + 1 : -1};
+    std::vector<symbol> syms;
+    syms.reserve(word.size());
+    for_each_symbol(word, [&](token_id id) {
+      const int i = static_cast<int>(syms.size());
+      syms.push_back({id, i - 1, i + 1});
+    });
+    if (!syms.empty()) syms.back().next = -1;
     // Candidate merges: lowest rank first, then leftmost.
     using candidate = std::pair<std::uint64_t, int>;  // (rank << 32 | position, position)
     std::priority_queue<candidate, std::vector<candidate>, std::greater<>> heap;
@@ -526,6 +548,8 @@ class bpe_tokenizer {
   added_sets user_, all_;  // what encode finds (user-defined), what encode_special finds (all)
   std::array<token_id, 256> byte_id_{};
   merge_table merges_;
+  token_id unknown_ = -1;
+  bool fuse_unknown_ = false;
 };
 
 static_assert(tokenizer<bpe_tokenizer>);
@@ -651,6 +675,19 @@ inline void add_normalizer(const nlohmann::json& j, bpe_config& c) {
   }
 }
 
+// A token id as tokenizer.json gives it: a whole number in [0, 2^24). A float is refused, not
+// converted (nlohmann's get<integer>() casts: out of range is undefined behaviour, 3.7 becomes 3).
+inline std::size_t json_token_id(const nlohmann::json& v) {
+  if (v.is_number_unsigned()) {
+    const auto id = v.get<std::uint64_t>();
+    if (id < (std::uint64_t{1} << 24)) return static_cast<std::size_t>(id);
+    throw error(errc::invalid_argument, "tokenizer.json: token id " + std::to_string(id) + " is too large");
+  }
+  throw error(errc::invalid_argument,
+              "tokenizer.json: token id " + v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
+                  (v.is_number_integer() ? " is negative" : " is not a whole number"));
+}
+
 }  // namespace detail
 
 // From the text of a Hugging Face tokenizer.json (model type BPE, byte-level).
@@ -671,6 +708,7 @@ inline bpe_tokenizer load_bpe_json(std::string_view json_text) {
   std::string_view added, normalizer, pre;
   bool have_model = false, have_vocab = false, have_merges = false;
   std::string type = "BPE";
+  std::string unk_token;
   bool byte_fallback = false;
   r.open('{');
   for (bool first = true; r.more('}', first);) {
@@ -692,6 +730,13 @@ inline bpe_tokenizer load_bpe_json(std::string_view json_text) {
           byte_fallback = r.boolean();
         } else if (mk == "ignore_merges") {
           c.ignore_merges = r.boolean();
+        } else if (mk == "unk_token") {
+          if (r.peek() == 'n')
+            r.skip();  // null
+          else
+            unk_token = r.string(scratch);
+        } else if (mk == "fuse_unk") {
+          c.fuse_unknown = r.boolean();
         } else if (mk == "vocab") {
           have_vocab = true;
           r.open('{');
@@ -732,7 +777,7 @@ inline bpe_tokenizer load_bpe_json(std::string_view json_text) {
   try {
     if (!added.empty())
       for (const auto& a : nlohmann::json::parse(added)) {
-        const auto id = a.at("id").get<std::int64_t>();
+        const auto id = static_cast<std::int64_t>(detail::json_token_id(a.at("id")));
         const std::string text = a.at("content").get<std::string>();
         const bool special = a.value("special", false);
         // Hugging Face's defaults: a special token is not normalized, any other is.
@@ -752,6 +797,13 @@ inline bpe_tokenizer load_bpe_json(std::string_view json_text) {
   } catch (const nlohmann::json::exception& e) {
     throw error(errc::invalid_argument, std::string("tokenizer.json: ") + e.what());
   }
+  // The unknown token by its text, as Hugging Face looks it up (one the vocabulary lacks is none).
+  if (!unk_token.empty())
+    for (std::size_t id = 0; id < c.tokens.size(); ++id)
+      if (c.tokens[id] == unk_token) {
+        c.unknown = static_cast<token_id>(id);
+        break;
+      }
   c.description = "tokenizer.json byte-level BPE, " + std::to_string(c.tokens.size()) + " tokens";
   return bpe_tokenizer(std::move(c));
 }
@@ -778,14 +830,14 @@ inline std::map<std::string, gguf::value, std::less<>> gguf_vocabulary(std::stri
       tokens[id] = std::move(text);
       types[id] = type;
     };
-    for (const auto& [text, id] : model.at("vocab").items()) place(id.get<std::size_t>(), text, 1);
+    for (const auto& [text, id] : model.at("vocab").items()) place(detail::json_token_id(id), text, 1);
     // An added token is a control token if the file says it is special or it is written like one
     // (looks_like_control).
     if (j.contains("added_tokens"))
       for (const auto& a : j.at("added_tokens")) {
         std::string text = a.at("content").get<std::string>();
         const bool control = a.value("special", false) || looks_like_control(text);
-        place(a.at("id").get<std::size_t>(), std::move(text), control ? 3 : 4);
+        place(detail::json_token_id(a.at("id")), std::move(text), control ? 3 : 4);
       }
     std::vector<std::string> merges;
     for (const auto& m : model.at("merges"))
