@@ -1,7 +1,7 @@
 // Built for a baseline instruction set (x86-64-v2 on x86-64, see tests/CMakeLists.txt), as a
 // distribution or a runtime builds the library: every header compiles warning-free there, and the
-// kernels still take the best path the CPU has. The CPU's features are read from /proc/cpuinfo, not
-// from the compiler's builtins the dispatch itself uses.
+// kernels still take the best path the CPU has. The CPU's features are read from /proc/cpuinfo (what
+// the kernel saw and enabled), not from CPUID and XGETBV, which the dispatch itself reads.
 #include <cstdio>
 #include <fstream>
 #include <set>
@@ -13,15 +13,18 @@
 
 namespace {
 
-std::set<std::string> cpu_flags() {
+// The first CPU's "flags" words and its vendor_id, as /proc/cpuinfo gives them.
+std::set<std::string> cpu_flags(std::string& vendor) {
   std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);)
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("vendor_id", 0) == 0 && vendor.empty()) std::istringstream(line.substr(line.find(':') + 1)) >> vendor;
     if (line.rfind("flags", 0) == 0) {
       std::istringstream words(line.substr(line.find(':') + 1));
       std::set<std::string> flags;
       for (std::string w; words >> w;) flags.insert(w);
       return flags;
     }
+  }
   return {};
 }
 
@@ -31,7 +34,8 @@ int main() {
   namespace k = efim::kernels;
   int failures = 0;
 #if EFIM_KERNELS_X86 && defined(__linux__)
-  const auto flags = cpu_flags();
+  std::string vendor;
+  const auto flags = cpu_flags(vendor);
   const auto has = [&](const char* f) { return flags.count(f) > 0; };
   const bool v3 = has("avx2") && has("fma") && has("f16c") && has("bmi2");
   const bool avx512 = has("avx512f") && has("avx512bw") && has("avx512dq") && has("avx512vl");
@@ -41,6 +45,16 @@ int main() {
   if (std::getenv("EFIM_ISA") == nullptr && k::active_isa() != expected) {
     std::printf("FAILED: the kernels run the %s path on a CPU with %s\n",
                 std::string(k::isa_name(k::active_isa())).c_str(), std::string(k::isa_name(expected)).c_str());
+    ++failures;
+  }
+  // The features the kernels choose tiles by, read by the library from CPUID and XGETBV.
+  if (k::has_avx512_vnni() != (avx512 && has("avx512_vnni"))) {
+    std::printf("FAILED: AVX-512 VNNI detected %d, /proc/cpuinfo says %d\n", k::has_avx512_vnni(),
+                avx512 && has("avx512_vnni"));
+    ++failures;
+  }
+  if (k::amd_cpu() != (vendor == "AuthenticAMD")) {
+    std::printf("FAILED: AMD detected %d, the vendor is %s\n", k::amd_cpu(), vendor.c_str());
     ++failures;
   }
 #endif

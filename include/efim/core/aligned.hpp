@@ -22,7 +22,8 @@ struct aligned_allocator {
   [[nodiscard]] T* allocate(std::size_t n) {
     return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{Align}));
   }
-  void deallocate(T* p, std::size_t n) noexcept { ::operator delete(p, n * sizeof(T), std::align_val_t{Align}); }
+  // The unsized aligned delete: the sized one needs -fsized-deallocation with Clang before 19.
+  void deallocate(T* p, std::size_t) noexcept { ::operator delete(p, std::align_val_t{Align}); }
 
   friend bool operator==(const aligned_allocator&, const aligned_allocator&) noexcept { return true; }
 };

@@ -30,6 +30,9 @@
 #else
 #define EFIM_KERNELS_DISPATCHED 0
 #endif
+#if EFIM_KERNELS_DISPATCHED && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#endif
 
 namespace efim::kernels {
 
@@ -47,46 +50,78 @@ constexpr std::string_view isa_name(isa i) noexcept {
   return "generic";
 }
 
+// What the CPU and the operating system let a program use, read once from CPUID and XGETBV (the
+// same with every compiler: __builtin_cpu_supports does not know every feature name in every
+// compiler, "f16c" with Clang 14 for one). AVX features count only where the OS saves the YMM state,
+// AVX-512 ones only where it saves the ZMM and mask state (XCR0), as a VM may advertise what it does
+// not enable.
+struct cpu_features {
+  bool avx2 = false, fma = false, f16c = false, bmi2 = false;
+  bool avx512f = false, avx512bw = false, avx512dq = false, avx512vl = false, avx512vnni = false;
+  bool amd = false;
+};
+
+#if EFIM_KERNELS_DISPATCHED && (defined(__GNUC__) || defined(__clang__))
+namespace detail {
+inline void cpuid(unsigned leaf, unsigned sub, unsigned (&r)[4]) noexcept {
+  __cpuid_count(leaf, sub, r[0], r[1], r[2], r[3]);
+}
+inline unsigned long long xgetbv0() noexcept {
+  unsigned lo = 0, hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (static_cast<unsigned long long>(hi) << 32) | lo;
+}
+}  // namespace detail
+#endif
+
+inline const cpu_features& cpu() noexcept {
+  static const cpu_features f = [] {
+    cpu_features c;
+#if EFIM_KERNELS_DISPATCHED && (defined(__GNUC__) || defined(__clang__))
+    unsigned r[4];
+    detail::cpuid(0, 0, r);
+    const unsigned max_leaf = r[0];
+    c.amd = r[1] == 0x68747541u && r[3] == 0x69746e65u && r[2] == 0x444d4163u;  // "AuthenticAMD"
+    if (max_leaf < 1) return c;
+    detail::cpuid(1, 0, r);
+    const bool osxsave = (r[2] >> 27) & 1u, avx = (r[2] >> 28) & 1u;
+    const unsigned long long xcr0 = osxsave ? detail::xgetbv0() : 0;
+    const bool ymm = avx && (xcr0 & 0x6u) == 0x6u;      // SSE and AVX state
+    const bool zmm = ymm && (xcr0 & 0xE0u) == 0xE0u;     // opmask, ZMM0-15 upper halves, ZMM16-31
+    c.fma = ymm && ((r[2] >> 12) & 1u);
+    c.f16c = ymm && ((r[2] >> 29) & 1u);
+    if (max_leaf < 7) return c;
+    detail::cpuid(7, 0, r);
+    c.avx2 = ymm && ((r[1] >> 5) & 1u);
+    c.bmi2 = (r[1] >> 8) & 1u;
+    c.avx512f = zmm && ((r[1] >> 16) & 1u);
+    c.avx512dq = zmm && ((r[1] >> 17) & 1u);
+    c.avx512bw = zmm && ((r[1] >> 30) & 1u);
+    c.avx512vl = zmm && ((r[1] >> 31) & 1u);
+    c.avx512vnni = zmm && ((r[2] >> 11) & 1u);
+#endif
+    return c;
+  }();
+  return f;
+}
+
 // The best path this CPU runs.
 inline isa detected_isa() noexcept {
-#if EFIM_KERNELS_DISPATCHED && (defined(__GNUC__) || defined(__clang__))
-  __builtin_cpu_init();
-  const bool v3 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
-                  __builtin_cpu_supports("bmi2");
+#if EFIM_KERNELS_DISPATCHED
+  const auto& c = cpu();
+  const bool v3 = c.avx2 && c.fma && c.f16c && c.bmi2;
   // The AVX-512 path is compiled for F, BW, DQ and VL (every AVX-512 CPU since Skylake-SP has them).
-  if (v3 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
-    return isa::avx512;
+  if (v3 && c.avx512f && c.avx512bw && c.avx512dq && c.avx512vl) return isa::avx512;
   if (v3) return isa::avx2;
 #endif
   return isa::generic;
 }
 
-// Whether the CPU has AVX-512 VNNI (the integer products' fast tiles); once per process.
-inline bool has_avx512_vnni() noexcept {
-#if EFIM_KERNELS_DISPATCHED && (defined(__GNUC__) || defined(__clang__))
-  static const bool vnni = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512vnni") != 0;
-  }();
-  return vnni;
-#else
-  return false;
-#endif
-}
+// Whether the CPU has AVX-512 VNNI (the integer products' fast tiles).
+inline bool has_avx512_vnni() noexcept { return cpu().avx512vnni; }
 
-// Whether the CPU is AMD's (some decode tiles are chosen per vendor, by measurement); once per process.
-inline bool amd_cpu() noexcept {
-#if EFIM_KERNELS_DISPATCHED && (defined(__GNUC__) || defined(__clang__))
-  static const bool amd = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_is("amd") != 0;
-  }();
-  return amd;
-#else
-  return false;
-#endif
-}
+// Whether the CPU is AMD's (some decode tiles are chosen per vendor, by measurement).
+inline bool amd_cpu() noexcept { return cpu().amd; }
 
 namespace detail {
 

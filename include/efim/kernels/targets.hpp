@@ -104,6 +104,11 @@
 #define EFIM_K_AVX2 0
 #define EFIM_K_FMA 1
 #define EFIM_K_F16C 1
+// A function of this path that also uses AVX-512 VNNI (chosen at run time, has_avx512_vnni()) names
+// the whole path's features with it, so that both compilers inline the path's helpers into it (Clang
+// refuses where the caller's target is not a superset of the callee's).
+#define EFIM_K_TARGET_VNNI \
+  __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c,bmi,bmi2,lzcnt,popcnt")))
 #define EFIM_K_NAMESPACE isa_avx512
 #include "efim/kernels/impl/path.inl"
 #if defined(__clang__)
@@ -112,6 +117,7 @@
 #pragma GCC pop_options
 #endif
 #undef EFIM_K_AVX2_PATH_DEFINED
+#undef EFIM_K_TARGET_VNNI
 
 #pragma GCC diagnostic pop
 

@@ -163,9 +163,8 @@ template <dtype T>
 
 // One weight row against x rows xs[0..MR): out[i] = its int8 product with x row i.
 template <dtype T, std::size_t MR>
-__attribute__((target("avx512vnni"))) inline void int8_stream(const std::byte* row, std::size_t nsb,
-                                                              const kquant::block_q8_k* const* xs,
-                                                              float* out) noexcept {
+EFIM_K_TARGET_VNNI inline void int8_stream(const std::byte* row, std::size_t nsb, const kquant::block_q8_k* const* xs,
+                                           float* out) noexcept {
   std::array<float, MR> acc{};
   for (std::size_t b = 0; b < nsb; ++b) {
     const std::byte* blk = row + b * info(T).bytes;
@@ -255,8 +254,8 @@ inline int8_panel int8_pack(const weight_view& w, std::size_t p0, std::size_t nc
 
 // out[i][j] for x rows xs[0..MR) against the panel's 32 rows.
 template <dtype T, std::size_t MR>
-__attribute__((target("avx512vnni"))) inline void int8_tile(const int8_panel& p, std::size_t nsb,
-                                                            const kquant::block_q8_k* const* xs, float* out) {
+EFIM_K_TARGET_VNNI inline void int8_tile(const int8_panel& p, std::size_t nsb, const kquant::block_q8_k* const* xs,
+                                         float* out) {
   constexpr std::size_t G = q8_groups<T>, quads = qk_k / G / 4;
   __m512 f[MR][2];
   for (std::size_t i = 0; i < MR; ++i) f[i][0] = f[i][1] = _mm512_setzero_ps();
