@@ -176,7 +176,9 @@ int info(int argc, char** argv) {
   j["gguf_version"] = file.meta.version;
   nlohmann::json meta = nlohmann::json::object();
   std::size_t tokens = 0;
-  for (const auto& [key, v] : file.meta.metadata) {
+  for (const auto& entry : file.meta.metadata) {
+    const std::string& key = entry.first;  // a name, not a structured binding: Clang before 16 captures none
+    const auto& v = entry.second;
     if (const auto* a = std::get_if<efim::gguf::array_value>(&v.v)) {
       std::visit(
           [&](const auto& items) {
