@@ -418,6 +418,7 @@ int serve_upstream(const options& o, efim::text::bpe_tokenizer tok, const efim::
   uo.slots = o.upstream_api == efim::server::upstream_api::llama ? info.slots : 0;
   uo.timeout = o.upstream_timeout;
   uo.prompt_budget = o.upstream_prompt_budget.value_or(uo.api == efim::server::upstream_api::llama ? 2048 : 0);
+  uo.vocab = info.vocab;
   const std::string model_name = !alias.empty() ? alias : info.model.empty() ? "efim-upstream" : info.model;
 
   using pipeline = efim::server::upstream_pipeline<Format, efim::text::at_boundaries, efim::text::bpe_tokenizer,

@@ -8,16 +8,19 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "http/client.hpp"
@@ -207,6 +210,91 @@ TEST_CASE("greedy text through efim-server equals llama-server's own on the same
     if (direct["stop_type"] == "eos" && !theirs.empty()) theirs.pop_back();  // llama.cpp lists the end token
     CHECK(tokens == theirs);
     CHECK(final["tokens_evaluated"] == ids.size());
+  }
+}
+
+// Qwen2.5's model has 151,936 rows and its tokenizer 151,665 tokens: llama.cpp names the rest [PAD...]
+// and gives them no text. A model may generate them (a random one does, now and then): efim counts
+// them as generated tokens without text. Here llama-server biases one such row and the token "x" by
+// +100 (its --logit-bias), so the sampled text is x's among padding; efim's answer must be
+// llama-server's own for the same ids and seed: the same text, the named ids, every token counted.
+TEST_CASE("tokens of the model's padding rows come through as tokens without text", "[upstream]") {
+  require_tools();
+  constexpr int pad = 151914, x = 87;
+  llama_server biased(free_port(), {"-l", std::to_string(pad) + "+100", "-l", std::to_string(x) + "+100"});
+  const bool openai = GENERATE(false, true);
+  INFO("--upstream-api " << (openai ? "openai" : "llama"));
+  efim_test::server_process efim(EFIM_SERVER_PATH,
+                                 {"--upstream", biased.url(), "--upstream-api", openai ? "openai" : "llama",
+                                  "--tokenizer", tokenizer_path, "--upstream-timeout-ms", "60000"},
+                                 build_dir + "/upstream-efim-padding.log");
+  client e(parse_url(efim.url()));
+  client l(parse_url(biased.url()));
+  const std::string prefix = "def f(x):\n    return ", suffix = "\n";
+  const json ids = post_json(e, "/tokenize",
+                             {{"content", "<|fim_prefix|>" + prefix + "<|fim_suffix|>" + suffix + "<|fim_middle|>"},
+                              {"parse_special", true}})["tokens"];
+  const json sampling = {{"n_predict", 32}, {"temperature", 1.0}, {"top_k", 40}, {"top_p", 0.95}, {"seed", 5}};
+  json direct_body = sampling;
+  direct_body.update({{"prompt", ids}, {"min_p", 0}, {"cache_prompt", false}, {"return_tokens", true}});
+  const json direct = post_json(l, "/completion", direct_body);
+  const auto theirs = direct["tokens"].get<std::vector<int>>();
+  REQUIRE(theirs.size() == 32);
+  const auto pads = std::count(theirs.begin(), theirs.end(), pad);
+  INFO("llama-server: " << direct["tokens"].dump());
+  REQUIRE(pads > 0);  // both kinds sampled, or the test shows nothing
+  REQUIRE(pads < 32);
+  std::vector<int> named;
+  std::copy_if(theirs.begin(), theirs.end(), std::back_inserter(named), [](int t) { return t != pad; });
+  CHECK(direct["content"] == std::string(named.size(), 'x'));
+
+  for (const bool stream : {false, true}) {
+    INFO("stream " << stream);
+    json body = sampling;
+    body.update({{"input_prefix", prefix}, {"input_suffix", suffix}, {"stream", stream}, {"return_tokens", true},
+                 {"session_id", "padding-" + std::to_string(stream)}});
+    std::string text;
+    std::vector<int> tokens;
+    json final;
+    if (!stream) {
+      final = post_json(e, "/infill", body);
+      text = final["content"];
+      tokens = final["tokens"].get<std::vector<int>>();
+    } else {
+      efim_examples::http::sse_reader sse;
+      const auto r = e.post("/infill", body.dump(), {}, [&](std::string_view bytes) {
+        sse.feed(bytes, [&](std::string_view data) {
+          const json ev = json::parse(data);
+          text += ev.value("content", "");
+          if (ev.value("stop", false))
+            final = ev;  // (its tokens: all of them again)
+          else
+            for (const auto& t : ev["tokens"]) tokens.push_back(t.get<int>());
+        });
+      });
+      REQUIRE(r.status == 200);
+    }
+    CHECK(text == direct["content"].get<std::string>());
+    CHECK(tokens == named);
+    CHECK(final["tokens_predicted"] == 32);
+    CHECK(final["timings"]["predicted_n"] == 32);
+    CHECK(final["stop_type"] == "limit");
+  }
+  // The OpenAI API counts them too, the last ones included.
+  for (const int seed : {1, 2, 3, 4, 5, 6}) {
+    const json oa = post_json(e, "/v1/completions", {{"prompt", prefix}, {"max_tokens", 32}, {"temperature", 1.0},
+                                                     {"seed", seed}});
+    CHECK(oa["usage"]["completion_tokens"] == 32);
+  }
+  // The sessions go on after them: a keystroke (appended), and the suggestion's first x's accepted
+  // (the ids before its first padding token reused, the rest tokenized).
+  for (const auto& [typed, session, change] : {std::tuple{"y", "padding-0", "append"}, {"xxx", "padding-1", "accepted"}}) {
+    json next = sampling;
+    next.update({{"input_prefix", prefix + typed}, {"input_suffix", suffix}, {"session_id", session}});
+    const json r = post_json(e, "/infill", next);
+    CHECK(r["efim"]["change"] == change);
+    CHECK(r["efim"]["reused_tokens"] == (std::string(change) == "accepted" ? 1 : 0));
+    CHECK(r["tokens_predicted"] == 32);
   }
 }
 

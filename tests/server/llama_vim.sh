@@ -47,7 +47,7 @@ wait_for() {
 tmux -L "$sock" new-session -d -s vim -x 160 -y 40 "vim -u $work/vimrc $work/fib.py"
 # llama.vim warns that it wants Vim 9.1 (Debian 12 has 9.0, which it works with): dismiss that.
 wait_for 'fibonacci|Press ENTER' 20
-screen | grep -q 'Press ENTER' && tmux -L "$sock" send-keys -t vim Enter
+grep -q 'Press ENTER' <<< "$(screen)" && tmux -L "$sock" send-keys -t vim Enter
 wait_for 'fibonacci' 20
 tmux -L "$sock" send-keys -t vim 3G o
 for key in r e t; do
@@ -110,8 +110,9 @@ if [ "$(LC_ALL=C; echo "${got:0:$n}")" != "$(LC_ALL=C; echo "${want:0:$n}")" ]; 
 fi
 # The keystrokes were requests of one session, laid out as appends to its anchor.
 # (with_team.sh: EFIM_SERVER_LOG is a pattern matching each replica's log)
+# (grep reads the files itself: `cat | grep -q` under pipefail fails when grep stops reading first)
 # shellcheck disable=SC2086
-if ! cat $EFIM_SERVER_LOG | grep -q 'POST /infill 200 session=#1 change=append'; then
+if ! grep -q 'POST /infill 200 session=#1 change=append' $EFIM_SERVER_LOG; then
   echo "llama_vim: no keystroke request was an append to the session"; exit 1
 fi
 echo "llama_vim: ok"

@@ -371,12 +371,12 @@ class generation {
     require(unnamed == 0 || !heal_.active(), errc::invalid_argument,
             "generation: tokens without ids while the removed text is given back");
     piece_.assign(before);
-    unnamed_ += unnamed;
+    result_.unnamed_tokens += unnamed;
     const bool ends = eos && t == *eos && !ignore_eos_;
     if (ends && piece_.empty()) return finish_reason::eos;
     auto& c = result_;
     const auto now = clock::now();
-    if (c.tokens.empty() && unnamed_ == unnamed) c.first_token = now;
+    if (c.generated_tokens() == unnamed) c.first_token = now;
     if (!ends) c.tokens.push_back(t);
     if (ends) {
       // Only the text before it is shown.
@@ -412,7 +412,7 @@ class generation {
     }
     if (verdict == text_gate::verdict::indent) return finish_reason::indent;
     if (ends) return finish_reason::eos;
-    if (c.tokens.size() + unnamed_ - c.healing_steps >= max_tokens_) {
+    if (c.generated_tokens() - c.healing_steps >= max_tokens_) {
       c.truncated = limited_;
       return finish_reason::length;
     }
@@ -470,7 +470,6 @@ class generation {
   completion result_;
   std::size_t prompt_tokens_;
   text::heal_constraint heal_;
-  std::size_t unnamed_ = 0;  // generated tokens whose ids are not known
   bool finished_ = false;
   std::exception_ptr orphan_;
   std::string piece_;  // the text of the token being taken

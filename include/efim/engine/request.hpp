@@ -92,6 +92,9 @@ struct completion {
   std::string text;
   std::string tail;  // the end of text no token event carried (held-back bytes of a cut UTF-8 character, as U+FFFD)
   std::vector<token_id> tokens;  // generated ids (an end-of-sequence token is not included)
+  // Generated tokens whose ids are not in `tokens`: an engine elsewhere gave only their text, or
+  // they are rows of its model the tokenizer has no token for (upstream_options::vocab).
+  std::size_t unnamed_tokens = 0;
   finish_reason reason = finish_reason::length;
   std::string session;  // the session it was laid out in (empty: none)
   prompt::change session_change = prompt::change::first;
@@ -107,6 +110,8 @@ struct completion {
   std::exception_ptr error;  // why the request failed (finish_reason::error)
 
   [[nodiscard]] std::size_t computed_prompt_tokens() const noexcept { return prompt_tokens - cached_tokens; }
+  // Every token generated (the end-of-sequence token aside).
+  [[nodiscard]] std::size_t generated_tokens() const noexcept { return tokens.size() + unnamed_tokens; }
   // Time spent computing the prompt (from its first scheduled step).
   [[nodiscard]] double prompt_ms() const noexcept {
     return started == clock::time_point{} ? 0.0
@@ -124,7 +129,7 @@ struct completion {
   }
   // Time to the first generated token (to the end of the prompt when none was generated).
   [[nodiscard]] double ttft_ms() const noexcept {
-    const auto first = tokens.empty() ? finished : first_token;
+    const auto first = generated_tokens() == 0 ? finished : first_token;
     return std::chrono::duration<double, std::milli>(first - submitted).count();
   }
 };

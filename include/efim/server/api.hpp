@@ -359,13 +359,13 @@ inline std::string_view openai_finish_reason(engine::finish_reason r) noexcept {
 inline json timings(const engine::completion& c) {
   const double prompt_ms = c.prompt_ms(), predicted_ms = c.generation_ms();
   const auto prompt_n = static_cast<double>(c.computed_prompt_tokens());
-  const auto predicted_n = static_cast<double>(c.tokens.size());
+  const auto predicted_n = static_cast<double>(c.generated_tokens());
   return {{"cache_n", c.cached_tokens},
           {"prompt_n", c.computed_prompt_tokens()},
           {"prompt_ms", prompt_ms},
           {"prompt_per_token_ms", prompt_n > 0 ? prompt_ms / prompt_n : 0.0},
           {"prompt_per_second", prompt_ms > 0 ? 1e3 * prompt_n / prompt_ms : 0.0},
-          {"predicted_n", c.tokens.size()},
+          {"predicted_n", c.generated_tokens()},
           {"predicted_ms", predicted_ms},
           {"predicted_per_token_ms", predicted_n > 0 ? predicted_ms / predicted_n : 0.0},
           {"predicted_per_second", predicted_ms > 0 ? 1e3 * predicted_n / predicted_ms : 0.0}};
@@ -425,7 +425,7 @@ inline json infill_final(const engine::completion& c, const generation_params& p
                {"id_slot", -1},
                {"stop", true},
                {"model", ctx.model},
-               {"tokens_predicted", c.tokens.size()},
+               {"tokens_predicted", c.generated_tokens()},
                {"tokens_evaluated", c.prompt_tokens},
                {"generation_settings", settings},
                {"has_new_line", c.text.find('\n') != std::string::npos},
@@ -452,8 +452,8 @@ inline json infill_partial(std::string_view text, token_id token, std::size_t pr
 
 inline json openai_usage(const engine::completion& c) {
   return {{"prompt_tokens", c.prompt_tokens},
-          {"completion_tokens", c.tokens.size()},
-          {"total_tokens", c.prompt_tokens + c.tokens.size()},
+          {"completion_tokens", c.generated_tokens()},
+          {"total_tokens", c.prompt_tokens + c.generated_tokens()},
           {"prompt_tokens_details", {{"cached_tokens", c.cached_tokens}}}};
 }
 

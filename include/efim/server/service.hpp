@@ -477,12 +477,12 @@ class service {
     metrics_.add("efim_requests_finished_total", {{"finish", std::string(engine::to_string(done.reason))}});
     metrics_.add("efim_prompt_tokens_total", {}, static_cast<double>(done.prompt_tokens));
     metrics_.add("efim_prompt_tokens_cached_total", {}, static_cast<double>(done.cached_tokens));
-    metrics_.add("efim_generated_tokens_total", {}, static_cast<double>(done.tokens.size()));
+    metrics_.add("efim_generated_tokens_total", {}, static_cast<double>(done.generated_tokens()));
     metrics_.add("efim_accepted_tokens_reused_total", {}, static_cast<double>(done.reused_tokens));
     const labels endpoint{{"endpoint", c.path}};
     metrics_.observe("efim_request_duration_seconds", endpoint,
                      std::chrono::duration<double>(clock::now() - c.start).count());
-    if (!done.tokens.empty())
+    if (done.generated_tokens() > 0)
       metrics_.observe("efim_time_to_first_token_seconds", endpoint,
                        std::chrono::duration<double>(done.first_token - c.start).count());
   }
@@ -529,7 +529,7 @@ class service {
     if (done && !done->error) {
       l.prompt_tokens = done->prompt_tokens;
       l.cached_tokens = done->cached_tokens;
-      l.generated_tokens = done->tokens.size();
+      l.generated_tokens = done->generated_tokens();
       l.finish = engine::to_string(done->reason);
     }
     l.ms = std::chrono::duration<double, std::milli>(clock::now() - start).count();

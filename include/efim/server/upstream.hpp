@@ -155,6 +155,11 @@ struct upstream_options {
   // computes them in that order. Set it to the upstream's batch (its -b); engines that schedule
   // oldest first themselves (vLLM, SGLang) need none.
   std::size_t prompt_budget = 0;
+  // The upstream model's vocabulary (upstream_info::vocab; 0: the tokenizer's). A model may have more
+  // rows than its tokenizer has tokens (Qwen2.5: 151,665 tokens, 151,936 rows; llama.cpp names the
+  // rest [PAD...] and gives them no text): ids between are generated tokens without text, counted
+  // in max_tokens, never in a session's tokens.
+  std::size_t vocab = 0;
   // What a completion callback threw that no answer can carry (see engine::pipeline_options).
   std::function<void(engine::request_id, std::exception_ptr)> on_callback_error;
 };
@@ -465,6 +470,10 @@ class upstream_pipeline {
     bool ended = false;       // the exchange is over
     std::optional<finish_reason> final_reason;  // OpenAI: the choice's finish_reason, before usage and [DONE]
     std::size_t known_tokens = SIZE_MAX;        // generated ids before the first the upstream did not name
+    // Tokens without ids or text not yet passed on (padding rows, and the text of unnamed tokens
+    // before them): they go with the next token that has an id.
+    std::size_t pending = 0;
+    std::string pending_text;
   };
 
   // ---- request bodies ----
@@ -757,15 +766,27 @@ class upstream_pipeline {
       ids = std::move(gap.ids);
     }
     r.decoded = std::max(decoded, r.decoded + ids.size() + gap.unnamed);
-    for (std::size_t i = 0; i < ids.size(); ++i)
-      if (i == 0 && gap.unnamed > 0 ? take(id, r, ids[i], gap.unnamed_text, gap.unnamed) : take(id, r, ids[i]))
-        return true;
+    r.pending += gap.unnamed;
+    r.pending_text += gap.unnamed_text;
+    for (const token_id t : ids) {
+      if (padding(t)) {  // no text: it goes on with the next token that has some
+        if (r.gen.heal().active()) throw error(errc::upstream, "the upstream did not keep to the healing constraint");
+        ++r.pending;
+        continue;
+      }
+      const std::string before = std::exchange(r.pending_text, {});
+      if (take(id, r, t, before, std::exchange(r.pending, 0))) return true;
+    }
     return false;
   }
 
+  // A row of the upstream's model that the tokenizer has no token for (upstream_options::vocab).
+  bool padding(token_id t) const noexcept { return static_cast<std::size_t>(t) >= prep_.tokenizer().vocab_size(); }
+
   token_id checked_id(const json& t) const {
+    const std::size_t rows = std::max(options_.vocab, prep_.tokenizer().vocab_size());
     require(t.is_number_integer() && t.get<std::int64_t>() >= 0 &&
-                t.get<std::int64_t>() < static_cast<std::int64_t>(prep_.tokenizer().vocab_size()),
+                t.get<std::int64_t>() < static_cast<std::int64_t>(rows),
             errc::upstream, "the upstream sent token id " + t.dump() + ", which the vocabulary does not have");
     return static_cast<token_id>(t.get<std::int64_t>());
   }
@@ -781,7 +802,8 @@ class upstream_pipeline {
   // not their bytes (llama.cpp sends U+FFFD for bytes that are not UTF-8), their text goes on as it is.
   named fill_gap(std::string_view content, const std::vector<token_id>& known, std::size_t missing) {
     std::string tail;
-    for (const token_id t : known) tail += prep_.tokenizer().token_bytes(t);
+    for (const token_id t : known)
+      if (!padding(t)) tail += prep_.tokenizer().token_bytes(t);
     require(!known.empty() && content.ends_with(tail), errc::upstream,
             "the upstream's text does not end with its tokens' bytes (is its vocabulary the same?)");
     const std::string_view gap = content.substr(0, content.size() - tail.size());
@@ -849,6 +871,9 @@ class upstream_pipeline {
     r.ended = true;
     auto& c = r.gen.result();
     if (c.prompt_done == engine::clock::time_point{}) c.prompt_done = engine::clock::now();
+    // Padding tokens at the end, with no token after them to go with: counted. (The text of unnamed
+    // tokens before them, if any, is U+FFFD for bytes a token after them would have completed.)
+    c.unnamed_tokens += std::exchange(r.pending, 0);
     r.gen.complete(why);
     prep_.close(r.gen.result(), r.session_version, r.superseded, r.known_tokens);
     --running_;
