@@ -25,6 +25,7 @@
 #include "efim/core/random.hpp"
 #include "efim/core/thread_pool.hpp"
 #include "efim/core/utf8.hpp"
+#include "vocab.hpp"
 
 using namespace efim;
 
@@ -362,9 +363,9 @@ TEST_CASE("gguf::file_bytes reads a file into memory or maps it: the same bytes,
 }
 
 TEST_CASE("gguf: the real vocabulary files read", "[core][gguf][shared]") {
-  const std::filesystem::path dir = std::filesystem::path(EFIM_SHARED_DATA) / "vocab";
-  if (!std::filesystem::is_directory(dir)) {
-    WARN("skipped: no shared data at " << dir.string());
+  const std::filesystem::path dir = efim_test::vocab_dir();
+  if (!efim_test::have_vocabs()) {
+    WARN("skipped: no vocabularies at " << dir.string() << " (the shared data, or .ci/setup's copies)");
     return;
   }
   const auto f = gguf::read((dir / "ggml-vocab-qwen2.5-coder.gguf").string());

@@ -28,6 +28,7 @@
 #include "efim/text/fragment.hpp"
 #include "efim/text/healing.hpp"
 #include "small_model.hpp"
+#include "vocab.hpp"
 
 using namespace efim;
 
@@ -77,7 +78,7 @@ T within(std::future<T> f) {
 // and a KV storage made from the layer count, a layout and the element type.
 struct backend_without_storage {
   struct context {};
-  static constexpr std::string_view name = "no storage";
+  [[maybe_unused]] static constexpr std::string_view name = "no storage";  // (clang: unused where the concept fails)
 };
 struct backend_with_odd_context {
   struct context {
@@ -1204,7 +1205,7 @@ struct vocab_model {
   model::weights w;
 };
 std::optional<vocab_model> qwen_vocab_model(std::uint64_t seed) {
-  const auto path = std::filesystem::path(EFIM_SHARED_DATA) / "vocab" / "ggml-vocab-qwen2.5-coder.gguf";
+  const auto path = efim_test::vocab_dir() / "ggml-vocab-qwen2.5-coder.gguf";
   if (!std::filesystem::exists(path)) {
     WARN("skipped: needs " << path.string());
     return std::nullopt;

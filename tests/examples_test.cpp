@@ -15,6 +15,7 @@
 
 #include "efim/efim.hpp"
 #include "support.hpp"
+#include "vocab.hpp"
 
 namespace fs = std::filesystem;
 
@@ -168,7 +169,7 @@ TEST_CASE("efim-bench rejects bad arguments with a clear message", "[examples][b
   expect_failure("--users 0", "--users needs a whole number >= 1");
   expect_failure("--users many", "not 'many'");
   expect_failure("--tokenizer " + (dir.path / "none.json").string(), "cannot open");
-  if (const auto gpt2 = fs::path(EFIM_SHARED_DATA) / "vocab" / "ggml-vocab-gpt-2.gguf"; fs::exists(gpt2))
+  if (const auto gpt2 = efim_test::vocab_dir() / "ggml-vocab-gpt-2.gguf"; fs::exists(gpt2))
     expect_failure("--tokenizer " + gpt2.string(), "no FIM tokens");
   expect_failure("--rounds -3", "--rounds needs");
   expect_failure("--bogus 1", "unknown option --bogus");
@@ -184,10 +185,10 @@ TEST_CASE("efim-bench rejects bad arguments with a clear message", "[examples][b
 }
 
 TEST_CASE("efim-tokenize prints the reference ids for real tokenizers", "[examples][tokenize][shared]") {
-  const fs::path vocab = fs::path(EFIM_SHARED_DATA) / "vocab";
+  const fs::path vocab = efim_test::vocab_dir();
   const fs::path json = fs::path(EFIM_TOKENIZER_CACHE) / "qwen2.5-coder" / "tokenizer.json";
-  if (!fs::is_directory(vocab)) {
-    WARN("skipped: no shared data at " << vocab.string());
+  if (!efim_test::have_vocabs()) {
+    WARN("skipped: no vocabularies at " << vocab.string() << " (the shared data, or .ci/setup's copies)");
     return;
   }
   temp_dir dir("tokenize");
@@ -230,9 +231,9 @@ TEST_CASE("efim-tokenize prints the reference ids for real tokenizers", "[exampl
 }
 
 TEST_CASE("efim-tokenize: special tokens when asked, and clear errors", "[examples][tokenize][shared]") {
-  const fs::path gguf = fs::path(EFIM_SHARED_DATA) / "vocab" / "ggml-vocab-starcoder.gguf";
+  const fs::path gguf = efim_test::vocab_dir() / "ggml-vocab-starcoder.gguf";
   if (!fs::exists(gguf)) {
-    WARN("skipped: no shared data at " << gguf.string());
+    WARN("skipped: no " << gguf.string() << " (the shared data, or .ci/setup's copies)");
     return;
   }
   temp_dir dir("tokenize-errors");
@@ -343,7 +344,7 @@ TEST_CASE("efim-fragment writes FIM samples that put the document back together"
 
 TEST_CASE("efim-fragment: fragment tokenization with a real tokenizer, and bad input", "[examples][fragment]") {
   temp_dir dir("fragment-bpe");
-  const fs::path gguf = fs::path(EFIM_SHARED_DATA) / "vocab" / "ggml-vocab-qwen2.5-coder.gguf";
+  const fs::path gguf = efim_test::vocab_dir() / "ggml-vocab-qwen2.5-coder.gguf";
   {
     std::ofstream in(dir.path / "docs.jsonl");
     for (int i = 0; i < 20; ++i)
@@ -406,7 +407,7 @@ std::vector<efim::token_id> parse_ids(const std::string& text) {
 TEST_CASE("efim-model makes deterministic models of each architecture that load and describe themselves",
           "[examples][model]") {
   temp_dir dir("model-make");
-  const fs::path vocab = fs::path(EFIM_SHARED_DATA) / "vocab" / "ggml-vocab-starcoder.gguf";
+  const fs::path vocab = efim_test::vocab_dir() / "ggml-vocab-starcoder.gguf";
   const bool have_vocab = fs::exists(vocab);
   if (!have_vocab) WARN("the vocabulary part is skipped: no " << vocab.string());
   for (const std::string arch : {"llama", "qwen2", "starcoder2"}) {
@@ -445,7 +446,7 @@ TEST_CASE("efim-model makes deterministic models of each architecture that load 
   const auto expect_failure = [](const std::string& args, const std::string& says) {
     check_fails(EFIM_MODEL_PATH, args, says, true);
   };
-  if (const auto deepseek = fs::path(EFIM_SHARED_DATA) / "vocab" / "ggml-vocab-deepseek-coder.gguf";
+  if (const auto deepseek = efim_test::vocab_dir() / "ggml-vocab-deepseek-coder.gguf";
       fs::exists(deepseek)) {
     // Only the Qwen2.5-Coder vocabulary is padded to its models' 151,936 rows, whatever the architecture.
     const auto path = (dir.path / "qwen2-deepseek.gguf").string();
@@ -489,7 +490,7 @@ TEST_CASE("efim-model makes deterministic models of each architecture that load 
 
 TEST_CASE("efim-cli completes a prompt as the reference decoder does", "[examples][cli]") {
   temp_dir dir("cli");
-  const fs::path vocab = fs::path(EFIM_SHARED_DATA) / "vocab" / "ggml-vocab-qwen2.5-coder.gguf";
+  const fs::path vocab = efim_test::vocab_dir() / "ggml-vocab-qwen2.5-coder.gguf";
   if (!fs::exists(vocab)) {
     WARN("skipped: no " << vocab.string());
     return;

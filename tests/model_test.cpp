@@ -574,13 +574,14 @@ TEST_CASE("paged attention equals dense attention for random block tables", "[ke
             want[(t * heads + h) * d + i] += static_cast<float>(p[j] / z * v[(j * kv_heads + g) * d + i]);
       }
 
+    const std::size_t n_heads = heads, head_dim = d;  // (clang before 16: no lambda captures a binding)
     const auto run = [&]<class E>(const std::vector<block_id>& table, E) {
       std::vector<E> kc(layout.elements()), vc(layout.elements());
-      std::vector<float> out(len * heads * d);
+      std::vector<float> out(len * n_heads * head_dim);
       std::vector<kernels::token_slot> slots(len);
       for (std::size_t t = 0; t < len; ++t) slots[t] = {table, static_cast<position>(t)};
       kernels::kv_write(layout, kc.data(), vc.data(), k.data(), v.data(), slots);
-      kernels::paged_attention(pool, layout, kc.data(), vc.data(), q.data(), out.data(), slots, heads, scale);
+      kernels::paged_attention(pool, layout, kc.data(), vc.data(), q.data(), out.data(), slots, n_heads, scale);
       return out;
     };
     std::vector<block_id> identity(layout.blocks);

@@ -24,6 +24,7 @@
 #include "http/client.hpp"
 #include "server_process.hpp"
 #include "support.hpp"
+#include "vocab.hpp"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -291,9 +292,9 @@ TEST_CASE("efim-server with StarCoder's vocabulary: text with a character whose 
   // StarCoder's vocabulary has no token for 0xF1, the lead byte of U+40000-U+7FFFF. The client's
   // text is valid: /tokenize and /infill answer 200 (once, a 500 from /tokenize, the tokenizer's
   // error taken for the server's).
-  const std::string vocab = std::string(EFIM_SHARED_DATA) + "/vocab/ggml-vocab-starcoder.gguf";
+  const std::string vocab = (efim_test::vocab_dir() / "ggml-vocab-starcoder.gguf").string();
   if (!std::filesystem::exists(vocab)) {
-    WARN("skipped: no shared data at " << vocab);
+    WARN("skipped: no " << vocab << " (the shared data, or .ci/setup's copies)");
     return;
   }
   efim_test::server_process s(EFIM_SERVER_PATH, {"--threads", "2", "--tokenizer", vocab, "--n-predict", "4"},

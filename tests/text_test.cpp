@@ -25,6 +25,7 @@
 #include "efim/kernels/sampling.hpp"
 #include "efim/text/pre_tokenizer.hpp"
 #include "efim/text/token_memo.hpp"
+#include "vocab.hpp"
 
 using namespace efim;
 
@@ -179,7 +180,7 @@ TEST_CASE("detokenizer: random token streams always give valid UTF-8, and valid 
 }
 
 namespace {
-const std::filesystem::path vocab_dir = std::filesystem::path(EFIM_SHARED_DATA) / "vocab";
+const std::filesystem::path vocab_dir = efim_test::vocab_dir();
 
 // The reference vectors beside a vocabulary: test strings and the ids Hugging Face gives them.
 std::vector<std::pair<std::string, std::vector<token_id>>> reference_vectors(const std::filesystem::path& gguf) {
@@ -208,8 +209,8 @@ std::vector<std::pair<std::string, std::vector<token_id>>> reference_vectors(con
 }  // namespace
 
 TEST_CASE("BPE tokenizers from GGUF vocabularies match Hugging Face on the reference vectors", "[text][bpe][shared]") {
-  if (!std::filesystem::is_directory(vocab_dir)) {
-    WARN("skipped: no shared data at " << vocab_dir.string());
+  if (!efim_test::have_vocabs()) {
+    WARN("skipped: no vocabularies at " << vocab_dir.string() << " (the shared data, or .ci/setup's copies)");
     return;
   }
   for (const char* name : {"ggml-vocab-gpt-2.gguf", "ggml-vocab-starcoder.gguf", "ggml-vocab-deepseek-coder.gguf",
@@ -332,8 +333,8 @@ TEST_CASE("token ids in tokenizer.json are whole numbers in range: both loaders 
 }
 
 TEST_CASE("FIM token sets are detected from the vocabulary", "[text][bpe][shared]") {
-  if (!std::filesystem::is_directory(vocab_dir)) {
-    WARN("skipped: no shared data at " << vocab_dir.string());
+  if (!efim_test::have_vocabs()) {
+    WARN("skipped: no vocabularies at " << vocab_dir.string() << " (the shared data, or .ci/setup's copies)");
     return;
   }
   const std::map<std::string, std::string> want{{"ggml-vocab-qwen2.5-coder.gguf", "qwen2.5-coder"},
@@ -398,7 +399,7 @@ TEST_CASE("fragment tokenization with a real tokenizer: each fragment alone, con
           "[text][fragment][shared]") {
   const auto gguf_path = vocab_dir / "ggml-vocab-qwen2.5-coder.gguf";
   if (!std::filesystem::exists(gguf_path)) {
-    WARN("skipped: no shared data at " << gguf_path.string());
+    WARN("skipped: no " << gguf_path.string() << " (the shared data, or .ci/setup's copies)");
     return;
   }
   const auto tok = text::load_bpe(gguf_path.string());
@@ -472,8 +473,8 @@ std::string random_text(rng& r, std::size_t pieces) {
 
 TEST_CASE("BPE round trip: decode(encode(text)) is the text (NFC where the tokenizer normalizes)",
           "[text][bpe][shared][fuzz]") {
-  if (!std::filesystem::is_directory(vocab_dir)) {
-    WARN("skipped: no shared data at " << vocab_dir.string());
+  if (!efim_test::have_vocabs()) {
+    WARN("skipped: no vocabularies at " << vocab_dir.string() << " (the shared data, or .ci/setup's copies)");
     return;
   }
   rng r(99);
@@ -680,7 +681,7 @@ TEST_CASE("a byte the vocabulary lacks is left out of its word, or the unknown t
   // U+50000 is tokenized (the byte left out), on its own and in code.
   const auto starcoder = vocab_dir / "ggml-vocab-starcoder.gguf";
   if (!std::filesystem::exists(starcoder)) {
-    WARN("StarCoder part skipped: no shared data at " << vocab_dir.string());
+    WARN("StarCoder part skipped: no " << starcoder.string() << " (the shared data, or .ci/setup's copies)");
     return;
   }
   const auto tok = text::load_bpe(starcoder.string());
@@ -871,10 +872,11 @@ TEST_CASE("on 2 MB of code and Unicode text, ids equal the reference tokenizer's
       if (got != want) {
         std::size_t i = 0;
         while (i < got.size() && i < want.size() && got[i] == want[i]) ++i;
+        const auto& vocab = tok;  // (clang before 16 lets no lambda capture a structured binding)
         const auto around = [&](const std::vector<token_id>& v) {
           std::string s;
           for (std::size_t k = i; k < std::min(v.size(), i + 6); ++k)
-            s += std::to_string(v[k]) + " '" + std::string(tok.token_bytes(v[k])) + "' ";
+            s += std::to_string(v[k]) + " '" + std::string(vocab.token_bytes(v[k])) + "' ";
           return s;
         };
         FAIL(name << " on " << f.filename().string() << ": first difference at token " << i << ": got " << around(got)
@@ -896,7 +898,7 @@ TEST_CASE("streaming detokenizer with a real tokenizer: tokens that split charac
           "[text][detokenizer][shared]") {
   const auto gguf_path = vocab_dir / "ggml-vocab-qwen2.5-coder.gguf";
   if (!std::filesystem::exists(gguf_path)) {
-    WARN("skipped: no shared data at " << gguf_path.string());
+    WARN("skipped: no " << gguf_path.string() << " (the shared data, or .ci/setup's copies)");
     return;
   }
   const auto tok = text::load_bpe(gguf_path.string());
@@ -944,8 +946,8 @@ TEST_CASE("pre-tokenizer presets split as their regexes say", "[text][pretokeniz
 }
 
 TEST_CASE("the word cache gives the ids merging gives, per thread and per tokenizer", "[text][bpe][shared][fuzz]") {
-  if (!std::filesystem::is_directory(vocab_dir)) {
-    WARN("skipped: no shared data at " << vocab_dir.string());
+  if (!efim_test::have_vocabs()) {
+    WARN("skipped: no vocabularies at " << vocab_dir.string() << " (the shared data, or .ci/setup's copies)");
     return;
   }
   std::vector<text::bpe_tokenizer> cached, merged;
@@ -1137,8 +1139,8 @@ namespace {
 template <class Check>
 void for_each_healing_tokenizer(Check&& check) {
   check("byte-level", text::byte_tokenizer(prompt::qwen25_coder.special_tokens()));
-  if (!std::filesystem::is_directory(vocab_dir)) {
-    WARN("skipped the BPE vocabularies: no shared data at " << vocab_dir.string());
+  if (!efim_test::have_vocabs()) {
+    WARN("skipped the BPE vocabularies: none at " << vocab_dir.string() << " (the shared data, or .ci/setup's copies)");
   } else {
     for (const char* name : {"ggml-vocab-gpt-2.gguf", "ggml-vocab-starcoder.gguf", "ggml-vocab-deepseek-coder.gguf",
                              "ggml-vocab-qwen2.5-coder.gguf"})

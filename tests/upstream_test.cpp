@@ -25,6 +25,7 @@
 
 #include "http/client.hpp"
 #include "server_process.hpp"
+#include "vocab.hpp"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -146,7 +147,7 @@ TEST_CASE("efim-server checks the upstream's vocabulary and says what it serves"
   CHECK(models["data"][0]["meta"]["format"] == "efim");
 
   // A vocabulary that is not the upstream's: refused at start, with the reason.
-  const std::string other = std::string(EFIM_SHARED_DATA) + "/vocab/ggml-vocab-starcoder.gguf";
+  const std::string other = (efim_test::vocab_dir() / "ggml-vocab-starcoder.gguf").string();
   if (fs::exists(other)) {
     efim_test::process wrong({EFIM_SERVER_PATH, "--upstream", shared_llama().url(), "--tokenizer", other, "--port", "0"},
                              build_dir + "/upstream-efim-wrong-vocab.log");

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "../support.hpp"
+#include "../vocab.hpp"
 #include "efim/efim.hpp"
 
 namespace fs = std::filesystem;
@@ -26,7 +27,7 @@ using efim_test::max_relative_error;
 
 efim_test::run_result run(const std::string& cmd) { return efim_test::run_command(cmd); }
 
-const fs::path vocab_dir = fs::path(EFIM_SHARED_DATA) / "vocab";
+const fs::path vocab_dir = efim_test::vocab_dir();
 const fs::path work = fs::path(EFIM_WORK_DIR);
 
 // A model written by gguf-py, llama.cpp's GGUF writer, through tests/reference/make_model.py.
@@ -110,8 +111,9 @@ const std::vector<token_id> tokens{17, 4242, 311, 9, 1000, 77, 2048, 5, 12345, 6
 
 // ctest reports the test skipped when this message is printed (SKIP_REGULAR_EXPRESSION).
 bool ready() {
-  if (!fs::is_directory(vocab_dir)) {
-    WARN("llama_cpp: skipped: needs the shared vocabularies in " << vocab_dir.string());
+  if (!efim_test::have_vocabs()) {
+    WARN("llama_cpp: skipped: needs the vocabularies in " << vocab_dir.string()
+                                                           << " (the shared data, or .ci/setup's copies)");
     return false;
   }
   fs::create_directories(work);

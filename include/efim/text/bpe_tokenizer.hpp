@@ -296,6 +296,11 @@ class bpe_tokenizer {
     return k == token_kind::control || k == token_kind::unused;
   }
   [[nodiscard]] std::size_t vocab_size() const noexcept { return bytes_.size(); }
+  // Whether text is normalized to NFC before it is tokenized (outside the added tokens found in it).
+  [[nodiscard]] bool normalizes() const noexcept { return nfc_; }
+  // Whether byte `b` has a token of its own; a byte without one is left out of the text it is in (or
+  // becomes the unknown token, where the tokenizer has one), as Hugging Face's tokenizers do.
+  [[nodiscard]] bool has_byte(unsigned char b) const noexcept { return byte_id_[b] >= 0; }
 
   // Whether recent words' ids are kept (in a cache per thread; on unless the config said otherwise).
   // Off, every word is merged again. Set it before the tokenizer is shared between threads.
