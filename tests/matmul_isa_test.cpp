@@ -84,9 +84,9 @@ std::uint64_t matmul_hash(std::initializer_list<dtype> types,
 
 // f32, f16, bf16, q8_0 and q4_0; then q5_0, q5_1 and the k-quants.
 constexpr std::uint64_t fused_bits = 0x4fe871bbbc6d1882ull;    // every multiply-add fused
-constexpr std::uint64_t unfused_bits = 0x0d7c75be7d314343ull;  // products and sums rounded apart
+[[maybe_unused]] constexpr std::uint64_t unfused_bits = 0x0d7c75be7d314343ull;  // products and sums rounded apart
 constexpr std::uint64_t fused_bits_k = 0x8bf3f64c38d92eeaull;
-constexpr std::uint64_t unfused_bits_k = 0x06bcf2748149c479ull;
+[[maybe_unused]] constexpr std::uint64_t unfused_bits_k = 0x06bcf2748149c479ull;  // (unused where FMA is on)
 // int8 products: integer sums and std::fma steps, one set of bits whatever the path or the flags.
 constexpr std::uint64_t int8_bits = 0xce0f4c040b360715ull;
 
