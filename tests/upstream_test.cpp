@@ -281,6 +281,26 @@ TEST_CASE("tokens of the model's padding rows come through as tokens without tex
     CHECK(final["timings"]["predicted_n"] == 32);
     CHECK(final["stop_type"] == "limit");
   }
+  // A completion of padding alone: no text, its tokens counted, its first token timed.
+  int seed = 0;
+  for (int s = 1; s <= 40 && seed == 0; ++s) {
+    json two = direct_body;
+    two.update({{"n_predict", 2}, {"seed", s}});
+    if (post_json(l, "/completion", two)["tokens"] == json{pad, pad}) seed = s;
+  }
+  REQUIRE(seed != 0);
+  json only = sampling;
+  only.update({{"input_prefix", prefix}, {"input_suffix", suffix}, {"n_predict", 2}, {"seed", seed}});
+  const json empty = post_json(e, "/infill", only);
+  CHECK(empty["content"] == "");
+  CHECK(empty["tokens_predicted"] == 2);
+  const std::string metrics = e.get("/metrics").body;
+  const auto at = metrics.find("efim_time_to_first_token_seconds_sum");
+  REQUIRE(at != std::string::npos);
+  const double ttft_sum = std::stod(metrics.substr(metrics.find(' ', metrics.find('}', at)) + 1));
+  CHECK(ttft_sum >= 0);
+  CHECK(ttft_sum < 600);
+
   // The OpenAI API counts them too, the last ones included.
   for (const int seed : {1, 2, 3, 4, 5, 6}) {
     const json oa = post_json(e, "/v1/completions", {{"prompt", prefix}, {"max_tokens", 32}, {"temperature", 1.0},

@@ -376,7 +376,7 @@ class generation {
     if (ends && piece_.empty()) return finish_reason::eos;
     auto& c = result_;
     const auto now = clock::now();
-    if (c.generated_tokens() == unnamed) c.first_token = now;
+    if (c.first_token == clock::time_point{}) c.first_token = now;
     if (!ends) c.tokens.push_back(t);
     if (ends) {
       // Only the text before it is shown.

@@ -770,7 +770,9 @@ class upstream_pipeline {
     r.pending_text += gap.unnamed_text;
     for (const token_id t : ids) {
       if (padding(t)) {  // no text: it goes on with the next token that has some
+        if (r.prefill_only) return take(id, r, t);
         if (r.gen.heal().active()) throw error(errc::upstream, "the upstream did not keep to the healing constraint");
+        token_arrived(r);
         ++r.pending;
         continue;
       }
@@ -778,6 +780,15 @@ class upstream_pipeline {
       if (take(id, r, t, before, std::exchange(r.pending, 0))) return true;
     }
     return false;
+  }
+
+  // A generated token came back: the first one ends the prompt (its budget goes to the requests waiting).
+  void token_arrived(live& r) {
+    auto& c = r.gen.result();
+    const auto now = engine::clock::now();
+    if (c.prompt_done == engine::clock::time_point{}) c.prompt_done = now;
+    if (c.first_token == engine::clock::time_point{}) c.first_token = now;
+    prompt_computed(r);
   }
 
   // A row of the upstream's model that the tokenizer has no token for (upstream_options::vocab).
@@ -840,9 +851,8 @@ class upstream_pipeline {
       finish(id, r, finish_reason::length);
       return true;
     }
+    token_arrived(r);
     auto& c = r.gen.result();
-    if (c.prompt_done == engine::clock::time_point{}) c.prompt_done = engine::clock::now();  // its first token
-    prompt_computed(r);
     const auto& index = prep_.heal_index();
     if (r.gen.heal().active() && !r.gen.heal().allows(index, t))
       throw error(errc::upstream, "the upstream did not keep to the healing constraint");
