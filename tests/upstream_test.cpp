@@ -125,6 +125,36 @@ json post_json(client& c, const std::string& path, const json& body, int want = 
   return json::parse(r.body);
 }
 
+// An /infill answer with return_tokens, streamed or not (as the body asks): its text, the ids of its
+// tokens, and the final object (the answer, or the stream's last event).
+struct infill_answer {
+  std::string text;
+  std::vector<int> tokens;
+  json final;
+};
+infill_answer post_infill(client& c, const json& body) {
+  infill_answer a;
+  if (!body.value("stream", false)) {
+    a.final = post_json(c, "/infill", body);
+    a.text = a.final["content"];
+    a.tokens = a.final["tokens"].get<std::vector<int>>();
+    return a;
+  }
+  efim_examples::http::sse_reader sse;
+  const auto r = c.post("/infill", body.dump(), {}, [&](std::string_view bytes) {
+    sse.feed(bytes, [&](std::string_view data) {
+      const json ev = json::parse(data);
+      a.text += ev.value("content", "");
+      if (ev.value("stop", false))
+        a.final = ev;  // (its tokens: all of them again)
+      else
+        for (const auto& t : ev["tokens"]) a.tokens.push_back(t.get<int>());
+    });
+  });
+  REQUIRE(r.status == 200);
+  return a;
+}
+
 // Code of about `lines` lines, different for each seed.
 std::string code(int seed, int lines) {
   std::string s;
@@ -182,29 +212,7 @@ TEST_CASE("greedy text through efim-server equals llama-server's own on the same
     const json body = {{"input_prefix", prefix}, {"input_suffix", suffix}, {"n_predict", 24},
                        {"temperature", 0},       {"stream", stream},       {"return_tokens", true},
                        {"session_id", std::string(openai ? "openai-" : "") + (stream ? "greedy-stream" : "greedy")}};
-    std::string text;
-    std::vector<int> tokens;
-    json final;
-    if (!stream) {
-      final = post_json(e, "/infill", body);
-      text = final["content"];
-      tokens = final["tokens"].get<std::vector<int>>();
-    } else {
-      efim_examples::http::sse_reader sse;
-      const auto r = e.post("/infill", body.dump(), {}, [&](std::string_view bytes) {
-        sse.feed(bytes, [&](std::string_view data) {
-          const json ev = json::parse(data);
-          if (ev.value("stop", false)) {
-            final = ev;
-            text += ev.value("content", "");
-          } else {
-            text += ev["content"].get<std::string>();
-            for (const auto& t : ev["tokens"]) tokens.push_back(t.get<int>());
-          }
-        });
-      });
-      REQUIRE(r.status == 200);
-    }
+    auto [text, tokens, final] = post_infill(e, body);
     INFO("stream " << stream << ": efim " << json(text).dump() << ", llama-server " << direct["content"].dump());
     CHECK(text == direct["content"].get<std::string>());
     auto theirs = direct["tokens"].get<std::vector<int>>();
@@ -254,27 +262,7 @@ TEST_CASE("tokens of the model's padding rows come through as tokens without tex
     json body = sampling;
     body.update({{"input_prefix", prefix}, {"input_suffix", suffix}, {"stream", stream}, {"return_tokens", true},
                  {"session_id", "padding-" + std::to_string(stream)}});
-    std::string text;
-    std::vector<int> tokens;
-    json final;
-    if (!stream) {
-      final = post_json(e, "/infill", body);
-      text = final["content"];
-      tokens = final["tokens"].get<std::vector<int>>();
-    } else {
-      efim_examples::http::sse_reader sse;
-      const auto r = e.post("/infill", body.dump(), {}, [&](std::string_view bytes) {
-        sse.feed(bytes, [&](std::string_view data) {
-          const json ev = json::parse(data);
-          text += ev.value("content", "");
-          if (ev.value("stop", false))
-            final = ev;  // (its tokens: all of them again)
-          else
-            for (const auto& t : ev["tokens"]) tokens.push_back(t.get<int>());
-        });
-      });
-      REQUIRE(r.status == 200);
-    }
+    auto [text, tokens, final] = post_infill(e, body);
     CHECK(text == direct["content"].get<std::string>());
     CHECK(tokens == named);
     CHECK(final["tokens_predicted"] == 32);

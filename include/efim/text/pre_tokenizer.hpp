@@ -298,13 +298,14 @@ class pre_tokenizer {
                                             "deepseek-coder)");
   }
 
-  // The presets GGUF files name: each a sequence of isolating splits.
+  // The presets GGUF files name: each a sequence of isolating splits. (Never destroyed: a thread that
+  // still tokenizes while the process exits reads it.)
   struct named_preset {
     std::string_view name;
     std::vector<std::string_view> patterns;
   };
   static const std::vector<named_preset>& presets() {
-    static const std::vector<named_preset> table{
+    static const auto& table = *new const std::vector<named_preset>{
         {"gpt-2", {gpt2_pattern}},
         {"qwen2", {qwen2_pattern}},
         {"llama-bpe", {llama3_pattern}},

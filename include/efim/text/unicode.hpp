@@ -19,11 +19,25 @@
 #include <string>
 #include <string_view>
 #include <utility>
-#include <vector>
 
 #include "efim/core/error.hpp"
 
 namespace efim::text {
+
+namespace detail {
+// ICU's NFC normalizer, looked up once. (ICU's own once-initialization of it is not visible to
+// ThreadSanitizer in an uninstrumented libicu; a function-local static is.)
+inline const icu::Normalizer2& nfc_normalizer() {
+  static const icu::Normalizer2* const n = [] {
+    UErrorCode status = U_ZERO_ERROR;
+    const icu::Normalizer2* p = icu::Normalizer2::getNFCInstance(status);
+    require(U_SUCCESS(status) && p != nullptr, errc::invalid_argument,
+            std::string("ICU: no NFC data: ") + u_errorName(status));
+    return p;
+  }();
+  return *n;
+}
+}  // namespace detail
 
 // Appends the NFC form of valid UTF-8 `s` to `out`. ASCII is already NFC and is copied as is.
 inline void append_nfc(std::string_view s, std::string& out) {
@@ -34,8 +48,7 @@ inline void append_nfc(std::string_view s, std::string& out) {
     return;
   }
   UErrorCode status = U_ZERO_ERROR;
-  const icu::Normalizer2* nfc = icu::Normalizer2::getNFCInstance(status);
-  require(U_SUCCESS(status), errc::invalid_argument, std::string("ICU: no NFC data: ") + u_errorName(status));
+  const icu::Normalizer2* nfc = &detail::nfc_normalizer();
   // Normalization can only change text from the first non-ASCII character's starter on; the ASCII
   // prefix before it (less the last character, which may take a combining mark) stays.
   const std::size_t keep = ascii == 0 ? 0 : ascii - 1;
@@ -52,8 +65,7 @@ inline bool is_nfc(std::string_view s) {
   while (i < s.size() && static_cast<unsigned char>(s[i]) < 0x80) ++i;
   if (i == s.size()) return true;
   UErrorCode status = U_ZERO_ERROR;
-  const icu::Normalizer2* nfc = icu::Normalizer2::getNFCInstance(status);
-  require(U_SUCCESS(status), errc::invalid_argument, std::string("ICU: no NFC data: ") + u_errorName(status));
+  const icu::Normalizer2* nfc = &detail::nfc_normalizer();
   // From the character before the first non-ASCII one, which a combining mark would change.
   const std::string_view rest = s.substr(i - (i > 0 ? 1 : 0));
   const bool yes = nfc->isNormalizedUTF8(icu::StringPiece(rest.data(), static_cast<std::int32_t>(rest.size())), status);
@@ -111,11 +123,13 @@ inline void onig_init() {
 // splitter that asks these matches what the regex matches, to the Unicode version.
 enum char_class : std::uint8_t { cc_letter = 1, cc_number = 2, cc_punct = 4, cc_space = 8 };
 
-// The class bits of every code point, one byte each (0x110000 of them), from Oniguruma's tables.
+// The class bits of every code point, one byte each (0x110000 of them), from Oniguruma's tables. The
+// table is never freed: threads that still tokenize while the process exits (static destructors run
+// while other threads go on) read it to the end.
 inline const std::uint8_t* char_classes() {
-  static const std::vector<std::uint8_t> table = [] {
+  static const std::uint8_t* const table = [] {
     detail::onig_init();
-    std::vector<std::uint8_t> t(0x110000, 0);
+    auto t = std::make_unique<std::uint8_t[]>(0x110000);
     const OnigEncoding enc = ONIG_ENCODING_UTF8;
     const auto mark = [&](int ctype, std::uint8_t bit) {
       OnigCodePoint sb_out = 0;
@@ -135,9 +149,9 @@ inline const std::uint8_t* char_classes() {
     mark(property("N"), cc_number);
     mark(property("P"), cc_punct);
     mark(ONIGENC_CTYPE_SPACE, cc_space);
-    return t;
+    return t.release();
   }();
-  return table.data();
+  return table;
 }
 
 // One character of UTF-8 text: its code point, class bits and length in bytes. Bytes that do not
