@@ -1,10 +1,16 @@
 // The server layer: request bodies as editors send them, responses as they read them, errors in each
 // API's shape, metrics, and a bounded fuzz of the JSON handlers. The HTTP transport and the program
 // are tested over real sockets in examples_server_test.cpp.
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <condition_variable>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -112,6 +118,10 @@ class recorded_channel : public server::response_channel {
     std::lock_guard lock(mutex_);
     return answers_;
   }
+  bool done() {
+    std::lock_guard lock(mutex_);
+    return done_;
+  }
   // Waits for the first streamed chunk (a token, for a streaming request).
   void wait_for_chunk() {
     std::unique_lock lock(mutex_);
@@ -169,6 +179,10 @@ json llama_vim_body(const std::string& prefix, const std::string& middle, const 
   return efim_test::llama_vim_body(prefix, middle, suffix, 16);
 }
 }  // namespace
+
+namespace efim_test {
+void tokenize_forever(int threads, const std::string& text);  // server_exit_test.cpp
+}
 
 TEST_CASE("server: llama.vim's /infill body gets exactly the fields it asks for", "[server][infill]") {
   fixture f;
@@ -635,4 +649,42 @@ TEST_CASE("server: when the engine fails, requests get the error, then 503, and 
   auto health = send("GET", "/health", "");
   CHECK(health->status() == 503);
   CHECK(send("GET", "/metrics", "")->status() == 200);  // the counters, without the engine's gauges
+}
+
+TEST_CASE("server: a process that exits while its service works exits clean", "[server][exit]") {
+  // exit() runs the static destructors while the handler and engine threads go on (libFuzzer exits so,
+  // and so do a runtime's fatal paths and test harnesses): nothing those threads read may be among
+  // them. Children of this process exit while a service answers and a BPE tokenizer encodes; under
+  // the sanitizers a read of freed memory (or a race) makes the exit status nonzero, everywhere a
+  // hang or a crash at exit does.
+  // Letters, digits, punctuation and spaces of several scripts: every class the pre-tokenizer asks.
+  std::string doc;
+  for (int i = 0; i < 50; ++i)
+    doc += "def f\xC3\xA9(x_1):\n    return \xE4\xB8\xAD\xE6\x96\x87 + 42 # \xD0\xBF\xD1\x80\xD0\xB8\n";
+  for (const int ms : {0, 3, 15, 60}) {
+    std::fflush(nullptr);  // the child's exit flushes its copy of the buffers
+    const pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      std::signal(SIGABRT, SIG_DFL);
+      alarm(60);
+      auto* f = new fixture;  // never destroyed: the process exits while it works
+      efim_test::tokenize_forever(2, doc);
+      for (const char* target : {"/infill", "/tokenize"})
+        std::thread([f, target, body = std::string(target) == "/infill" ? llama_vim_body(doc.substr(0, 200), "", doc.substr(200, 100)).dump()
+                                                                        : json{{"content", doc}}.dump()] {
+          for (;;) {
+            auto ch = f->send("POST", target, body);
+            while (!ch->done()) std::this_thread::sleep_for(std::chrono::microseconds(200));
+          }
+        }).detach();
+      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+      std::exit(0);
+    }
+    int status = 0;
+    REQUIRE(waitpid(child, &status, 0) == child);
+    INFO("exit after " << ms << " ms");
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  }
 }
