@@ -17,7 +17,8 @@ efim::text::bpe_tokenizer byte_level_bpe() {
   std::vector<std::int64_t> types;
   for (const char32_t cp : efim::text::byte_level::to_code_point()) {  // all below U+0800: one or two bytes
     tokens.push_back(cp < 0x80 ? std::string(1, static_cast<char>(cp))
-                               : std::string{static_cast<char>(0xC0 | (cp >> 6)), static_cast<char>(0x80 | (cp & 0x3F))});
+                               : std::string{static_cast<char>(0xC0 | (cp >> 6)),
+                                             static_cast<char>(0x80 | (cp & 0x3F))});
     types.push_back(1);
   }
   for (auto& t : efim::prompt::qwen25_coder.special_tokens()) {

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -670,9 +671,10 @@ TEST_CASE("server: a process that exits while its service works exits clean", "[
       alarm(60);
       auto* f = new fixture;  // never destroyed: the process exits while it works
       efim_test::tokenize_forever(2, doc);
+      const std::string infill = llama_vim_body(doc.substr(0, 200), "", doc.substr(200, 100)).dump();
+      const std::string tokenize = json{{"content", doc}}.dump();
       for (const char* target : {"/infill", "/tokenize"})
-        std::thread([f, target, body = std::string(target) == "/infill" ? llama_vim_body(doc.substr(0, 200), "", doc.substr(200, 100)).dump()
-                                                                        : json{{"content", doc}}.dump()] {
+        std::thread([f, target, body = std::string_view(target) == "/infill" ? infill : tokenize] {
           for (;;) {
             auto ch = f->send("POST", target, body);
             while (!ch->done()) std::this_thread::sleep_for(std::chrono::microseconds(200));

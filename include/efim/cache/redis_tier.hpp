@@ -132,7 +132,6 @@ class redis_tier {
     std::vector<std::optional<std::string>> out(keys.size());
     if (keys.empty()) return out;
     std::lock_guard lock(read_m_);
-    const no_sigpipe guard;
     const auto start = clock::now();
     const auto found_before = stats_.found;
     const auto bytes_before = stats_.read_bytes;
@@ -140,6 +139,7 @@ class redis_tier {
       ++stats_.skipped;
       return out;
     }
+    const no_sigpipe guard;  // (a skipped fetch writes nothing: no signal mask to change)
     const auto deadline = start + o_.budget;
     bool ok = false, timed_out = false;
     // A connection kept from an earlier fetch may have been closed by a store that restarted since:

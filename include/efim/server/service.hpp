@@ -84,7 +84,8 @@ class service {
       const auto route = find_route(path);
       if (!route) throw api_error(404, "not_found_error", "no endpoint " + path);
       if (req.method != route->method)
-        throw api_error(405, "invalid_request_error", path + " answers " + std::string(route->method) + ", not " + req.method);
+        throw api_error(405, "invalid_request_error",
+                        path + " answers " + std::string(route->method) + ", not " + req.method);
       if (route->needs_key) authenticate(req);
       (this->*route->handler)(req, ch, start);
     } catch (const api_error& e) {
