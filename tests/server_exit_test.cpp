@@ -1,11 +1,16 @@
 // Helpers of the server suite's exit test (server_test.cpp): threads that tokenize with a byte-level
 // BPE vocabulary until the process exits. Compiled apart: efim's JSON reader and the server's json
 // alias do not meet in one file.
+#include <cstdint>
+#include <functional>
+#include <map>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "efim/core/gguf.hpp"
+#include "efim/core/utf8.hpp"
 #include "efim/prompt/fim_tokens.hpp"
 #include "efim/text/bpe_tokenizer.hpp"
 
@@ -15,10 +20,8 @@ namespace {
 efim::text::bpe_tokenizer byte_level_bpe() {
   std::vector<std::string> tokens;
   std::vector<std::int64_t> types;
-  for (const char32_t cp : efim::text::byte_level::to_code_point()) {  // all below U+0800: one or two bytes
-    tokens.push_back(cp < 0x80 ? std::string(1, static_cast<char>(cp))
-                               : std::string{static_cast<char>(0xC0 | (cp >> 6)),
-                                             static_cast<char>(0x80 | (cp & 0x3F))});
+  for (const char32_t cp : efim::text::byte_level::to_code_point()) {
+    efim::utf8::append(cp, tokens.emplace_back());
     types.push_back(1);
   }
   for (auto& t : efim::prompt::qwen25_coder.special_tokens()) {
