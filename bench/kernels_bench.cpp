@@ -98,7 +98,7 @@ struct prefill_total {
 // y (m, rows) = x * dequantize(w)^T against the plain loop (dequantize a row, then a float sum per x
 // row, 1 thread), checked before timing: relative error against the plain loop, and bit equality
 // with the canonical detail::dot on a sample of rows. Prints GMAC/s, and GB/s of weights for decode.
-// With products::int8 (q4_k, q5_k, q6_k) the error is against the same plain loop (the activations'
+// With products::int8 (the quantized types) the error is against the same plain loop (the activations'
 // rounding to 8 bits shows in it), and "canonical" means the bits of the generic path's int8 sums.
 void bench_typed_matmul(thread_pool& pool, dtype type, std::size_t m, std::size_t rows, std::size_t cols,
                         prefill_total* total = nullptr, kernels::products products = kernels::products::exact) {
@@ -258,7 +258,7 @@ void bench_model(thread_pool& pool) {
 // vocabulary 151936): prefill of 512 tokens, and decode.
 // `words`: the command line's section words; type names among them (q4_k, q6_k, ...) keep those types
 // alone, "decode" skips the prefill rows, and "int8" adds rows with products::int8 after each exact
-// one for q4_k, q5_k and q6_k.
+// one for the quantized types (kernels::int8_products).
 void bench_typed(thread_pool& pool, const std::vector<std::string>& words) {
   struct shape {
     std::size_t rows, cols;

@@ -89,6 +89,7 @@ constexpr std::uint64_t fused_bits_k = 0x8bf3f64c38d92eeaull;
 [[maybe_unused]] constexpr std::uint64_t unfused_bits_k = 0x06bcf2748149c479ull;  // (unused where FMA is on)
 // int8 products: integer sums and std::fma steps, one set of bits whatever the path or the flags.
 constexpr std::uint64_t int8_bits = 0xce0f4c040b360715ull;
+constexpr std::uint64_t int8_bits_32 = 0x80a17d6fbfd5ada7ull;  // q8_0, q4_0, q5_0, q5_1
 
 }  // namespace
 
@@ -117,8 +118,11 @@ TEST_CASE("int8 products give the same bits on every instruction-set path, whate
     if (kernels::select_isa(path) != path) continue;  // the CPU lacks it
     INFO("path " << kernels::isa_name(path));
     const std::uint64_t hash = matmul_hash({dtype::q4_k, dtype::q5_k, dtype::q6_k}, kernels::products::int8);
-    UNSCOPED_INFO(std::hex << "hash 0x" << hash);
+    const std::uint64_t hash_32 =
+        matmul_hash({dtype::q8_0, dtype::q4_0, dtype::q5_0, dtype::q5_1}, kernels::products::int8);
+    UNSCOPED_INFO(std::hex << "hashes 0x" << hash << ", 0x" << hash_32);
     CHECK(hash == int8_bits);
+    CHECK(hash_32 == int8_bits_32);
   }
   kernels::select_isa(before);
 }

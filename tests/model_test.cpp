@@ -283,26 +283,101 @@ TEST_CASE("activations rounded to 8 bits: every path gives kquant::quantize's by
 #endif
 }
 
+TEST_CASE("activations rounded to 8 bits per 32: llama.cpp's q8_0 rounding, the same bytes on every path",
+          "[kernels][int8]") {
+  rng r(17);
+  std::vector<float> x(32 * 10);
+  for (auto& v : x) v = static_cast<float>(r.normal());
+  std::fill(x.begin() + 32, x.begin() + 64, 0.0f);  // block 1: all zero
+  for (std::size_t k = 0; k < 32; ++k) x[64 + k] = static_cast<float>(k) - 15.5f;  // block 2: halves, to even
+  x[64 + 31] = 127.0f;
+  for (std::size_t k = 0; k < 32; ++k) x[96 + k] = 1e-40f * static_cast<float>(k);  // block 3: subnormal
+  x[128 + 3] = std::nanf("");                                                         // block 4: a NaN
+  x[160 + 5] = std::numeric_limits<float>::infinity();                                // block 5: an infinity
+  x[192 + 1] = -70000.0f;  // block 6: a large negative value (70000 is past f16's range, 70000 / 127 is not)
+  std::vector<kquant::block_q8_32> want(10), got(10);
+  for (std::size_t b = 0; b < 10; ++b) kquant::quantize(x.data() + 32 * b, want[b]);
+  // What llama.cpp's x86 quantize_row_q8_0 gives, written out for block 2: d = f16(127 / 127) = 1 and
+  // x * 1 rounded to even: -15.5 -> -16, -14.5 -> -14, ..., 14.5 -> 14.
+  CHECK(want[2].d == 1.0f);
+  for (std::size_t k = 0; k < 31; ++k) CHECK(want[2].qs[k] == static_cast<int>(std::nearbyint(static_cast<float>(k) - 15.5f)));
+  CHECK(want[2].qs[0] == -16);
+  CHECK(want[2].qs[1] == -14);
+  CHECK(want[1].d == 0.0f);
+  CHECK(want[1].sum == 0);
+  // A block of ordinary values: d is amax / 127 rounded to f16, the quants x * (127 / amax) rounded.
+  {
+    float amax = 0;
+    for (std::size_t k = 0; k < 32; ++k) amax = std::max(amax, std::abs(x[k]));
+    CHECK(want[0].d == f16_to_f32(f32_to_f16(amax / 127.0f)));
+    int sum = 0;
+    for (std::size_t k = 0; k < 32; ++k) {
+      CHECK(want[0].qs[k] == static_cast<int>(std::nearbyint(x[k] * (127.0f / amax))));
+      sum += want[0].qs[k];
+    }
+    CHECK(want[0].sum == sum);
+  }
+  CHECK(want[4].qs[3] == 0);  // NaN rounds to 0
+  CHECK(want[5].qs[5] == 0);  // amax infinite: 127 / amax = 0, and inf * 0 is NaN
+  const auto same = [&] {
+    std::size_t differ = 0;
+    for (std::size_t b = 0; b < 10; ++b)
+      differ += std::bit_cast<std::uint32_t>(want[b].d) != std::bit_cast<std::uint32_t>(got[b].d) ||
+                want[b].sum != got[b].sum || std::memcmp(want[b].qs, got[b].qs, 32) != 0;
+    return differ;
+  };
+  kernels::detail::isa_generic::quantize_q8_32(x.data(), 10, got.data());
+  CHECK(same() == 0);
+#if EFIM_KERNELS_DISPATCHED
+  if (kernels::detected_isa() >= kernels::isa::avx2) {
+    got.assign(10, {});
+    kernels::detail::isa_avx2::quantize_q8_32(x.data(), 10, got.data());
+    CHECK(same() == 0);
+  }
+  if (kernels::detected_isa() == kernels::isa::avx512) {
+    got.assign(10, {});
+    kernels::detail::isa_avx512::quantize_q8_32(x.data(), 10, got.data());
+    CHECK(same() == 0);
+  }
+#endif
+}
+
 TEST_CASE("int8 products: the same bits on every path, batch and thread count, within the rounding of x",
           "[kernels][matmul][int8]") {
   thread_pool one(1), two(2), three(3);
   rng r(15);
   const kernels::isa before = kernels::active_isa();
-  for (const dtype t : {dtype::q4_k, dtype::q5_k, dtype::q6_k})
+  for (const dtype t : {dtype::q4_k, dtype::q5_k, dtype::q6_k, dtype::q8_0, dtype::q4_0, dtype::q5_0, dtype::q5_1})
     for (const auto& [rows, cols] : typed_shapes(t)) {
       const auto w = make_weights(r, t, rows, cols);
+      // x is rounded per 256 for the k-quants (d = max / -127: |x - d q| <= |d| / 2), per 32 for the
+      // others (d = amax / 127 rounded to f16, q = x * 127 / amax rounded: |x - d q| <= 0.57 |d|).
+      const std::size_t per = kernels::int8_products_32(t) ? 32 : 256;
+      const double error = per == 32 ? 0.57 : 0.5;
+      // Float steps per output (one per block, q5_1 two): each rounds the partial sum once.
+      const double steps = static_cast<double>(cols / per * (t == dtype::q5_1 ? 2 : 1));
       for (const std::size_t m : {1, 2, 3, 4, 5, 9, 17, 64}) {
         INFO(to_string(t) << " m " << m << " rows " << rows << " cols " << cols);
         auto x = random_vector(r, m * cols);
         if (m == 3) {  // an all-zero block
           const auto at = x.begin() + static_cast<std::ptrdiff_t>(cols);
-          std::fill(at, at + 256, 0.0f);
+          std::fill(at, at + static_cast<std::ptrdiff_t>(per), 0.0f);
         }
         // What the activations are rounded to, and the sum over the dequantized weights in double:
-        // the integer sums are exact, so only the float steps per super-block (a few roundings of
-        // the partial sums) stand between the two.
-        std::vector<kquant::block_q8_k> xq(m * cols / 256);
+        // the integer sums are exact, so only the float steps per block (a few roundings of the
+        // partial sums) stand between the two.
+        std::vector<kquant::block_q8_k> xq(per == 256 ? m * cols / 256 : 0);
         for (std::size_t b = 0; b < xq.size(); ++b) kquant::quantize(x.data() + 256 * b, xq[b]);
+        std::vector<kquant::block_q8_32> xq32(per == 32 ? m * cols / 32 : 0);
+        for (std::size_t b = 0; b < xq32.size(); ++b) kquant::quantize(x.data() + 32 * b, xq32[b]);
+        const auto rounded = [&](std::size_t at, double& d) -> double {  // x[at] as rounded: d * q
+          if (per == 32) {
+            d = xq32[at / 32].d;
+            return d * xq32[at / 32].qs[at % 32];
+          }
+          d = xq[at / 256].d;
+          return d * xq[at / 256].qs[at % 256];
+        };
         std::size_t off_rounded = 0, off_exact = 0;
         std::vector<float> want(m * rows);
         std::vector<double> magnitude(m * rows), bound(m * rows);
@@ -310,12 +385,12 @@ TEST_CASE("int8 products: the same bits on every path, batch and thread count, w
           for (std::size_t j = 0; j < rows; ++j) {
             double s = 0, a = 0, e = 0;
             for (std::size_t k = 0; k < cols; ++k) {
-              const auto& blk = xq[(i * cols + k) / 256];
+              double d = 0;
               const double wk = w.dequantized[j * cols + k];
-              const double p = wk * (static_cast<double>(blk.d) * blk.qs[k % 256]);
+              const double p = wk * rounded(i * cols + k, d);
               s += p;
               a += std::abs(p);
-              e += std::abs(wk) * std::abs(static_cast<double>(blk.d)) * 0.5;  // |x - d q| <= |d| / 2
+              e += std::abs(wk) * std::abs(d) * error;
             }
             want[i * rows + j] = static_cast<float>(s);
             magnitude[i * rows + j] = a;
@@ -331,7 +406,7 @@ TEST_CASE("int8 products: the same bits on every path, batch and thread count, w
             if (first.empty()) {
               first = y;
               for (std::size_t e = 0; e < y.size(); ++e)
-                off_rounded += std::abs(y[e] - want[e]) > 1e-6 * magnitude[e] + 1e-30;
+                off_rounded += std::abs(y[e] - want[e]) > std::max(1e-6, 1.2e-7 * (steps + 2)) * magnitude[e] + 1e-30;
               std::vector<float> exact(m * rows);
               kernels::matmul(*pool, x.data(), w.view, exact.data(), m);
               for (std::size_t e = 0; e < y.size(); ++e)
@@ -358,8 +433,12 @@ TEST_CASE("int8 products: the same bits on every path, batch and thread count, w
         // An AVX-512 CPU without VNNI (Skylake-SP) takes the AVX2 kernels inside the AVX-512 path.
         if (kernels::detected_isa() == kernels::isa::avx512) {
           std::vector<float> y(m * rows, std::nanf(""));
-          kernels::detail::isa_avx512::matmul_int8(two, xq.data(), w.view, y.data(), m, kernels::accumulate::no,
-                                                   /*vnni=*/false);
+          if (per == 32)
+            kernels::detail::isa_avx512::matmul_int8_32(two, xq32.data(), w.view, y.data(), m,
+                                                        kernels::accumulate::no, /*vnni=*/false);
+          else
+            kernels::detail::isa_avx512::matmul_int8(two, xq.data(), w.view, y.data(), m, kernels::accumulate::no,
+                                                     /*vnni=*/false);
           CHECK(std::memcmp(first.data(), y.data(), y.size() * sizeof(float)) == 0);
         }
 #endif
@@ -369,7 +448,7 @@ TEST_CASE("int8 products: the same bits on every path, batch and thread count, w
     }
   kernels::select_isa(before);
   // Other types multiply exactly whatever is asked.
-  const auto w = make_weights(r, dtype::q8_0, 9, 512);
+  const auto w = make_weights(r, dtype::f16, 9, 512);
   const auto x = random_vector(r, 3 * 512);
   std::vector<float> y(3 * 9);
   kernels::matmul(two, x.data(), w.view, y.data(), 3, kernels::accumulate::no, kernels::products::int8);
@@ -383,13 +462,19 @@ TEST_CASE("int8 products at the integer limits: the largest quants, scales and a
   // large as they get (q4_k 8 x 3,810, q5_k 4 x 7,874, q6_k 2 x 16,002) and must not wrap.
   thread_pool two(2);
   const kernels::isa before = kernels::active_isa();
-  for (const dtype t : {dtype::q4_k, dtype::q5_k, dtype::q6_k}) {
+  // The types of 32-weight blocks: every quant at its largest (q4_0 15, q5_0 / q5_1 31) and q8_0's at
+  // -128, whose products with -127 make the AVX2 kernels' pairs 2 x 16,256 = 32,512.
+  for (const dtype t : {dtype::q4_k, dtype::q5_k, dtype::q6_k, dtype::q8_0, dtype::q4_0, dtype::q5_0, dtype::q5_1}) {
     const std::size_t rows = 41, cols = 512, rb = row_bytes(t, cols);
-    std::vector<std::byte> bytes(rows * rb, std::byte{0xff});
-    for (std::size_t b = 0; b < rows * cols / 256; ++b) {
+    std::vector<std::byte> bytes(rows * rb, t == dtype::q8_0 ? std::byte{0x80} : std::byte{0xff});
+    const float xv = t == dtype::q8_0 ? -0.5f : 0.5f;
+    for (std::size_t b = 0; b < rows * cols / info(t).block; ++b) {
       std::byte* blk = bytes.data() + b * info(t).bytes;
       const std::uint16_t one = f32_to_f16(1.0f);
-      if (t == dtype::q6_k) {
+      if (info(t).block == 32) {
+        std::memcpy(blk, &one, 2);
+        if (t == dtype::q5_1) std::memcpy(blk + 2, &one, 2);
+      } else if (t == dtype::q6_k) {
         std::memset(blk + 192, 0x80, 16);
         std::memcpy(blk + 208, &one, 2);
       } else {
@@ -400,18 +485,22 @@ TEST_CASE("int8 products at the integer limits: the largest quants, scales and a
     const kernels::weight_view w{t, rows, cols, bytes.data()};
     // Every output in double over the dequantized weights and the rounded activations (all rows and x
     // rows are alike): the reference's up to the float steps per super-block, as no integer wrapped.
-    std::vector<kquant::block_q8_k> xq(cols / 256);
-    const std::vector<float> x_row(cols, 0.5f);
+    const bool per32 = info(t).block == 32;
+    std::vector<kquant::block_q8_k> xq(per32 ? 0 : cols / 256);
+    std::vector<kquant::block_q8_32> xq32(per32 ? cols / 32 : 0);
+    const std::vector<float> x_row(cols, xv);
     for (std::size_t b = 0; b < xq.size(); ++b) kquant::quantize(x_row.data() + 256 * b, xq[b]);
-    CHECK(xq[0].qs[0] == -127);
+    for (std::size_t b = 0; b < xq32.size(); ++b) kquant::quantize(x_row.data() + 32 * b, xq32[b]);
+    CHECK((per32 ? xq32[0].qs[0] : xq[0].qs[0]) == (per32 && xv > 0 ? 127 : -127));
     std::vector<float> row(cols);
     dequantize_row(t, bytes.data(), row.data(), cols);
     double expect = 0;
     for (std::size_t k = 0; k < cols; ++k)
-      expect += static_cast<double>(row[k]) * xq[k / 256].d * xq[k / 256].qs[k % 256];
+      expect += per32 ? static_cast<double>(row[k]) * xq32[k / 32].d * xq32[k / 32].qs[k % 32]
+                      : static_cast<double>(row[k]) * xq[k / 256].d * xq[k / 256].qs[k % 256];
     for (const std::size_t m : {1, 5, 17, 40}) {
       INFO(to_string(t) << " m " << m);
-      const std::vector<float> x(m * cols, 0.5f);
+      const std::vector<float> x(m * cols, xv);
       std::vector<float> want(m * rows);
       kernels::select_isa(kernels::isa::generic);
       kernels::matmul(two, x.data(), w, want.data(), m, kernels::accumulate::no, kernels::products::int8);
@@ -426,11 +515,18 @@ TEST_CASE("int8 products at the integer limits: the largest quants, scales and a
 #if EFIM_KERNELS_DISPATCHED
       // The AVX2 kernels inside the AVX-512 path, as an AVX-512 CPU without VNNI runs them.
       if (kernels::detected_isa() == kernels::isa::avx512) {
-        std::vector<kquant::block_q8_k> xs(m * xq.size());
-        for (std::size_t i = 0; i < xs.size(); ++i) xs[i] = xq[i % xq.size()];
         std::vector<float> y(m * rows, std::nanf(""));
-        kernels::detail::isa_avx512::matmul_int8(two, xs.data(), w, y.data(), m, kernels::accumulate::no,
-                                                 /*vnni=*/false);
+        if (per32) {
+          std::vector<kquant::block_q8_32> xs(m * xq32.size());
+          for (std::size_t i = 0; i < xs.size(); ++i) xs[i] = xq32[i % xq32.size()];
+          kernels::detail::isa_avx512::matmul_int8_32(two, xs.data(), w, y.data(), m, kernels::accumulate::no,
+                                                      /*vnni=*/false);
+        } else {
+          std::vector<kquant::block_q8_k> xs(m * xq.size());
+          for (std::size_t i = 0; i < xs.size(); ++i) xs[i] = xq[i % xq.size()];
+          kernels::detail::isa_avx512::matmul_int8(two, xs.data(), w, y.data(), m, kernels::accumulate::no,
+                                                   /*vnni=*/false);
+        }
         CHECK(std::memcmp(want.data(), y.data(), y.size() * sizeof(float)) == 0);
       }
 #endif

@@ -476,5 +476,36 @@ EFIM_SEPARATE_ROUNDING void quantize(const float* x, block_q8_k& b) noexcept {
   b.d = 1 / iscale;
 }
 
+// 32 activations as 8-bit integers times one scale (llama.cpp's q8_0 and q8_1, for the integer products
+// of q8_0, q4_0, q5_0 and q5_1): x ~ d * qs[i]; d is an f16 value (held widened), sum the quants' sum.
+struct block_q8_32 {
+  float d;
+  std::int32_t sum;
+  std::int8_t qs[32];
+};
+
+// llama.cpp's quantize_row_q8_0 / q8_1 as its x86 builds round (AVX2, AVX-512): amax the largest
+// magnitude, d = f16(amax / 127), each x * (127 / amax) rounded to nearest even. An all-zero block
+// gets d = 0 and zero quants. Where llama.cpp's bytes depend on its instruction set (inputs not finite,
+// or amax so small that 127 / amax overflows): NaN is left out of amax and rounds to 0, the rest is
+// clamped to +-127.
+EFIM_SEPARATE_ROUNDING void quantize(const float* x, block_q8_32& b) noexcept {
+  EFIM_SEPARATE_ROUNDING_BODY
+  float amax = 0;
+  for (std::size_t j = 0; j < 32; ++j) {
+    const float ax = std::fabs(x[j]);
+    if (ax > amax) amax = ax;
+  }
+  b.d = f16_to_f32(f32_to_f16(amax / 127.0f));
+  const float id = amax != 0 ? 127.0f / amax : 0.0f;
+  b.sum = 0;
+  for (std::size_t j = 0; j < 32; ++j) {
+    float v = x[j] * id;
+    v = v == v ? std::min(127.0f, std::max(-127.0f, v)) : 0.0f;
+    b.qs[j] = static_cast<std::int8_t>(nearest_int(v));
+    b.sum += b.qs[j];
+  }
+}
+
 }  // namespace kquant
 }  // namespace efim

@@ -23,7 +23,9 @@
 // With products::int8 (impl/matmul_q8.inl): AVX-512 VNNI packs panels of 32 weight rows for more than 6
 // x rows and streams super-blocks unpacked in registers for fewer; AVX2 (and AVX-512 without VNNI) does
 // the same in 256-bit registers with VPMADDUBSW and VPMADDWD; generic is the one-output-at-a-time
-// reference. All give the reference's bits.
+// reference. All give the reference's bits. The types of 32-weight blocks (impl/matmul_q8_32.inl)
+// stream 8 weight rows at a time for up to 6 x rows and pack panels of 8 rows for more, in 256-bit
+// registers with VPDPBUSD where the CPU has AVX-512 VNNI, else VPMADDUBSW.
 #include <algorithm>
 #include <cstddef>
 #include <vector>
@@ -37,18 +39,38 @@
 
 namespace efim::kernels {
 
-// Whether matmul with products::int8 multiplies weights of type t in integers (else exactly).
-constexpr bool int8_products(dtype t) noexcept { return t == dtype::q4_k || t == dtype::q5_k || t == dtype::q6_k; }
+// Whether matmul with products::int8 multiplies weights of type t in integers (else exactly): the
+// k-quants against activations rounded per 256 (llama.cpp's q8_K), the types of 32-weight blocks
+// against activations rounded per 32 (its q8_0 / q8_1).
+constexpr bool int8_products_32(dtype t) noexcept {
+  return t == dtype::q8_0 || t == dtype::q4_0 || t == dtype::q5_0 || t == dtype::q5_1;
+}
+constexpr bool int8_products(dtype t) noexcept {
+  return t == dtype::q4_k || t == dtype::q5_k || t == dtype::q6_k || int8_products_32(t);
+}
 
 // y (m, rows) = [y +] x (m, cols) * dequantize(w)^T, split by output columns over the pool. Exact
 // products: each y[i][j] equals detail::dot(x row i, dequantize_row(w row j), cols) bit for bit. int8
 // products (int8_products(w.type)): x row i is rounded to 8 bits per 256 (kquant::quantize into a
 // block_q8_k), and y[i][j] is detail::isa_generic::matmul_int8_reference's sum bit for bit (integer
-// sums per super-block, then one float step each, in order).
+// sums per super-block, then one float step each, in order); for the types of 32-weight blocks, per
+// 32 (kquant::block_q8_32) and detail::isa_generic::matmul_q32_reference's sum (per block).
 inline void matmul(thread_pool& pool, const float* x, const weight_view& w, float* y, std::size_t m,
                    accumulate acc = accumulate::no, products p = products::exact) {
   (void)row_bytes(w.type, w.cols);  // throws unless a row is a whole number of blocks
   if (m == 0 || w.rows == 0) return;
+  if (p == products::int8 && int8_products_32(w.type)) {
+    const std::size_t nb = w.cols / 32;
+    thread_local std::vector<kquant::block_q8_32> buffer;  // the caller's: the workers see it through xq
+    if (buffer.size() < m * nb) buffer.resize(m * nb);
+    kquant::block_q8_32* const xq = buffer.data();
+    pool.parallel_for(m * nb, [&](std::size_t b, std::size_t e) {
+      EFIM_KERNELS_DISPATCH(quantize_q8_32(x + b * 32, e - b, xq + b));
+    });
+    const bool vnni = has_avx512_vnni();
+    EFIM_KERNELS_DISPATCH(matmul_int8_32(pool, xq, w, y, m, acc, vnni));
+    return;
+  }
   if (p == products::int8 && int8_products(w.type)) {
     const std::size_t nsb = w.cols / qk_k;
     thread_local std::vector<kquant::block_q8_k> buffer;  // the caller's: the workers see it through xq

@@ -1,0 +1,417 @@
+// Integer products (products::int8, see matmul.hpp) for the types of 32-weight blocks: q8_0, q4_0,
+// q5_0 and q5_1 weights against activations rounded to 8 bits per 32 (kquant::block_q8_32, llama.cpp's
+// q8_0 / q8_1 rounding). Each block's sum is an integer, exact in any order; then one float step per
+// block (two for q5_1), in the order of k, the same on every path (q32_step), so the bits do not depend
+// on the path, the tile or the thread.
+//
+// A block's weights are taken as unsigned bytes u and a bias: the weight is u - bias (q8_0: its byte
+// with the sign bit flipped, bias 128; q4_0: the nibble, bias 8; q5_0: 5 bits, bias 16; q5_1: 5 bits,
+// no bias, its min m added as m * sum(a)). The block's integer is sum(u a) - bias * sum(a).
+
+template <dtype T>
+inline constexpr bool block32_int8 = T == dtype::q8_0 || T == dtype::q4_0 || T == dtype::q5_0 || T == dtype::q5_1;
+
+template <dtype T>
+inline constexpr std::int32_t q32_bias = T == dtype::q8_0 ? 128 : T == dtype::q4_0 ? 8 : T == dtype::q5_0 ? 16 : 0;
+
+// Where a block keeps its quants (qs) and, for q5_0 / q5_1, their fifth bits (qh, bit j for weight j).
+template <dtype T>
+inline constexpr std::size_t q32_qs = T == dtype::q5_0 ? 6 : T == dtype::q5_1 ? 8 : 2;
+template <dtype T>
+inline constexpr std::size_t q32_qh = T == dtype::q5_0 ? 2 : 4;
+
+// The float steps of one block with integer sum(u a) = dot: the same on every path.
+template <dtype T>
+inline float q32_step(float acc, float d, float mn, const kquant::block_q8_32& a, std::int32_t dot) noexcept {
+  acc = std::fma(d * a.d, static_cast<float>(dot - q32_bias<T> * a.sum), acc);
+  if constexpr (T == dtype::q5_1) acc = std::fma(mn * a.d, static_cast<float>(a.sum), acc);
+  return acc;
+}
+
+// A block's u (32 bytes in the order of k), its scale d and (q5_1) its min.
+template <dtype T>
+inline void q32_unpack(const std::byte* blk, std::uint8_t* u, float& d, float& mn) noexcept {
+  std::uint16_t h[2];
+  std::memcpy(h, blk, sizeof h);
+  d = f16_to_f32(h[0]);
+  mn = T == dtype::q5_1 ? f16_to_f32(h[1]) : 0.0f;
+  if constexpr (T == dtype::q8_0) {
+    for (std::size_t j = 0; j < 32; ++j) u[j] = static_cast<std::uint8_t>(std::to_integer<unsigned>(blk[2 + j]) ^ 0x80u);
+  } else {
+    std::uint32_t qh = 0;
+    if constexpr (T != dtype::q4_0) std::memcpy(&qh, blk + q32_qh<T>, sizeof qh);
+    for (std::size_t j = 0; j < 16; ++j) {
+      const unsigned q = std::to_integer<unsigned>(blk[q32_qs<T> + j]);
+      u[j] = static_cast<std::uint8_t>((q & 15u) | (((qh >> j) & 1u) << 4));
+      u[j + 16] = static_cast<std::uint8_t>((q >> 4) | (((qh >> (j + 16)) & 1u) << 4));
+    }
+  }
+}
+
+// Rows [r0, r1) of y = x w^T, one output at a time (the reference every path is tested against).
+template <dtype T>
+inline void matmul_q32_reference(const kquant::block_q8_32* xq, std::size_t m, const weight_view& w, std::size_t r0,
+                                 std::size_t r1, float* y, accumulate acc) {
+  const std::size_t nb = w.cols / 32, rb = row_bytes(T, w.cols);
+  std::uint8_t u[32];
+  for (std::size_t r = r0; r < r1; ++r)
+    for (std::size_t i = 0; i < m; ++i) {
+      float sum = 0;
+      for (std::size_t b = 0; b < nb; ++b) {
+        float d, mn;
+        q32_unpack<T>(w.data + r * rb + b * info(T).bytes, u, d, mn);
+        const kquant::block_q8_32& a = xq[i * nb + b];
+        std::int32_t dot = 0;
+        for (std::size_t j = 0; j < 32; ++j) dot += u[j] * a.qs[j];
+        sum = q32_step<T>(sum, d, mn, a, dot);
+      }
+      float& out = y[i * w.rows + r];
+      out = acc == accumulate::yes ? out + sum : sum;
+    }
+}
+
+#if EFIM_K_AVX512 || EFIM_K_AVX2
+// AVX2, and AVX-512 with or without VNNI, in 256-bit registers. Few x rows (decode): 8 weight rows at a
+// time are streamed as stored, each block unpacked in registers and multiplied by each x row's block
+// (VPDPBUSD, or VPMADDUBSW + VPMADDWD); the 8 rows' lanes are summed across in one transpose-and-add
+// network, so every further step (bias, scales, the float steps) is one instruction for 8 outputs.
+// Many x rows (prefill): panels of 8 rows packed once per thread, 4 weights of each row side by side,
+// so that each 32-bit lane sums one output and a tile of x rows costs one product per 4 weights of 8
+// rows and x row.
+
+#if EFIM_K_AVX512
+// acc + VPDPBUSD(u, a): per 32-bit lane, the sum of 4 products of unsigned bytes u and signed bytes a.
+// As inline assembly: whether the CPU has it is known at run time only (has_avx512_vnni()), and the
+// kernels that take it are templates whose target attributes could not follow the template argument.
+[[gnu::always_inline]] inline __m256i dpbusd(__m256i acc, __m256i u, __m256i a) noexcept {
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(a));
+  return acc;
+}
+#endif
+
+// Without VNNI, q8_0's weights stay signed (VPMADDUBSW's pairs of 255 * 127 would saturate): the
+// products are |w| times a with w's sign (VPSIGNB), and there is no bias.
+template <dtype T, bool Vnni>
+inline constexpr std::int32_t q32_simd_bias = T == dtype::q8_0 && !Vnni ? 0 : q32_bias<T>;
+
+// A block's 32 weights in the order of k: u as above (q8_0 without VNNI: the signed quants).
+template <dtype T, bool Vnni>
+[[gnu::always_inline]] inline __m256i q32_weights(const std::byte* blk) noexcept {
+  if constexpr (T == dtype::q8_0) {
+    const __m256i q = load(blk + 2);
+    return Vnni ? _mm256_xor_si256(q, _mm256_set1_epi8(static_cast<char>(0x80))) : q;
+  } else {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + q32_qs<T>));
+    __m256i u = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(15));
+    if constexpr (T != dtype::q4_0) {
+      // Byte j takes byte j / 8 of qh, keeps bit j % 8 and becomes 16 where it is set.
+      std::uint32_t qh;
+      std::memcpy(&qh, blk + q32_qh<T>, sizeof qh);
+      const __m256i spread = _mm256_shuffle_epi8(
+          _mm256_set1_epi32(static_cast<int>(qh)),
+          _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+      const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
+      const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+      u = _mm256_or_si256(u, _mm256_and_si256(set, _mm256_set1_epi8(16)));
+    }
+    return u;
+  }
+}
+
+// acc + the 8 lanes' sums of 4 products of w (q32_weights) by the activations a.
+template <dtype T, bool Vnni>
+[[gnu::always_inline]] inline __m256i q32_dot(__m256i acc, __m256i w, __m256i a) noexcept {
+  if constexpr (Vnni) {
+#if EFIM_K_AVX512
+    return dpbusd(acc, w, a);
+#endif
+  } else if constexpr (T == dtype::q8_0) {
+    const __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(a, w));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+  } else {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), _mm256_set1_epi16(1)));
+  }
+}
+
+[[gnu::always_inline]] inline __m256i load_qs(const kquant::block_q8_32& a) noexcept {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.qs));
+}
+
+// Block b's scales (and q5_1's mins) of 8 rows, widened.
+[[gnu::always_inline]] inline __m256 q32_halves(const std::byte* const* rows, std::size_t offset) noexcept {
+  std::uint16_t h[8];
+  for (std::size_t r = 0; r < 8; ++r) std::memcpy(h + r, rows[r] + offset, 2);
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
+}
+
+// The float steps of a block for 8 outputs: dot holds the 8 integer sums sum(u a), x's block a.
+template <dtype T, bool Vnni>
+[[gnu::always_inline]] inline __m256 q32_steps(__m256 acc, __m256 d, __m256 mn, const kquant::block_q8_32& a,
+                                               __m256i dot) noexcept {
+  if constexpr (q32_simd_bias<T, Vnni> != 0) dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(q32_simd_bias<T, Vnni> * a.sum));
+  const __m256 da = _mm256_set1_ps(a.d);
+  acc = _mm256_fmadd_ps(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(dot), acc);
+  if constexpr (T == dtype::q5_1)
+    acc = _mm256_fmadd_ps(_mm256_mul_ps(mn, da), _mm256_set1_ps(static_cast<float>(a.sum)), acc);
+  return acc;
+}
+
+// out[i * 8 + r] for x rows xs[0 .. MR) and the 8 weight rows rows[0 .. 8), nb blocks each.
+template <dtype T, std::size_t MR, bool Vnni>
+[[gnu::always_inline]] inline void q32_stream8(const std::byte* const* rows, std::size_t nb,
+                                               const kquant::block_q8_32* const* xs, float* out) noexcept {
+  constexpr std::size_t bytes = info(T).bytes;
+  __m256 acc[MR];
+  for (std::size_t i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
+  const __m256i zero = _mm256_setzero_si256();
+  for (std::size_t b = 0; b < nb; ++b) {
+    const std::size_t at = b * bytes;
+    // Rows 4 h .. 4 h + 3: half[i][h] holds their lanes summed in pairs twice (hadd), each 128-bit half
+    // of it 4 partial sums, row by row.
+    __m256i half[MR][2];
+    for (std::size_t h = 0; h < 2; ++h) {
+      __m256i pair[MR][2];
+      for (std::size_t p = 0; p < 2; ++p) {
+        const __m256i w0 = q32_weights<T, Vnni>(rows[4 * h + 2 * p] + at);
+        const __m256i w1 = q32_weights<T, Vnni>(rows[4 * h + 2 * p + 1] + at);
+        for (std::size_t i = 0; i < MR; ++i) {
+          const __m256i a = load_qs(xs[i][b]);
+          pair[i][p] = _mm256_hadd_epi32(q32_dot<T, Vnni>(zero, w0, a), q32_dot<T, Vnni>(zero, w1, a));
+        }
+      }
+      for (std::size_t i = 0; i < MR; ++i) half[i][h] = _mm256_hadd_epi32(pair[i][0], pair[i][1]);
+    }
+    const __m256 d = q32_halves(rows, at);
+    const __m256 mn = T == dtype::q5_1 ? q32_halves(rows, at + 2) : d;
+    for (std::size_t i = 0; i < MR; ++i) {
+      // Low halves of rows 0-3 and 4-7 plus their high halves: lane r the sum of row r.
+      const __m256i dot = _mm256_add_epi32(_mm256_permute2x128_si256(half[i][0], half[i][1], 0x20),
+                                           _mm256_permute2x128_si256(half[i][0], half[i][1], 0x31));
+      acc[i] = q32_steps<T, Vnni>(acc[i], d, mn, xs[i][b], dot);
+    }
+  }
+  for (std::size_t i = 0; i < MR; ++i) _mm256_store_ps(out + 8 * i, acc[i]);
+}
+
+template <dtype T, bool Vnni>
+inline void q32_rows(const kquant::block_q8_32* xq, std::size_t m, const weight_view& w, std::size_t r0,
+                     std::size_t r1, float* y, accumulate acc) {
+  const std::size_t nb = w.cols / 32, rb = row_bytes(T, w.cols);
+  for (std::size_t i0 = 0; i0 < m; i0 += 4) {
+    const std::size_t mr = std::min<std::size_t>(4, m - i0);
+    const kquant::block_q8_32* xs[4];
+    for (std::size_t i = 0; i < 4; ++i) xs[i] = xq + std::min(i0 + i, m - 1) * nb;
+    for (std::size_t r = r0; r < r1; r += 8) {
+      const std::byte* rows[8];
+      for (std::size_t j = 0; j < 8; ++j) rows[j] = w.data + std::min(r + j, r1 - 1) * rb;  // past r1: repeat
+      alignas(32) float out[4 * 8];
+      if (mr == 4)
+        q32_stream8<T, 4, Vnni>(rows, nb, xs, out);
+      else if (mr == 3)
+        q32_stream8<T, 3, Vnni>(rows, nb, xs, out);
+      else if (mr == 2)
+        q32_stream8<T, 2, Vnni>(rows, nb, xs, out);
+      else
+        q32_stream8<T, 1, Vnni>(rows, nb, xs, out);
+      store_tile(out, 8, y + i0 * w.rows + r, w.rows, mr, std::min<std::size_t>(8, r1 - r), acc);
+    }
+  }
+}
+
+// A panel slice: 8 rows' u, [block][quad][row][4 bytes], and their scales (and mins) [block][row].
+struct q32_slice {
+  std::uint8_t* q;
+  float* d;
+  float* mn;
+};
+
+// Rows p0 .. p0 + nc of w (nc <= 8 * slices; past nc the last row repeats, not stored) into slices.
+template <dtype T, bool Vnni>
+inline void q32_pack(const weight_view& w, std::size_t p0, std::size_t nc, std::size_t nb, q32_slice* s) {
+  const std::size_t slices = (nc + 7) / 8, rb = row_bytes(T, w.cols);
+  const std::size_t per_slice = nb * 8 * 32 / 4 + 2 * nb * 8;  // in floats
+  float* base = panel_scratch(slices * per_slice);
+  for (std::size_t k = 0; k < slices; ++k) {
+    q32_slice& p = s[k];
+    p.q = reinterpret_cast<std::uint8_t*>(base + k * per_slice);
+    p.d = base + k * per_slice + nb * 8 * 32 / 4;
+    p.mn = p.d + nb * 8;
+    for (std::size_t r = 0; r < 8; ++r) {
+      const std::byte* row = w.data + (p0 + std::min(k * 8 + r, nc - 1)) * rb;
+      for (std::size_t b = 0; b < nb; ++b) {
+        const std::byte* blk = row + b * info(T).bytes;
+        alignas(32) std::uint8_t u[32];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(u), q32_weights<T, Vnni>(blk));
+        for (std::size_t quad = 0; quad < 8; ++quad) std::memcpy(p.q + ((b * 8 + quad) * 8 + r) * 4, u + 4 * quad, 4);
+        p.d[b * 8 + r] = f16_at(blk);
+        p.mn[b * 8 + r] = T == dtype::q5_1 ? f16_at(blk + 2) : 0.0f;
+      }
+    }
+  }
+}
+
+// Quads whose VPMADDUBSW pair sums add up in 16 bits (without VNNI): q4_0's pairs are at most
+// 2 * 15 * 127 = 3,810 (8 of them), q5's 7,874 (4); q8_0's (|w| times a) 32,512, so one.
+template <dtype T>
+inline constexpr std::size_t q32_run = T == dtype::q4_0 ? 8 : T == dtype::q8_0 ? 1 : 4;
+
+// out[i * 8 + r] for x rows xs[0 .. MR) against the slice's 8 rows.
+template <dtype T, std::size_t MR, bool Vnni>
+[[gnu::always_inline]] inline void q32_tile(const q32_slice& p, std::size_t nb, const kquant::block_q8_32* const* xs,
+                                            float* out) noexcept {
+  __m256 acc[MR];
+  for (std::size_t i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (std::size_t b = 0; b < nb; ++b) {
+    const std::uint8_t* q = p.q + b * 8 * 32;
+    __m256i dot[MR];
+    for (std::size_t i = 0; i < MR; ++i) dot[i] = _mm256_setzero_si256();
+    if constexpr (Vnni) {
+      for (std::size_t quad = 0; quad < 8; ++quad) {
+        const __m256i wv = _mm256_load_si256(reinterpret_cast<const __m256i*>(q + 32 * quad));
+        for (std::size_t i = 0; i < MR; ++i) dot[i] = q32_dot<T, true>(dot[i], wv, broadcast4(xs[i][b].qs + 4 * quad));
+      }
+    } else {
+      constexpr std::size_t run = q32_run<T>;
+      for (std::size_t q0 = 0; q0 < 8; q0 += run) {
+        __m256i s[MR];
+        for (std::size_t i = 0; i < MR; ++i) s[i] = _mm256_setzero_si256();
+        for (std::size_t quad = q0; quad < q0 + run; ++quad) {
+          const __m256i wv = _mm256_load_si256(reinterpret_cast<const __m256i*>(q + 32 * quad));
+          const __m256i uw = T == dtype::q8_0 ? _mm256_abs_epi8(wv) : wv;
+          for (std::size_t i = 0; i < MR; ++i) {
+            __m256i a = broadcast4(xs[i][b].qs + 4 * quad);
+            if constexpr (T == dtype::q8_0) a = _mm256_sign_epi8(a, wv);
+            s[i] = _mm256_add_epi16(s[i], _mm256_maddubs_epi16(uw, a));
+          }
+        }
+        for (std::size_t i = 0; i < MR; ++i) dot[i] = _mm256_add_epi32(dot[i], _mm256_madd_epi16(s[i], ones));
+      }
+    }
+    const __m256 d = _mm256_load_ps(p.d + b * 8), mn = _mm256_load_ps(p.mn + b * 8);
+    for (std::size_t i = 0; i < MR; ++i) acc[i] = q32_steps<T, Vnni>(acc[i], d, mn, xs[i][b], dot[i]);
+  }
+  for (std::size_t i = 0; i < MR; ++i) _mm256_store_ps(out + 8 * i, acc[i]);
+}
+
+inline constexpr std::size_t q32_panel_slices = 4;  // a panel of 32 rows, reused by every tile of x rows
+
+template <dtype T, bool Vnni>
+inline void q32_panels(const kquant::block_q8_32* xq, std::size_t m, const weight_view& w, std::size_t r0,
+                       std::size_t r1, float* y, accumulate acc) {
+  constexpr std::size_t panel = 8 * q32_panel_slices;
+  const std::size_t nb = w.cols / 32;
+  for (std::size_t p0 = r0; p0 < r1; p0 += panel) {
+    const std::size_t nc = std::min(panel, r1 - p0), slices = (nc + 7) / 8;
+    q32_slice s[q32_panel_slices];
+    q32_pack<T, Vnni>(w, p0, nc, nb, s);
+    for (std::size_t i0 = 0; i0 < m; i0 += 4) {
+      const std::size_t mr = std::min<std::size_t>(4, m - i0);
+      const kquant::block_q8_32* xs[4];
+      for (std::size_t i = 0; i < 4; ++i) xs[i] = xq + std::min(i0 + i, m - 1) * nb;
+      for (std::size_t k = 0; k < slices; ++k) {
+        alignas(32) float out[4 * 8];
+        if (mr == 4)
+          q32_tile<T, 4, Vnni>(s[k], nb, xs, out);
+        else if (mr == 3)
+          q32_tile<T, 3, Vnni>(s[k], nb, xs, out);
+        else if (mr == 2)
+          q32_tile<T, 2, Vnni>(s[k], nb, xs, out);
+        else
+          q32_tile<T, 1, Vnni>(s[k], nb, xs, out);
+        store_tile(out, 8, y + i0 * w.rows + p0 + 8 * k, w.rows, mr, std::min<std::size_t>(8, nc - 8 * k), acc);
+      }
+    }
+  }
+}
+
+template <dtype T, bool Vnni>
+inline void matmul_q32_simd(thread_pool& pool, const kquant::block_q8_32* xq, const weight_view& w, float* y,
+                            std::size_t m, accumulate acc) {
+  if (m > int8_stream_rows) {
+    constexpr std::size_t panel = 8 * q32_panel_slices;
+    const std::size_t units = (w.rows + panel - 1) / panel;
+    pool.parallel_for(units, [&](std::size_t b, std::size_t e) {
+      q32_panels<T, Vnni>(xq, m, w, b * panel, std::min(e * panel, w.rows), y, acc);
+    });
+    return;
+  }
+  const std::size_t units = (w.rows + 7) / 8;
+  pool.parallel_for(
+      units, [&](std::size_t b, std::size_t e) { q32_rows<T, Vnni>(xq, m, w, b * 8, std::min(e * 8, w.rows), y, acc); },
+      (units + pool.size() - 1) / pool.size());
+}
+#endif
+
+// x[0 .. 32 n) rounded to 8 bits per 32 into out[0 .. n): kquant::quantize's bytes.
+inline void quantize_q8_32(const float* x, std::size_t n, kquant::block_q8_32* out) noexcept {
+#if EFIM_K_AVX512 || EFIM_K_AVX2
+  const __m256 sign = _mm256_set1_ps(-0.0f), top = _mm256_set1_ps(127.0f), bottom = _mm256_set1_ps(-127.0f);
+  for (std::size_t b = 0; b < n; ++b, x += 32) {
+    __m256 v[4];
+    __m256 m = _mm256_setzero_ps();
+    for (std::size_t j = 0; j < 4; ++j) {
+      v[j] = _mm256_loadu_ps(x + 8 * j);
+      m = _mm256_max_ps(_mm256_andnot_ps(sign, v[j]), m);  // a NaN lane keeps m (the second operand)
+    }
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    const float amax = _mm_cvtss_f32(h);
+    kquant::block_q8_32& o = out[b];
+    o.d = f16_to_f32(f32_to_f16(amax / 127.0f));
+    const __m256 id = _mm256_set1_ps(amax != 0 ? 127.0f / amax : 0.0f);
+    __m256i q[4], sum = _mm256_setzero_si256();
+    for (std::size_t j = 0; j < 4; ++j) {
+      __m256 s = _mm256_mul_ps(v[j], id);
+      s = _mm256_and_ps(s, _mm256_cmp_ps(s, s, _CMP_ORD_Q));  // NaN to 0
+      q[j] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(s, bottom), top));
+      sum = _mm256_add_epi32(sum, q[j]);
+    }
+    // packs interleave the 128-bit halves: 32-bit groups 0, 4, 1, 5, 2, 6, 3, 7 back in order.
+    const __m256i bytes = _mm256_permutevar8x32_epi32(
+        _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3])),
+        _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o.qs), bytes);
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    t = _mm_add_epi32(t, _mm_unpackhi_epi64(t, t));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 1));
+    o.sum = _mm_cvtsi128_si32(t);
+  }
+#else
+  for (std::size_t b = 0; b < n; ++b) kquant::quantize(x + 32 * b, out[b]);
+#endif
+}
+
+template <dtype T>
+inline void matmul_q32_typed(thread_pool& pool, const kquant::block_q8_32* xq, const weight_view& w, float* y,
+                             std::size_t m, accumulate acc, bool vnni) {
+#if EFIM_K_AVX512
+  if (vnni) return matmul_q32_simd<T, true>(pool, xq, w, y, m, acc);
+#endif
+  (void)vnni;
+#if EFIM_K_AVX512 || EFIM_K_AVX2
+  return matmul_q32_simd<T, false>(pool, xq, w, y, m, acc);
+#endif
+  pool.parallel_for((w.rows + 7) / 8, [&](std::size_t b, std::size_t e) {
+    matmul_q32_reference<T>(xq, m, w, b * 8, std::min(e * 8, w.rows), y, acc);
+  });
+}
+
+// y (m, rows) = [y +] x w^T for x rounded to 8 bits per 32 (xq: m rows of cols / 32 blocks) and w of
+// q8_0, q4_0, q5_0 or q5_1, on this path.
+inline void matmul_int8_32(thread_pool& pool, const kquant::block_q8_32* xq, const weight_view& w, float* y,
+                           std::size_t m, accumulate acc, bool vnni) {
+  switch (w.type) {
+    case dtype::q8_0:
+      return matmul_q32_typed<dtype::q8_0>(pool, xq, w, y, m, acc, vnni);
+    case dtype::q4_0:
+      return matmul_q32_typed<dtype::q4_0>(pool, xq, w, y, m, acc, vnni);
+    case dtype::q5_0:
+      return matmul_q32_typed<dtype::q5_0>(pool, xq, w, y, m, acc, vnni);
+    case dtype::q5_1:
+      return matmul_q32_typed<dtype::q5_1>(pool, xq, w, y, m, acc, vnni);
+    default:
+      return;  // matmul.hpp sends only these types here
+  }
+}
