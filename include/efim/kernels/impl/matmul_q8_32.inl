@@ -139,9 +139,20 @@ template <dtype T, bool Vnni>
 
 // Block b's scales (and q5_1's mins) of 8 rows, widened.
 [[gnu::always_inline]] inline __m256 q32_halves(const std::byte* const* rows, std::size_t offset) noexcept {
-  std::uint16_t h[8];
-  for (std::size_t r = 0; r < 8; ++r) std::memcpy(h + r, rows[r] + offset, 2);
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
+  const auto at = [&](std::size_t r) {
+    std::uint16_t h;
+    std::memcpy(&h, rows[r] + offset, 2);
+    return static_cast<int>(h);
+  };
+  __m128i v = _mm_cvtsi32_si128(at(0));
+  v = _mm_insert_epi16(v, at(1), 1);
+  v = _mm_insert_epi16(v, at(2), 2);
+  v = _mm_insert_epi16(v, at(3), 3);
+  v = _mm_insert_epi16(v, at(4), 4);
+  v = _mm_insert_epi16(v, at(5), 5);
+  v = _mm_insert_epi16(v, at(6), 6);
+  v = _mm_insert_epi16(v, at(7), 7);
+  return _mm256_cvtph_ps(v);
 }
 
 // The float steps of a block for 8 outputs: dot holds the 8 integer sums sum(u a), x's block a.
@@ -159,12 +170,14 @@ template <dtype T, bool Vnni>
 // out[i * 8 + r] for x rows xs[0 .. MR) and the 8 weight rows rows[0 .. 8), nb blocks each.
 template <dtype T, std::size_t MR, bool Vnni>
 [[gnu::always_inline]] inline void q32_stream8(const std::byte* const* rows, std::size_t nb,
-                                               const kquant::block_q8_32* const* xs, float* out) noexcept {
+                                               const kquant::block_q8_32* const* xs, float* out,
+                                               prefetch_plan* pf) noexcept {
   constexpr std::size_t bytes = info(T).bytes;
   __m256 acc[MR];
   for (std::size_t i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
   const __m256i zero = _mm256_setzero_si256();
   for (std::size_t b = 0; b < nb; ++b) {
+    prefetch_step(pf);
     const std::size_t at = b * bytes;
     // Rows 4 h .. 4 h + 3: half[i][h] holds their lanes summed in pairs twice (hadd), each 128-bit half
     // of it 4 partial sums, row by row.
@@ -204,15 +217,20 @@ inline void q32_rows(const kquant::block_q8_32* xq, std::size_t m, const weight_
     for (std::size_t r = r0; r < r1; r += 8) {
       const std::byte* rows[8];
       for (std::size_t j = 0; j < 8; ++j) rows[j] = w.data + std::min(r + j, r1 - 1) * rb;  // past r1: repeat
+      // The next 8 rows, a few lines per block: 8 short rows read side by side are more streams than
+      // the hardware prefetchers follow well.
+      prefetch_plan plan{reinterpret_cast<std::uintptr_t>(w.data + std::min(r + 8, r1) * rb),
+                         reinterpret_cast<std::uintptr_t>(w.data + std::min(r + 16, r1) * rb), 0};
+      plan.per_step = ((plan.end - plan.next) / 64 + nb) / nb;
       alignas(32) float out[4 * 8];
       if (mr == 4)
-        q32_stream8<T, 4, Vnni>(rows, nb, xs, out);
+        q32_stream8<T, 4, Vnni>(rows, nb, xs, out, &plan);
       else if (mr == 3)
-        q32_stream8<T, 3, Vnni>(rows, nb, xs, out);
+        q32_stream8<T, 3, Vnni>(rows, nb, xs, out, &plan);
       else if (mr == 2)
-        q32_stream8<T, 2, Vnni>(rows, nb, xs, out);
+        q32_stream8<T, 2, Vnni>(rows, nb, xs, out, &plan);
       else
-        q32_stream8<T, 1, Vnni>(rows, nb, xs, out);
+        q32_stream8<T, 1, Vnni>(rows, nb, xs, out, &plan);
       store_tile(out, 8, y + i0 * w.rows + r, w.rows, mr, std::min<std::size_t>(8, r1 - r), acc);
     }
   }
