@@ -181,7 +181,17 @@ TEST_CASE("quantized files from gguf-py and llama.cpp's quantizer load and run",
         CHECK(worst(ours, reference_rows(w, tokens)) < 1e-4f);
         // llama.cpp rounds activations to the weight type (q8_0 activations for q8_0 and q4_0 weights),
         // efim keeps them in f32: close, not equal.
-        CHECK(worst(ours, llama_logits(path, tokens)) < (type == "f16" || type == "bf16" ? 2e-2f : 6e-2f));
+        const auto llama = llama_logits(path, tokens);
+        const float exact_off = worst(ours, llama);
+        CHECK(exact_off < (type == "f16" || type == "bf16" ? 2e-2f : 6e-2f));
+        // With int8 products efim rounds them as llama.cpp does (per 32, to even) and multiplies in
+        // integers: llama.cpp's logits within float rounding (measured 1.1e-7 against 1e-2 exact), but
+        // for starcoder2, whose GELU llama.cpp takes from an f16 table (measured 8e-3 to 1e-2 either way).
+        if (type == "q8_0" || type == "q4_0") {
+          const float int8_off = worst(efim_logits(w, tokens, kernels::products::int8), llama);
+          INFO("against llama.cpp: exact products " << exact_off << ", int8 products " << int8_off);
+          CHECK(int8_off < (c.arch == "starcoder2" ? 6e-2f : 1e-5f));
+        }
       }
     }
   }
