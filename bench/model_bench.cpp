@@ -38,7 +38,7 @@ The host backend and llama.cpp are timed after one untimed warm-up of each (as l
 Prints the CPU and its vector extensions, the kernels' instruction-set path, the memory copy bandwidth,
 tokens/s and ratios, and the weight bytes decode reads per second as a share of the copy bandwidth.
   --model FILE        a GGUF model (repeatable). Default: the Qwen2-shaped model of hidden 768, 12 layers,
-                      12 heads / 2 KV heads, FFN 2048, vocabulary 151,936, in f16, q8_0 and q4_k_m
+                      12 heads / 2 KV heads, FFN 2048, vocabulary 151,936, in f16, q8_0, q4_0 and q4_k_m
                       (llama.cpp's Q4_K_M recipe), made with efim-model's maker into --dir (kept there)
   --dir DIR           where default models are made (bench-models)
   --prompt N          prefill tokens (512)
@@ -49,9 +49,10 @@ tokens/s and ratios, and the weight bytes decode reads per second as a share of 
   --no-reference      skip the reference decoder (it takes about a minute per model)
   --no-llama          skip llama.cpp
   --no-mmap           efim reads the files into memory instead of mapping them
-  --int8              also time efim with int8 products (kernels::products::int8: activations rounded to
-                      8 bits for k-quant weights, as llama.cpp does), in turn with the others: row "int8",
-                      its x columns over efim's exact products, its ratios to llama.cpp after them
+  --no-int8           skip the row "int8": efim with int8 products (kernels::products::int8: activations
+                      rounded to 8 bits for quantized weights, as llama.cpp does), timed in turn with the
+                      others for quantized models, its x columns over efim's exact products, its ratios to
+                      llama.cpp after them (--int8, the default, is still accepted)
   --json FILE         write the results as JSON
 )";
 
@@ -221,7 +222,8 @@ std::vector<std::string> default_models(const fs::path& dir) {
   c.vocab = 151936;
   fs::create_directories(dir);
   std::vector<std::string> paths;
-  const model::random_spec specs[] = {{dtype::f16}, {dtype::q8_0}, {dtype::q4_k, false, model::quant_mix::q4_k_m}};
+  const model::random_spec specs[] = {
+      {dtype::f16}, {dtype::q8_0}, {dtype::q4_0}, {dtype::q4_k, false, model::quant_mix::q4_k_m}};
   for (const auto& spec : specs) {
     const std::string format(spec.mix ? model::to_string(*spec.mix) : to_string(spec.type));
     const auto path = (dir / ("qwen2-768x12-" + format + ".gguf")).string();
@@ -242,7 +244,7 @@ int main(int argc, char** argv) {
   dtype kv_type = dtype::f16;
   bool reference = true, llama = true;
   gguf::residency residency = gguf::residency::map;
-  bool int8 = false;
+  bool int8 = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const auto value = [&]() -> std::string {
@@ -282,6 +284,8 @@ int main(int argc, char** argv) {
       llama = false;
     } else if (a == "--int8") {
       int8 = true;
+    } else if (a == "--no-int8") {
+      int8 = false;
     } else if (a == "--no-mmap") {
       residency = gguf::residency::read;
     } else if (a == "--json") {
@@ -310,6 +314,7 @@ int main(int argc, char** argv) {
       // speed of a shared virtual machine drifts by 10-20% over minutes); the best of each is kept.
       timing host, host8;
       std::vector<float> int8_logits;
+      const bool time8 = int8 && kernels::int8_products(w.type());
       std::optional<nlohmann::json> llama_best[std::size(peers)];
       for (std::size_t rep = 0; rep < reps; ++rep) {
         std::vector<float> logits;
@@ -317,7 +322,7 @@ int main(int argc, char** argv) {
         if (rep == 0) host_logits = std::move(logits);
         host.prefill_tps = std::max(host.prefill_tps, t.prefill_tps);
         host.decode_tps = std::max(host.decode_tps, t.decode_tps);
-        if (int8) {
+        if (time8) {
           const timing t8 = time_host(w, threads, kv_type, prompt, decode_n, logits, kernels::products::int8);
           if (rep == 0) int8_logits = std::move(logits);
           host8.prefill_tps = std::max(host8.prefill_tps, t8.prefill_tps);
@@ -354,7 +359,7 @@ int main(int argc, char** argv) {
       std::printf("%-28s %-6s %12.1f %12.2f %25s decode reads %.1f GB/s of weights, %.0f%% of the copy bandwidth\n",
                   name.c_str(), "efim", host.prefill_tps, host.decode_tps, "", host.decode_tps * decode_bytes / 1e9,
                   100.0 * host.decode_tps * decode_bytes / bandwidth);
-      if (int8) {
+      if (time8) {
         const float err = max_relative_error(int8_logits, host_logits);
         r["efim_int8"] = {{"prefill_tokens_per_s", host8.prefill_tps},
                           {"decode_tokens_per_s", host8.decode_tps},

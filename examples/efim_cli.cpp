@@ -26,7 +26,7 @@ Special-token text in the prompt (such as <|fim_prefix|>) stands for those token
   --ids              print the generated token ids, separated by spaces, instead of text
   --threads N        compute threads (0: all cores)
   --kv TYPE          KV cache in f32 or f16 (f32)
-  --products P       exact, or int8 (k-quant weights times activations rounded to 8 bits) (exact)
+  --products P       exact, or int8 (quantized weights times activations rounded to 8 bits) (exact)
   --no-mmap          read the model file into memory instead of mapping it
 )";
 

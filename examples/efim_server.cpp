@@ -88,9 +88,9 @@ engine
   --cache-mib N            ... or in MiB
   --block-size N           tokens per KV block (16)
   --kv TYPE                KV cache elements: f16 or f32 (f16)
-  --products P             exact, or int8: k-quant weights (q4_k, q5_k, q6_k) multiply activations
-                           rounded to 8 bits, as llama.cpp does (prefill about 1.8x faster with
-                           AVX-512 VNNI, 1.5x with AVX2; logits within about 1% of the exact ones)
+  --products P             exact, or int8: quantized weights (q8_0, q4_0, q5_0, q5_1 and the
+                           k-quants) multiply activations rounded to 8 bits, as llama.cpp does
+                           (prefill about 1.7-2x faster; logits within about 1% of the exact ones)
                            (exact)
   --eviction NAME          cache eviction: lru, fifo, lfu (lru)
   --kv-store URL           redis://HOST[:PORT][/DB]: a KV tier shared by replicas, in Redis or Valkey

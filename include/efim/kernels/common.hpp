@@ -19,10 +19,11 @@ enum class accumulate : bool { no, yes };  // yes: y = y + x w^T (a residual add
 
 // How a matrix product multiplies (matmul.hpp):
 //   exact: f32 activations times the exactly dequantized weights, the canonical f32 dot product;
-//   int8:  for q4_k, q5_k and q6_k weights, the activations rounded to 8 bits per 256 (llama.cpp's
-//          q8_K) and multiplied in integers, as llama.cpp's CPU backend does: several times the
-//          arithmetic rate, results within llama.cpp's rounding of the exact ones, still the same bits
-//          on every path and batch size. Other weight types multiply exactly either way.
+//   int8:  for quantized weights, the activations rounded to 8 bits (per 256 for q4_k, q5_k and q6_k,
+//          llama.cpp's q8_K; per 32 for q8_0, q4_0, q5_0 and q5_1, its q8_0 / q8_1) and multiplied in
+//          integers, as llama.cpp's CPU backend does: several times the arithmetic rate, results within
+//          llama.cpp's rounding of the exact ones, still the same bits on every path and batch size.
+//          f32, f16 and bf16 weights multiply exactly either way.
 enum class products : bool { exact, int8 };
 
 // "exact" or "int8" (a command line's word); anything else is an error.

@@ -179,6 +179,39 @@ template <dtype T, std::size_t MR, bool Vnni>
   for (std::size_t b = 0; b < nb; ++b) {
     prefetch_step(pf);
     const std::size_t at = b * bytes;
+    if constexpr (T == dtype::q4_0) {
+      // Two rows per register: row 2 p's 16 bytes of quants in the low half, row 2 p + 1's in the high,
+      // so one register holds the low nibbles (weights 0-15) of both and one the high (16-31), against
+      // x's 16 and 16 activations in both halves; lanes 0-3 then sum row 2 p, lanes 4-7 row 2 p + 1, and
+      // three VPHADDD sum the 8 rows into lanes in the order 0 2 4 6 1 3 5 7.
+      const __m256i low4 = _mm256_set1_epi8(15);
+      __m256i pair[MR][4];
+      for (std::size_t p = 0; p < 4; ++p) {
+        const __m256i v = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[2 * p] + at + 2))),
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[2 * p + 1] + at + 2)), 1);
+        const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        for (std::size_t i = 0; i < MR; ++i) {
+          const auto* qs = reinterpret_cast<const __m128i*>(xs[i][b].qs);
+          const __m256i alo = _mm256_broadcastsi128_si256(_mm_loadu_si128(qs));
+          const __m256i ahi = _mm256_broadcastsi128_si256(_mm_loadu_si128(qs + 1));
+          if constexpr (Vnni) {
+            pair[i][p] = q32_dot<T, true>(q32_dot<T, true>(zero, lo, alo), hi, ahi);
+          } else {  // pairs of at most 2 * 15 * 127, two of them added in 16 bits
+            const __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(lo, alo), _mm256_maddubs_epi16(hi, ahi));
+            pair[i][p] = _mm256_madd_epi16(s, _mm256_set1_epi16(1));
+          }
+        }
+      }
+      const std::byte* const order[8] = {rows[0], rows[2], rows[4], rows[6], rows[1], rows[3], rows[5], rows[7]};
+      const __m256 d = q32_halves(order, at);
+      for (std::size_t i = 0; i < MR; ++i) {
+        const __m256i dot =
+            _mm256_hadd_epi32(_mm256_hadd_epi32(pair[i][0], pair[i][1]), _mm256_hadd_epi32(pair[i][2], pair[i][3]));
+        acc[i] = q32_steps<T, Vnni>(acc[i], d, d, xs[i][b], dot);
+      }
+      continue;
+    }
     // Rows 4 h .. 4 h + 3: half[i][h] holds their lanes summed in pairs twice (hadd), each 128-bit half
     // of it 4 partial sums, row by row.
     __m256i half[MR][2];
@@ -203,6 +236,8 @@ template <dtype T, std::size_t MR, bool Vnni>
       acc[i] = q32_steps<T, Vnni>(acc[i], d, mn, xs[i][b], dot);
     }
   }
+  if constexpr (T == dtype::q4_0)  // lanes back in the order of the rows
+    for (std::size_t i = 0; i < MR; ++i) acc[i] = _mm256_permutevar8x32_ps(acc[i], _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
   for (std::size_t i = 0; i < MR; ++i) _mm256_store_ps(out + 8 * i, acc[i]);
 }
 
