@@ -26,7 +26,9 @@ Special-token text in the prompt (such as <|fim_prefix|>) stands for those token
   --ids              print the generated token ids, separated by spaces, instead of text
   --threads N        compute threads (0: all cores)
   --kv TYPE          KV cache in f32 or f16 (f32)
-  --products P       exact, or int8 (quantized weights times activations rounded to 8 bits) (exact)
+  --products P       int8 (quantized weights times activations rounded to 8 bits, as llama.cpp
+                     does) or exact (f32 activations; f32, f16 and bf16 weights are exact either
+                     way) (int8)
   --no-mmap          read the model file into memory instead of mapping it
 )";
 
@@ -52,7 +54,7 @@ int complete(int argc, char** argv) {
   double temperature = 0, top_p = 1;
   std::uint64_t seed = 0;
   efim::dtype kv_type = efim::dtype::f32;
-  efim::kernels::products products = efim::kernels::products::exact;
+  efim::kernels::products products = efim::kernels::products::int8;
   efim::gguf::residency residency = efim::gguf::residency::map;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];

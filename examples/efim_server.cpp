@@ -88,10 +88,12 @@ engine
   --cache-mib N            ... or in MiB
   --block-size N           tokens per KV block (16)
   --kv TYPE                KV cache elements: f16 or f32 (f16)
-  --products P             exact, or int8: quantized weights (q8_0, q4_0, q5_0, q5_1 and the
-                           k-quants) multiply activations rounded to 8 bits, as llama.cpp does
-                           (prefill about 1.7-2x faster; logits within about 1% of the exact ones)
-                           (exact)
+  --products P             int8: quantized weights (q8_0, q4_0, q5_0, q5_1 and the k-quants)
+                           multiply activations rounded to 8 bits, as llama.cpp does (prefill
+                           1.4-2x as fast as exact, decode as fast or faster; logits within about
+                           1% of the exact ones, and q8_0 / q4_0 files' equal to llama.cpp's); or
+                           exact: f32 activations times the exactly dequantized weights. f32, f16
+                           and bf16 weights multiply exactly either way (int8)
   --eviction NAME          cache eviction: lru, fifo, lfu (lru)
   --kv-store URL           redis://HOST[:PORT][/DB]: a KV tier shared by replicas, in Redis or Valkey
                            (run it with maxmemory and allkeys-lru): blocks missing here are read from
@@ -129,7 +131,7 @@ struct options {
   efim::engine::preparation prepare = efim::engine::preparation::caller;
   std::size_t block_size = 16;
   efim::dtype kv = efim::dtype::f16;
-  efim::kernels::products products = efim::kernels::products::exact;
+  efim::kernels::products products = efim::kernels::products::int8;
   std::string eviction = "lru", format = "efim";
   std::size_t n_predict = 128, max_predict = 4096, reanchor_bytes = 4096, max_sessions = 4096;
   std::size_t heal_tokens = 0;
@@ -395,7 +397,9 @@ int serve(const options& o, efim::text::bpe_tokenizer tok, const efim::prompt::f
          << efim::to_string(o.kv) << ", " << (po.cache.blocks * po.cache.block_size * kv_token_bytes >> 20) << " MiB), "
          << o.eviction << " eviction; " << o.parallel << " parallel"
          << (o.api_keys.empty() ? "" : "; API keys required")
-         << (o.products == efim::kernels::products::int8 ? "; int8 products" : "")
+         << (efim::kernels::int8_products(w.type())
+                 ? (o.products == efim::kernels::products::int8 ? "; int8 products" : "; exact products")
+                 : "")
          << (o.kv_store.empty() ? "" : "; shared KV store " + o.kv_store);
   return run_service(o, p, so, banner.str(), http);
 }

@@ -300,7 +300,8 @@ TEST_CASE("activations rounded to 8 bits per 32: llama.cpp's q8_0 rounding, the 
   // What llama.cpp's x86 quantize_row_q8_0 gives, written out for block 2: d = f16(127 / 127) = 1 and
   // x * 1 rounded to even: -15.5 -> -16, -14.5 -> -14, ..., 14.5 -> 14.
   CHECK(want[2].d == 1.0f);
-  for (std::size_t k = 0; k < 31; ++k) CHECK(want[2].qs[k] == static_cast<int>(std::nearbyint(static_cast<float>(k) - 15.5f)));
+  for (std::size_t k = 0; k < 31; ++k)
+    CHECK(want[2].qs[k] == static_cast<int>(std::nearbyint(static_cast<float>(k) - 15.5f)));
   CHECK(want[2].qs[0] == -16);
   CHECK(want[2].qs[1] == -14);
   CHECK(want[1].d == 0.0f);

@@ -77,7 +77,8 @@ struct pipeline_options {
   // context takes no thread pool (CUDA) starts none.
   std::size_t threads = 0;
   // How the host backend's matrix products multiply (kernels::products: int8 rounds activations to 8
-  // bits for k-quant weights, as llama.cpp does); another backend takes exact only.
+  // bits for quantized weights, as llama.cpp does; efim-server and efim-cli default to it); another
+  // backend takes exact only.
   kernels::products products = kernels::products::exact;
   // Called with what a stream's on_done threw (or its on_token, once its request had ended already):
   // the request is over, so nothing else can carry it. Called on the thread that ran the callback (the

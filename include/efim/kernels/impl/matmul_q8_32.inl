@@ -12,11 +12,16 @@ template <dtype T>
 inline constexpr bool block32_int8 = T == dtype::q8_0 || T == dtype::q4_0 || T == dtype::q5_0 || T == dtype::q5_1;
 
 template <dtype T>
-inline constexpr std::int32_t q32_bias = T == dtype::q8_0 ? 128 : T == dtype::q4_0 ? 8 : T == dtype::q5_0 ? 16 : 0;
+inline constexpr std::int32_t q32_bias = T == dtype::q8_0   ? 128
+                                         : T == dtype::q4_0 ? 8
+                                         : T == dtype::q5_0 ? 16
+                                                            : 0;
 
 // Where a block keeps its quants (qs) and, for q5_0 / q5_1, their fifth bits (qh, bit j for weight j).
 template <dtype T>
-inline constexpr std::size_t q32_qs = T == dtype::q5_0 ? 6 : T == dtype::q5_1 ? 8 : 2;
+inline constexpr std::size_t q32_qs = T == dtype::q5_0   ? 6
+                                      : T == dtype::q5_1 ? 8
+                                                         : 2;
 template <dtype T>
 inline constexpr std::size_t q32_qh = T == dtype::q5_0 ? 2 : 4;
 
@@ -36,7 +41,8 @@ inline void q32_unpack(const std::byte* blk, std::uint8_t* u, float& d, float& m
   d = f16_to_f32(h[0]);
   mn = T == dtype::q5_1 ? f16_to_f32(h[1]) : 0.0f;
   if constexpr (T == dtype::q8_0) {
-    for (std::size_t j = 0; j < 32; ++j) u[j] = static_cast<std::uint8_t>(std::to_integer<unsigned>(blk[2 + j]) ^ 0x80u);
+    for (std::size_t j = 0; j < 32; ++j)
+      u[j] = static_cast<std::uint8_t>(std::to_integer<unsigned>(blk[2 + j]) ^ 0x80u);
   } else {
     std::uint32_t qh = 0;
     if constexpr (T != dtype::q4_0) std::memcpy(&qh, blk + q32_qh<T>, sizeof qh);
@@ -107,9 +113,9 @@ template <dtype T, bool Vnni>
       // Byte j takes byte j / 8 of qh, keeps bit j % 8 and becomes 16 where it is set.
       std::uint32_t qh;
       std::memcpy(&qh, blk + q32_qh<T>, sizeof qh);
-      const __m256i spread = _mm256_shuffle_epi8(
-          _mm256_set1_epi32(static_cast<int>(qh)),
-          _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+      const __m256i spread =
+          _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)),
+                              _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
       const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
       const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
       u = _mm256_or_si256(u, _mm256_and_si256(set, _mm256_set1_epi8(16)));
@@ -159,7 +165,8 @@ template <dtype T, bool Vnni>
 template <dtype T, bool Vnni>
 [[gnu::always_inline]] inline __m256 q32_steps(__m256 acc, __m256 d, __m256 mn, const kquant::block_q8_32& a,
                                                __m256i dot) noexcept {
-  if constexpr (q32_simd_bias<T, Vnni> != 0) dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(q32_simd_bias<T, Vnni> * a.sum));
+  if constexpr (q32_simd_bias<T, Vnni> != 0)
+    dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(q32_simd_bias<T, Vnni> * a.sum));
   const __m256 da = _mm256_set1_ps(a.d);
   acc = _mm256_fmadd_ps(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(dot), acc);
   if constexpr (T == dtype::q5_1)
@@ -174,6 +181,7 @@ template <dtype T, std::size_t MR, bool Vnni>
                                                prefetch_plan* pf) noexcept {
   constexpr std::size_t bytes = info(T).bytes;
   __m256 acc[MR];
+  #pragma GCC unroll 8
   for (std::size_t i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
   const __m256i zero = _mm256_setzero_si256();
   for (std::size_t b = 0; b < nb; ++b) {
@@ -186,11 +194,13 @@ template <dtype T, std::size_t MR, bool Vnni>
       // three VPHADDD sum the 8 rows into lanes in the order 0 2 4 6 1 3 5 7.
       const __m256i low4 = _mm256_set1_epi8(15);
       __m256i pair[MR][4];
+      #pragma GCC unroll 8
       for (std::size_t p = 0; p < 4; ++p) {
         const __m256i v = _mm256_inserti128_si256(
             _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[2 * p] + at + 2))),
             _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[2 * p + 1] + at + 2)), 1);
         const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        #pragma GCC unroll 8
         for (std::size_t i = 0; i < MR; ++i) {
           const auto* qs = reinterpret_cast<const __m128i*>(xs[i][b].qs);
           const __m256i alo = _mm256_broadcastsi128_si256(_mm_loadu_si128(qs));
@@ -205,6 +215,7 @@ template <dtype T, std::size_t MR, bool Vnni>
       }
       const std::byte* const order[8] = {rows[0], rows[2], rows[4], rows[6], rows[1], rows[3], rows[5], rows[7]};
       const __m256 d = q32_halves(order, at);
+      #pragma GCC unroll 8
       for (std::size_t i = 0; i < MR; ++i) {
         const __m256i dot =
             _mm256_hadd_epi32(_mm256_hadd_epi32(pair[i][0], pair[i][1]), _mm256_hadd_epi32(pair[i][2], pair[i][3]));
@@ -215,20 +226,25 @@ template <dtype T, std::size_t MR, bool Vnni>
     // Rows 4 h .. 4 h + 3: half[i][h] holds their lanes summed in pairs twice (hadd), each 128-bit half
     // of it 4 partial sums, row by row.
     __m256i half[MR][2];
+    #pragma GCC unroll 8
     for (std::size_t h = 0; h < 2; ++h) {
       __m256i pair[MR][2];
+      #pragma GCC unroll 8
       for (std::size_t p = 0; p < 2; ++p) {
         const __m256i w0 = q32_weights<T, Vnni>(rows[4 * h + 2 * p] + at);
         const __m256i w1 = q32_weights<T, Vnni>(rows[4 * h + 2 * p + 1] + at);
+        #pragma GCC unroll 8
         for (std::size_t i = 0; i < MR; ++i) {
           const __m256i a = load_qs(xs[i][b]);
           pair[i][p] = _mm256_hadd_epi32(q32_dot<T, Vnni>(zero, w0, a), q32_dot<T, Vnni>(zero, w1, a));
         }
       }
+      #pragma GCC unroll 8
       for (std::size_t i = 0; i < MR; ++i) half[i][h] = _mm256_hadd_epi32(pair[i][0], pair[i][1]);
     }
     const __m256 d = q32_halves(rows, at);
     const __m256 mn = T == dtype::q5_1 ? q32_halves(rows, at + 2) : d;
+    #pragma GCC unroll 8
     for (std::size_t i = 0; i < MR; ++i) {
       // Low halves of rows 0-3 and 4-7 plus their high halves: lane r the sum of row r.
       const __m256i dot = _mm256_add_epi32(_mm256_permute2x128_si256(half[i][0], half[i][1], 0x20),
@@ -237,13 +253,16 @@ template <dtype T, std::size_t MR, bool Vnni>
     }
   }
   if constexpr (T == dtype::q4_0)  // lanes back in the order of the rows
-    for (std::size_t i = 0; i < MR; ++i) acc[i] = _mm256_permutevar8x32_ps(acc[i], _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    #pragma GCC unroll 8
+    for (std::size_t i = 0; i < MR; ++i)
+      acc[i] = _mm256_permutevar8x32_ps(acc[i], _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  #pragma GCC unroll 8
   for (std::size_t i = 0; i < MR; ++i) _mm256_store_ps(out + 8 * i, acc[i]);
 }
 
 template <dtype T, bool Vnni>
-inline void q32_rows(const kquant::block_q8_32* xq, std::size_t m, const weight_view& w, std::size_t r0,
-                     std::size_t r1, float* y, accumulate acc) {
+inline void q32_rows(const kquant::block_q8_32* xq, std::size_t m, const weight_view& w, std::size_t r0, std::size_t r1,
+                     float* y, accumulate acc) {
   const std::size_t nb = w.cols / 32, rb = row_bytes(T, w.cols);
   for (std::size_t i0 = 0; i0 < m; i0 += 4) {
     const std::size_t mr = std::min<std::size_t>(4, m - i0);
@@ -306,44 +325,56 @@ inline void q32_pack(const weight_view& w, std::size_t p0, std::size_t nc, std::
 // Quads whose VPMADDUBSW pair sums add up in 16 bits (without VNNI): q4_0's pairs are at most
 // 2 * 15 * 127 = 3,810 (8 of them), q5's 7,874 (4); q8_0's (|w| times a) 32,512, so one.
 template <dtype T>
-inline constexpr std::size_t q32_run = T == dtype::q4_0 ? 8 : T == dtype::q8_0 ? 1 : 4;
+inline constexpr std::size_t q32_run = T == dtype::q4_0   ? 8
+                                       : T == dtype::q8_0 ? 1
+                                                          : 4;
 
 // out[i * 8 + r] for x rows xs[0 .. MR) against the slice's 8 rows.
 template <dtype T, std::size_t MR, bool Vnni>
 [[gnu::always_inline]] inline void q32_tile(const q32_slice& p, std::size_t nb, const kquant::block_q8_32* const* xs,
                                             float* out) noexcept {
   __m256 acc[MR];
+  #pragma GCC unroll 8
   for (std::size_t i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
   const __m256i ones = _mm256_set1_epi16(1);
   for (std::size_t b = 0; b < nb; ++b) {
     const std::uint8_t* q = p.q + b * 8 * 32;
     __m256i dot[MR];
+    #pragma GCC unroll 8
     for (std::size_t i = 0; i < MR; ++i) dot[i] = _mm256_setzero_si256();
     if constexpr (Vnni) {
+      #pragma GCC unroll 8
       for (std::size_t quad = 0; quad < 8; ++quad) {
         const __m256i wv = _mm256_load_si256(reinterpret_cast<const __m256i*>(q + 32 * quad));
+        #pragma GCC unroll 8
         for (std::size_t i = 0; i < MR; ++i) dot[i] = q32_dot<T, true>(dot[i], wv, broadcast4(xs[i][b].qs + 4 * quad));
       }
     } else {
       constexpr std::size_t run = q32_run<T>;
       for (std::size_t q0 = 0; q0 < 8; q0 += run) {
         __m256i s[MR];
+        #pragma GCC unroll 8
         for (std::size_t i = 0; i < MR; ++i) s[i] = _mm256_setzero_si256();
+        #pragma GCC unroll 8
         for (std::size_t quad = q0; quad < q0 + run; ++quad) {
           const __m256i wv = _mm256_load_si256(reinterpret_cast<const __m256i*>(q + 32 * quad));
           const __m256i uw = T == dtype::q8_0 ? _mm256_abs_epi8(wv) : wv;
+          #pragma GCC unroll 8
           for (std::size_t i = 0; i < MR; ++i) {
             __m256i a = broadcast4(xs[i][b].qs + 4 * quad);
             if constexpr (T == dtype::q8_0) a = _mm256_sign_epi8(a, wv);
             s[i] = _mm256_add_epi16(s[i], _mm256_maddubs_epi16(uw, a));
           }
         }
+        #pragma GCC unroll 8
         for (std::size_t i = 0; i < MR; ++i) dot[i] = _mm256_add_epi32(dot[i], _mm256_madd_epi16(s[i], ones));
       }
     }
     const __m256 d = _mm256_load_ps(p.d + b * 8), mn = _mm256_load_ps(p.mn + b * 8);
+    #pragma GCC unroll 8
     for (std::size_t i = 0; i < MR; ++i) acc[i] = q32_steps<T, Vnni>(acc[i], d, mn, xs[i][b], dot[i]);
   }
+  #pragma GCC unroll 8
   for (std::size_t i = 0; i < MR; ++i) _mm256_store_ps(out + 8 * i, acc[i]);
 }
 
@@ -422,9 +453,9 @@ inline void quantize_q8_32(const float* x, std::size_t n, kquant::block_q8_32* o
       sum = _mm256_add_epi32(sum, q[j]);
     }
     // packs interleave the 128-bit halves: 32-bit groups 0, 4, 1, 5, 2, 6, 3, 7 back in order.
-    const __m256i bytes = _mm256_permutevar8x32_epi32(
-        _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3])),
-        _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    const __m256i bytes =
+        _mm256_permutevar8x32_epi32(_mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3])),
+                                    _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(o.qs), bytes);
     __m128i t = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
     t = _mm_add_epi32(t, _mm_unpackhi_epi64(t, t));
