@@ -6,6 +6,8 @@
 // Like llama-bench's pp512 / tg128: prefill is one batch of --prompt tokens from an empty cache; decode is
 // --decode single-token steps from an empty cache; efim and llama.cpp time them after one untimed
 // warm-up (a prompt batch and a decode step) in the same process.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -48,6 +50,9 @@ tokens/s and ratios, and the weight bytes decode reads per second as a share of 
   --kv TYPE           KV cache of the host backend: f32 or f16 (f16, as llama-bench)
   --no-reference      skip the reference decoder (it takes about a minute per model)
   --no-llama          skip llama.cpp
+  --llama-variants    also a row for each of llama.cpp's prebuilt CPU variants (libggml-cpu-*.so) this CPU
+                      can run, each loaded alone ("llama" is the one llama.cpp picks); a variant whose
+                      instructions the CPU lacks is named as not loadable
   --no-mmap           efim reads the files into memory instead of mapping them
   --no-int8           skip the row "int8": efim with int8 products (kernels::products::int8: activations
                       rounded to 8 bits for quantized weights, as llama.cpp does), timed in turn with the
@@ -130,12 +135,15 @@ timing time_reference(const model::weights& w, const std::vector<token_id>& prom
 
 // llama.cpp through a reference program (the prebuilt libraries, or those built here); nullopt when it is
 // not there or fails.
+// `lib_dir`, when given, is where the program loads llama.cpp's CPU backend variants from (one variant
+// alone there: that one, or none where the CPU lacks its instructions).
 std::optional<nlohmann::json> time_llama(const std::string& program, const std::string& path, std::size_t threads,
-                                         std::size_t prompt, std::size_t decode, std::size_t reps) {
+                                         std::size_t prompt, std::size_t decode, std::size_t reps,
+                                         const std::string& lib_dir = "") {
   if (program.empty() || !fs::exists(program)) return std::nullopt;
-  const std::string cmd = program + " bench " + path + " --pp " + std::to_string(prompt) + " --tg " +
-                          std::to_string(decode) + " --threads " + std::to_string(threads) + " --reps " +
-                          std::to_string(reps);
+  const std::string cmd = (lib_dir.empty() ? "" : "EFIM_LLAMA_LIB_DIR='" + lib_dir + "' ") + program + " bench " +
+                          path + " --pp " + std::to_string(prompt) + " --tg " + std::to_string(decode) +
+                          " --threads " + std::to_string(threads) + " --reps " + std::to_string(reps);
   const auto r = efim_test::run_command("(" + cmd + " 2>/dev/null)");  // its log on stderr is not wanted
   if (r.exit_code != 0) return std::nullopt;
   try {
@@ -242,7 +250,7 @@ int main(int argc, char** argv) {
   std::string dir = "bench-models", json_path;
   std::size_t prompt_n = 512, decode_n = 128, threads = 2, reps = 3;
   dtype kv_type = dtype::f16;
-  bool reference = true, llama = true;
+  bool reference = true, llama = true, variants = false;
   gguf::residency residency = gguf::residency::map;
   bool int8 = true;
   for (int i = 1; i < argc; ++i) {
@@ -282,6 +290,8 @@ int main(int argc, char** argv) {
       reference = false;
     } else if (a == "--no-llama") {
       llama = false;
+    } else if (a == "--llama-variants") {
+      variants = true;
     } else if (a == "--int8") {
       int8 = true;
     } else if (a == "--no-int8") {
@@ -300,7 +310,28 @@ int main(int argc, char** argv) {
     const double bandwidth = copy_bandwidth(threads);
     std::printf("cpu: %s, %zu threads\nkernels: the %s path; memory: %.1f GB/s copy bandwidth (read + write)\n",
                 cpu.c_str(), threads, std::string(kernels::isa_name(kernels::active_isa())).c_str(), bandwidth / 1e9);
-    const std::pair<const char*, std::string> peers[] = {{"llama", EFIM_LLAMA_REFERENCE}, {"built", EFIM_LLAMA_NATIVE}};
+    struct peer {
+      std::string row, program, lib_dir;
+    };
+    std::vector<peer> peers = {{"llama", EFIM_LLAMA_REFERENCE, ""}, {"built", EFIM_LLAMA_NATIVE, ""}};
+    // Each prebuilt CPU variant alone in a folder of its own, where the reference program loads it.
+    const fs::path variant_root = fs::temp_directory_path() / ("efim-llama-variants-" + std::to_string(::getpid()));
+    if (llama && variants && fs::is_directory(EFIM_LLAMA_LIB_DIR)) {
+      std::vector<fs::path> libs;
+      for (const auto& e : fs::directory_iterator(EFIM_LLAMA_LIB_DIR)) {
+        const std::string name = e.path().filename().string();
+        if (name.starts_with("libggml-cpu-") && name.ends_with(".so")) libs.push_back(e.path());
+      }
+      std::sort(libs.begin(), libs.end());
+      for (const auto& lib : libs) {
+        const std::string name = lib.filename().string();
+        const std::string variant = name.substr(12, name.size() - 15);
+        const fs::path dir = variant_root / variant;
+        fs::create_directories(dir);
+        fs::create_symlink(lib, dir / name);
+        peers.push_back({"cpu-" + variant, EFIM_LLAMA_REFERENCE, dir.string()});
+      }
+    }
     nlohmann::json results = nlohmann::json::array();
     std::printf("%-28s %-6s %12s %12s %12s %12s %9s %9s\n", "model", "path", "prefill t/s", "decode t/s", "prefill x",
                 "decode x", "check", "");
@@ -315,7 +346,7 @@ int main(int argc, char** argv) {
       timing host, host8;
       std::vector<float> int8_logits;
       const bool time8 = int8 && kernels::int8_products(w.type());
-      std::optional<nlohmann::json> llama_best[std::size(peers)];
+      std::vector<std::optional<nlohmann::json>> llama_best(peers.size());
       for (std::size_t rep = 0; rep < reps; ++rep) {
         std::vector<float> logits;
         const timing t = time_host(w, threads, kv_type, prompt, decode_n, logits);
@@ -329,9 +360,13 @@ int main(int argc, char** argv) {
           host8.decode_tps = std::max(host8.decode_tps, t8.decode_tps);
         }
         if (!llama) continue;
-        for (std::size_t p = 0; p < std::size(peers); ++p) {
-          const auto l = time_llama(peers[p].second, path, threads, prompt_n, decode_n, 1);
+        for (std::size_t p = 0; p < peers.size(); ++p) {
+          const auto l = time_llama(peers[p].program, path, threads, prompt_n, decode_n, 1, peers[p].lib_dir);
           if (!l) continue;
+          // A variant's row only where that variant is the one that ran (its file named in the version).
+          if (p > 1 && l->value("llama_cpp", std::string()).find("libggml-cpu-" + peers[p].row.substr(4) + ".so") ==
+                           std::string::npos)
+            continue;
           if (!llama_best[p]) {
             llama_best[p] = *l;
           } else {
@@ -388,18 +423,22 @@ int main(int argc, char** argv) {
                     host.prefill_tps / ref.prefill_tps, host.decode_tps / ref.decode_tps, static_cast<double>(err));
       }
       if (llama) {
-        for (std::size_t p = 0; p < std::size(peers); ++p) {
-          const char* row = peers[p].first;
-          const std::string key = p == 0 ? "llama_cpp" : "llama_cpp_native";
+        for (std::size_t p = 0; p < peers.size(); ++p) {
+          // A variant's row: its name in the model column, "llama" in the path column.
+          const std::string first = p > 1 ? "  variant " + peers[p].row.substr(4) : "";
+          const char* row = p > 1 ? "llama" : peers[p].row.c_str();
+          const std::string key = p == 0 ? "llama_cpp" : p == 1 ? "llama_cpp_native" : "llama_cpp_" + peers[p].row;
           if (const auto& l = llama_best[p]) {
             const double pp = l->at("pp_best").get<double>(), tg = l->at("tg_best").get<double>();
             r[key] = *l;
             r[key]["reps"] = reps;
             r["efim_over_" + key] = {{"prefill", host.prefill_tps / pp}, {"decode", host.decode_tps / tg}};
-            std::printf("%-28s %-6s %12.1f %12.2f %11.2fx %11.2fx\n", "", row, pp, tg, host.prefill_tps / pp,
-                        host.decode_tps / tg);
+            std::printf("%-28s %-6s %12.1f %12.2f %11.2fx %11.2fx\n", first.c_str(), row, pp, tg,
+                        host.prefill_tps / pp, host.decode_tps / tg);
           } else if (p == 0) {
             std::printf("%-28s %-6s (not available: build efim-llama-reference after .ci/setup)\n", "", row);
+          } else if (p > 1) {
+            std::printf("%-28s %-6s (not loadable: this CPU lacks its instructions)\n", first.c_str(), row);
           } else {
             std::printf("%-28s %-6s (not available: bench/build_llama_cpp.sh, then cmake again)\n", "", row);
           }
@@ -416,6 +455,7 @@ int main(int argc, char** argv) {
       for (const char* key : {"llama_cpp", "llama_cpp_native"})
         if (results.back().contains(key))
           std::printf("%s: %s\n", key, results.back()[key].value("llama_cpp", std::string("?")).c_str());
+    fs::remove_all(variant_root);
     if (!json_path.empty()) {
       std::ofstream f(json_path);
       f << results.dump(2) << "\n";

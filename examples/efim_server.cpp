@@ -90,8 +90,8 @@ engine
   --kv TYPE                KV cache elements: f16 or f32 (f16)
   --products P             int8: quantized weights (q8_0, q4_0, q5_0, q5_1 and the k-quants)
                            multiply activations rounded to 8 bits, as llama.cpp does (prefill
-                           1.4-2x as fast as exact, decode as fast or faster; logits within about
-                           1% of the exact ones, and q8_0 / q4_0 files' equal to llama.cpp's); or
+                           1.4-2x as fast as exact, decode 0.85-2x; logits within about 1% of
+                           the exact ones, and q8_0 / q4_0 files' equal to llama.cpp's); or
                            exact: f32 activations times the exactly dequantized weights. f32, f16
                            and bf16 weights multiply exactly either way (int8)
   --eviction NAME          cache eviction: lru, fifo, lfu (lru)
