@@ -316,7 +316,7 @@ int main(int argc, char** argv) {
     std::vector<peer> peers = {{"llama", EFIM_LLAMA_REFERENCE, ""}, {"built", EFIM_LLAMA_NATIVE, ""}};
     // Each prebuilt CPU variant alone in a folder of its own, where the reference program loads it.
     const fs::path variant_root = fs::temp_directory_path() / ("efim-llama-variants-" + std::to_string(::getpid()));
-    if (llama && variants && fs::is_directory(EFIM_LLAMA_LIB_DIR)) {
+    if (llama && variants && !std::string(EFIM_LLAMA_REFERENCE).empty() && fs::is_directory(EFIM_LLAMA_LIB_DIR)) {
       std::vector<fs::path> libs;
       for (const auto& e : fs::directory_iterator(EFIM_LLAMA_LIB_DIR)) {
         const std::string name = e.path().filename().string();

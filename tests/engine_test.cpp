@@ -841,9 +841,15 @@ TEST_CASE("async runner: after a failed step the pipeline holds no blocks and no
   faulty_pipeline p(qwen_tokenizer(), w, options());
   {
     engine::async_runner<faulty_pipeline> runner(p);
-    auto other = runner.submit(make_request("long = ", "\n", 40));
+    // The long request waits at its first token until the failing one is queued: without it, a test
+    // thread kept off the CPU for a moment (a loaded machine) let it finish its 40 tokens first.
+    std::atomic<bool> queued{false};
+    auto other = runner.submit(make_request("long = ", "\n", 40), [&](const engine::token_event&) {
+      while (!queued.load()) std::this_thread::yield();
+    });
     auto failing =
         runner.submit(make_request("x = ", "\n", 4), [&](const engine::token_event&) { p.fail_after_step = true; });
+    queued = true;
     CHECK_THROWS_WITH(failing.get(), "injected step failure");
     CHECK_THROWS_WITH(other.get(), "injected step failure");
   }

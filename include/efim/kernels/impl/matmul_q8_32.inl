@@ -90,7 +90,7 @@ inline void matmul_q32_reference(const kquant::block_q8_32* xq, std::size_t m, c
 // As inline assembly: whether the CPU has it is known at run time only (has_avx512_vnni()), and the
 // kernels that take it are templates whose target attributes could not follow the template argument.
 [[gnu::always_inline]] inline __m256i dpbusd(__m256i acc, __m256i u, __m256i a) noexcept {
-  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(a));
+  asm("vpdpbusd {%2, %1, %0|%0, %1, %2}" : "+v"(acc) : "v"(u), "v"(a));  // AT&T | Intel syntax (-masm=intel)
   return acc;
 }
 #endif
