@@ -252,10 +252,11 @@ template <dtype T, std::size_t MR, bool Vnni>
       acc[i] = q32_steps<T, Vnni>(acc[i], d, mn, xs[i][b], dot);
     }
   }
-  if constexpr (T == dtype::q4_0)  // lanes back in the order of the rows
+  if constexpr (T == dtype::q4_0) {  // lanes back in the order of the rows
     #pragma GCC unroll 8
     for (std::size_t i = 0; i < MR; ++i)
       acc[i] = _mm256_permutevar8x32_ps(acc[i], _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  }
   #pragma GCC unroll 8
   for (std::size_t i = 0; i < MR; ++i) _mm256_store_ps(out + 8 * i, acc[i]);
 }
@@ -290,7 +291,7 @@ inline void q32_rows(const kquant::block_q8_32* xq, std::size_t m, const weight_
   }
 }
 
-// A panel slice: 8 rows' u, [block][quad][row][4 bytes], and their scales (and mins) [block][row].
+// A panel slice: 8 rows' u, [block][quad][row][4 bytes], and their scales (and q5_1's mins) [block][row].
 struct q32_slice {
   std::uint8_t* q;
   float* d;
@@ -316,7 +317,7 @@ inline void q32_pack(const weight_view& w, std::size_t p0, std::size_t nc, std::
         _mm256_store_si256(reinterpret_cast<__m256i*>(u), q32_weights<T, Vnni>(blk));
         for (std::size_t quad = 0; quad < 8; ++quad) std::memcpy(p.q + ((b * 8 + quad) * 8 + r) * 4, u + 4 * quad, 4);
         p.d[b * 8 + r] = f16_at(blk);
-        p.mn[b * 8 + r] = T == dtype::q5_1 ? f16_at(blk + 2) : 0.0f;
+        if constexpr (T == dtype::q5_1) p.mn[b * 8 + r] = f16_at(blk + 2);
       }
     }
   }
@@ -370,7 +371,7 @@ template <dtype T, std::size_t MR, bool Vnni>
         for (std::size_t i = 0; i < MR; ++i) dot[i] = _mm256_add_epi32(dot[i], _mm256_madd_epi16(s[i], ones));
       }
     }
-    const __m256 d = _mm256_load_ps(p.d + b * 8), mn = _mm256_load_ps(p.mn + b * 8);
+    const __m256 d = _mm256_load_ps(p.d + b * 8), mn = T == dtype::q5_1 ? _mm256_load_ps(p.mn + b * 8) : d;
     #pragma GCC unroll 8
     for (std::size_t i = 0; i < MR; ++i) acc[i] = q32_steps<T, Vnni>(acc[i], d, mn, xs[i][b], dot[i]);
   }
