@@ -441,7 +441,11 @@ TEST_CASE("async runner: stop() from several threads at once joins once", "[engi
   efim_pipeline p(qwen_tokenizer(), w, options());
   for (int round = 0; round < 20; ++round) {
     engine::async_runner<efim_pipeline> runner(p);
-    auto pending = runner.submit(make_request(code_prefix, code_suffix, 200));
+    // The request waits at its first token until a stop has begun, so it cannot finish its 200 tokens
+    // first (it did once when the test thread lost the CPU on a loaded machine).
+    auto pending = runner.submit(make_request(code_prefix, code_suffix, 200), [&](const engine::token_event&) {
+      while (runner.running()) std::this_thread::yield();
+    });
     std::vector<std::thread> stoppers;
     for (int i = 0; i < 4; ++i) stoppers.emplace_back([&] { runner.stop(); });
     for (auto& t : stoppers) t.join();
