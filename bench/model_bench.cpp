@@ -308,8 +308,11 @@ int main(int argc, char** argv) {
     if (models.empty()) models = default_models(dir);
     const std::string cpu = cpu_description();
     const double bandwidth = copy_bandwidth(threads);
-    std::printf("cpu: %s, %zu threads\nkernels: the %s path; memory: %.1f GB/s copy bandwidth (read + write)\n",
-                cpu.c_str(), threads, std::string(kernels::isa_name(kernels::active_isa())).c_str(), bandwidth / 1e9);
+    std::printf(
+        "cpu: %s, %zu threads\nkernels: the %s path (int8 products: %s); memory: %.1f GB/s copy bandwidth (read + "
+        "write)\n",
+        cpu.c_str(), threads, std::string(kernels::isa_name(kernels::active_isa())).c_str(),
+        std::string(kernels::int8_dot_name(kernels::int8_dot_for(kernels::active_isa()))).c_str(), bandwidth / 1e9);
     struct peer {
       std::string row, program, lib_dir;
     };
@@ -385,6 +388,7 @@ int main(int argc, char** argv) {
                           {"decode", decode_n},
                           {"cpu", cpu},
                           {"kernels", std::string(kernels::isa_name(kernels::active_isa()))},
+                          {"int8_dot", std::string(kernels::int8_dot_name(kernels::int8_dot_for(kernels::active_isa())))},
                           {"copy_bandwidth_bytes_per_s", bandwidth},
                           {"decode_weight_bytes_per_token", decode_bytes},
                           {"efim",

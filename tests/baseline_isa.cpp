@@ -53,6 +53,15 @@ int main() {
                 avx512 && has("avx512_vnni"));
     ++failures;
   }
+  // (the kernel names AVX-VNNI "avx_vnni"; it lists AVX features only where the OS saves the YMM state)
+  if (k::runs(k::int8_dot::vex) != has("avx_vnni")) {
+    std::printf("FAILED: AVX-VNNI detected %d, /proc/cpuinfo says %d\n", k::runs(k::int8_dot::vex),
+                has("avx_vnni"));
+    ++failures;
+  }
+  std::printf("int8 products: %s on the avx2 path, %s on the avx512 path\n",
+              std::string(k::int8_dot_name(k::int8_dot_for(k::isa::avx2))).c_str(),
+              std::string(k::int8_dot_name(k::int8_dot_for(k::isa::avx512))).c_str());
   if (k::amd_cpu() != (vendor == "AuthenticAMD")) {
     std::printf("FAILED: AMD detected %d, the vendor is %s\n", k::amd_cpu(), vendor.c_str());
     ++failures;

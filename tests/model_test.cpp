@@ -343,6 +343,42 @@ TEST_CASE("activations rounded to 8 bits per 32: llama.cpp's q8_0 rounding, the 
 #endif
 }
 
+namespace {
+
+// Calls f(path, form) for each SIMD path this CPU runs and each form of the integer products that
+// path takes here (the dispatch takes only the best one).
+template <class F>
+void for_each_int8_form(F&& f) {
+  for (const kernels::isa path : {kernels::isa::avx2, kernels::isa::avx512}) {
+    if (kernels::detected_isa() < path) continue;
+    for (const kernels::int8_dot d : {kernels::int8_dot::madd, kernels::int8_dot::evex, kernels::int8_dot::vex})
+      if (kernels::runs(d) && !(path == kernels::isa::avx512 && d == kernels::int8_dot::vex)) f(path, d);
+  }
+}
+
+// y = the int8 product of x (xq: rounded per 256, for the k-quants; xq32: per 32, for the others) and
+// w on `path` in form d, called on that path directly. (The k-quants' kernels take VNNI on the AVX-512
+// path only.)
+void int8_on(kernels::isa path, kernels::int8_dot d, thread_pool& pool, const std::vector<kquant::block_q8_k>& xq,
+             const std::vector<kquant::block_q8_32>& xq32, const kernels::weight_view& w, float* y, std::size_t m) {
+#if EFIM_KERNELS_DISPATCHED
+  namespace kd = kernels::detail;
+  const bool per32 = kernels::int8_products_32(w.type), vnni = kernels::uses_vpdpbusd(d);
+  if (path == kernels::isa::avx512 && per32)
+    kd::isa_avx512::matmul_int8_32(pool, xq32.data(), w, y, m, kernels::accumulate::no, d);
+  else if (path == kernels::isa::avx512)
+    kd::isa_avx512::matmul_int8(pool, xq.data(), w, y, m, kernels::accumulate::no, vnni);
+  else if (per32)
+    kd::isa_avx2::matmul_int8_32(pool, xq32.data(), w, y, m, kernels::accumulate::no, d);
+  else
+    kd::isa_avx2::matmul_int8(pool, xq.data(), w, y, m, kernels::accumulate::no, vnni);
+#else
+  (void)path, (void)d, (void)pool, (void)xq, (void)xq32, (void)w, (void)y, (void)m;
+#endif
+}
+
+}  // namespace
+
 TEST_CASE("int8 products: the same bits on every path, batch and thread count, within the rounding of x",
           "[kernels][matmul][int8]") {
   thread_pool one(1), two(2), three(3);
@@ -430,19 +466,16 @@ TEST_CASE("int8 products: the same bits on every path, batch and thread count, w
             }
           }
         }
-#if EFIM_KERNELS_DISPATCHED
-        // An AVX-512 CPU without VNNI (Skylake-SP) takes the AVX2 kernels inside the AVX-512 path.
-        if (kernels::detected_isa() == kernels::isa::avx512) {
-          std::vector<float> y(m * rows, std::nanf(""));
-          if (per == 32)
-            kernels::detail::isa_avx512::matmul_int8_32(two, xq32.data(), w.view, y.data(), m,
-                                                        kernels::accumulate::no, /*vnni=*/false);
-          else
-            kernels::detail::isa_avx512::matmul_int8(two, xq.data(), w.view, y.data(), m, kernels::accumulate::no,
-                                                     /*vnni=*/false);
+        // Every form of the products each path takes on this CPU, not only the dispatch's: VPMADDUBSW
+        // as an AVX2-only CPU runs it (and an AVX-512 CPU without VNNI, Skylake-SP, inside the AVX-512
+        // path), VPDPBUSD as EVEX and, where the CPU has AVX-VNNI, as VEX.
+        const std::size_t outputs = m * rows;  // (Clang 14 captures no structured binding)
+        for_each_int8_form([&](kernels::isa path, kernels::int8_dot d) {
+          INFO("path " << kernels::isa_name(path) << " form " << kernels::int8_dot_name(d));
+          std::vector<float> y(outputs, std::nanf(""));
+          int8_on(path, d, two, xq, xq32, w.view, y.data(), m);
           CHECK(std::memcmp(first.data(), y.data(), y.size() * sizeof(float)) == 0);
-        }
-#endif
+        });
         CHECK(off_rounded == 0);
         CHECK(off_exact == 0);
       }
@@ -513,24 +546,17 @@ TEST_CASE("int8 products at the integer limits: the largest quants, scales and a
         kernels::matmul(two, x.data(), w, y.data(), m, kernels::accumulate::no, kernels::products::int8);
         CHECK(std::memcmp(want.data(), y.data(), y.size() * sizeof(float)) == 0);
       }
-#if EFIM_KERNELS_DISPATCHED
-      // The AVX2 kernels inside the AVX-512 path, as an AVX-512 CPU without VNNI runs them.
-      if (kernels::detected_isa() == kernels::isa::avx512) {
+      // Every form of the products each path takes on this CPU (as above).
+      std::vector<kquant::block_q8_32> xs32(m * xq32.size());
+      for (std::size_t i = 0; i < xs32.size(); ++i) xs32[i] = xq32[i % xq32.size()];
+      std::vector<kquant::block_q8_k> xs(m * xq.size());
+      for (std::size_t i = 0; i < xs.size(); ++i) xs[i] = xq[i % xq.size()];
+      for_each_int8_form([&](kernels::isa path, kernels::int8_dot d) {
+        INFO("path " << kernels::isa_name(path) << " form " << kernels::int8_dot_name(d));
         std::vector<float> y(m * rows, std::nanf(""));
-        if (per32) {
-          std::vector<kquant::block_q8_32> xs(m * xq32.size());
-          for (std::size_t i = 0; i < xs.size(); ++i) xs[i] = xq32[i % xq32.size()];
-          kernels::detail::isa_avx512::matmul_int8_32(two, xs.data(), w, y.data(), m, kernels::accumulate::no,
-                                                      /*vnni=*/false);
-        } else {
-          std::vector<kquant::block_q8_k> xs(m * xq.size());
-          for (std::size_t i = 0; i < xs.size(); ++i) xs[i] = xq[i % xq.size()];
-          kernels::detail::isa_avx512::matmul_int8(two, xs.data(), w, y.data(), m, kernels::accumulate::no,
-                                                   /*vnni=*/false);
-        }
+        int8_on(path, d, two, xs, xs32, w, y.data(), m);
         CHECK(std::memcmp(want.data(), y.data(), y.size() * sizeof(float)) == 0);
-      }
-#endif
+      });
     }
   }
   kernels::select_isa(before);

@@ -58,6 +58,7 @@ constexpr std::string_view isa_name(isa i) noexcept {
 struct cpu_features {
   bool avx2 = false, fma = false, f16c = false, bmi2 = false;
   bool avx512f = false, avx512bw = false, avx512dq = false, avx512vl = false, avx512vnni = false;
+  bool avxvnni = false;  // VPDPBUSD in its VEX form (AVX-VNNI: Alder Lake, Sapphire Rapids, Sierra Forest, Zen 5)
   bool amd = false;
 };
 
@@ -92,6 +93,7 @@ inline const cpu_features& cpu() noexcept {
     c.f16c = ymm && ((r[2] >> 29) & 1u);
     if (max_leaf < 7) return c;
     detail::cpuid(7, 0, r);
+    const unsigned max_sub7 = r[0];
     c.avx2 = ymm && ((r[1] >> 5) & 1u);
     c.bmi2 = (r[1] >> 8) & 1u;
     c.avx512f = zmm && ((r[1] >> 16) & 1u);
@@ -99,6 +101,10 @@ inline const cpu_features& cpu() noexcept {
     c.avx512bw = zmm && ((r[1] >> 30) & 1u);
     c.avx512vl = zmm && ((r[1] >> 31) & 1u);
     c.avx512vnni = zmm && ((r[2] >> 11) & 1u);
+    if (max_sub7 >= 1) {
+      detail::cpuid(7, 1, r);
+      c.avxvnni = ymm && ((r[0] >> 4) & 1u);
+    }
 #endif
     return c;
   }();
@@ -119,6 +125,38 @@ inline isa detected_isa() noexcept {
 
 // Whether the CPU has AVX-512 VNNI (the integer products' fast tiles).
 inline bool has_avx512_vnni() noexcept { return cpu().avx512vnni; }
+
+// How the integer products of the types of 32-weight blocks (q8_0, q4_0, q5_0, q5_1) multiply bytes:
+// VPMADDUBSW + VPMADDWD (AVX2), or VPDPBUSD on 256-bit registers in its EVEX encoding (AVX-512 VNNI
+// with VL) or its VEX encoding (AVX-VNNI). All give the same integers, so the same bits.
+enum class int8_dot : int { madd = 0, evex = 1, vex = 2 };
+
+constexpr bool uses_vpdpbusd(int8_dot d) noexcept { return d != int8_dot::madd; }
+
+constexpr std::string_view int8_dot_name(int8_dot d) noexcept {
+  switch (d) {
+    case int8_dot::evex:
+      return "vnni";
+    case int8_dot::vex:
+      return "avx-vnni";
+    case int8_dot::madd:
+      break;
+  }
+  return "madd";
+}
+
+// Whether this CPU runs form d.
+inline bool runs(int8_dot d) noexcept {
+  switch (d) {
+    case int8_dot::evex:
+      return cpu().avx512vnni && cpu().avx512vl;
+    case int8_dot::vex:
+      return cpu().avxvnni;
+    case int8_dot::madd:
+      break;
+  }
+  return true;
+}
 
 // Whether the CPU is AMD's (some decode tiles are chosen per vendor, by measurement).
 inline bool amd_cpu() noexcept { return cpu().amd; }
@@ -159,6 +197,20 @@ inline isa select_isa(isa want) noexcept {
   const isa taken = detail::lower(want, detected_isa());
   detail::isa_choice().store(static_cast<int>(taken), std::memory_order_relaxed);
   return taken;
+}
+
+// The form of the integer products on path p: the best that path can take on this CPU (the AVX-512
+// path EVEX; the AVX2 path VEX where the CPU has AVX-VNNI, else EVEX on 256-bit registers where it has
+// AVX-512 VNNI, as under EFIM_ISA=avx2 on such a CPU), or VPMADDUBSW where EFIM_VNNI=off (read once:
+// the code an AVX2-only CPU runs, on any CPU).
+inline int8_dot int8_dot_for(isa p) noexcept {
+  static const bool off = [] {
+    const char* env = std::getenv("EFIM_VNNI");
+    return env != nullptr && (std::string_view(env) == "off" || std::string_view(env) == "0");
+  }();
+  if (off || p == isa::generic) return int8_dot::madd;
+  if (p == isa::avx2 && runs(int8_dot::vex)) return int8_dot::vex;
+  return runs(int8_dot::evex) ? int8_dot::evex : int8_dot::madd;
 }
 
 }  // namespace efim::kernels

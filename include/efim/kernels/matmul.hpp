@@ -67,8 +67,7 @@ inline void matmul(thread_pool& pool, const float* x, const weight_view& w, floa
     pool.parallel_for(m * nb, [&](std::size_t b, std::size_t e) {
       EFIM_KERNELS_DISPATCH(quantize_q8_32(x + b * 32, e - b, xq + b));
     });
-    const bool vnni = has_avx512_vnni();
-    EFIM_KERNELS_DISPATCH(matmul_int8_32(pool, xq, w, y, m, acc, vnni));
+    EFIM_KERNELS_DISPATCH(matmul_int8_32(pool, xq, w, y, m, acc, int8_dot_for(active_isa())));
     return;
   }
   if (p == products::int8 && int8_products(w.type)) {
@@ -79,7 +78,7 @@ inline void matmul(thread_pool& pool, const float* x, const weight_view& w, floa
     pool.parallel_for(m * nsb, [&](std::size_t b, std::size_t e) {
       EFIM_KERNELS_DISPATCH(quantize_q8_k(x + b * qk_k, e - b, xq + b));
     });
-    const bool vnni = has_avx512_vnni();
+    const bool vnni = int8_dot_for(active_isa()) != int8_dot::madd;  // (the AVX-512 path's kernels only)
     EFIM_KERNELS_DISPATCH(matmul_int8(pool, xq, w, y, m, acc, vnni));
     return;
   }

@@ -85,15 +85,20 @@ inline void matmul_q32_reference(const kquant::block_q8_32* xq, std::size_t m, c
 // so that each 32-bit lane sums one output and a tile of x rows costs one product per 4 weights of 8
 // rows and x row.
 
-#if EFIM_K_AVX512
-// acc + VPDPBUSD(u, a): per 32-bit lane, the sum of 4 products of unsigned bytes u and signed bytes a.
-// As inline assembly: whether the CPU has it is known at run time only (has_avx512_vnni()), and the
-// kernels that take it are templates whose target attributes could not follow the template argument.
+// acc + VPDPBUSD(u, a): per 32-bit lane, the sum of 4 products of unsigned bytes u and signed bytes a,
+// in the EVEX encoding (AVX-512 VNNI; on the AVX2 path its registers are ymm0-15 as VEX's) or the VEX
+// one (AVX-VNNI, "{vex}": the same instruction without AVX-512). As inline assembly: whether the CPU
+// has it is known at run time only (int8_dot_for()), and the kernels that take it are templates whose
+// target attributes could not follow the template argument. (%{ %} are braces in the output; {a|b}
+// picks AT&T or Intel syntax, -masm=intel.)
+template <int8_dot D>
 [[gnu::always_inline]] inline __m256i dpbusd(__m256i acc, __m256i u, __m256i a) noexcept {
-  asm("vpdpbusd {%2, %1, %0|%0, %1, %2}" : "+v"(acc) : "v"(u), "v"(a));  // AT&T | Intel syntax (-masm=intel)
+  if constexpr (D == int8_dot::vex)
+    asm("%{vex%} vpdpbusd {%2, %1, %0|%0, %1, %2}" : "+x"(acc) : "x"(u), "x"(a));
+  else
+    asm("vpdpbusd {%2, %1, %0|%0, %1, %2}" : "+v"(acc) : "v"(u), "v"(a));
   return acc;
 }
-#endif
 
 // Without VNNI, q8_0's weights stay signed (VPMADDUBSW's pairs of 255 * 127 would saturate): the
 // products are |w| times a with w's sign (VPSIGNB), and there is no bias.
@@ -125,12 +130,10 @@ template <dtype T, bool Vnni>
 }
 
 // acc + the 8 lanes' sums of 4 products of w (q32_weights) by the activations a.
-template <dtype T, bool Vnni>
+template <dtype T, int8_dot D>
 [[gnu::always_inline]] inline __m256i q32_dot(__m256i acc, __m256i w, __m256i a) noexcept {
-  if constexpr (Vnni) {
-#if EFIM_K_AVX512
-    return dpbusd(acc, w, a);
-#endif
+  if constexpr (uses_vpdpbusd(D)) {
+    return dpbusd<D>(acc, w, a);
   } else if constexpr (T == dtype::q8_0) {
     const __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(a, w));
     return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
@@ -175,7 +178,7 @@ template <dtype T, bool Vnni>
 }
 
 // out[i * 8 + r] for x rows xs[0 .. MR) and the 8 weight rows rows[0 .. 8), nb blocks each.
-template <dtype T, std::size_t MR, bool Vnni>
+template <dtype T, std::size_t MR, int8_dot D>
 [[gnu::always_inline]] inline void q32_stream8(const std::byte* const* rows, std::size_t nb,
                                                const kquant::block_q8_32* const* xs, float* out,
                                                prefetch_plan* pf) noexcept {
@@ -205,8 +208,8 @@ template <dtype T, std::size_t MR, bool Vnni>
           const auto* qs = reinterpret_cast<const __m128i*>(xs[i][b].qs);
           const __m256i alo = _mm256_broadcastsi128_si256(_mm_loadu_si128(qs));
           const __m256i ahi = _mm256_broadcastsi128_si256(_mm_loadu_si128(qs + 1));
-          if constexpr (Vnni) {
-            pair[i][p] = q32_dot<T, true>(q32_dot<T, true>(zero, lo, alo), hi, ahi);
+          if constexpr (uses_vpdpbusd(D)) {
+            pair[i][p] = q32_dot<T, D>(q32_dot<T, D>(zero, lo, alo), hi, ahi);
           } else {  // pairs of at most 2 * 15 * 127, two of them added in 16 bits
             const __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(lo, alo), _mm256_maddubs_epi16(hi, ahi));
             pair[i][p] = _mm256_madd_epi16(s, _mm256_set1_epi16(1));
@@ -219,7 +222,7 @@ template <dtype T, std::size_t MR, bool Vnni>
       for (std::size_t i = 0; i < MR; ++i) {
         const __m256i dot =
             _mm256_hadd_epi32(_mm256_hadd_epi32(pair[i][0], pair[i][1]), _mm256_hadd_epi32(pair[i][2], pair[i][3]));
-        acc[i] = q32_steps<T, Vnni>(acc[i], d, d, xs[i][b], dot);
+        acc[i] = q32_steps<T, uses_vpdpbusd(D)>(acc[i], d, d, xs[i][b], dot);
       }
       continue;
     }
@@ -231,12 +234,12 @@ template <dtype T, std::size_t MR, bool Vnni>
       __m256i pair[MR][2];
       #pragma GCC unroll 8
       for (std::size_t p = 0; p < 2; ++p) {
-        const __m256i w0 = q32_weights<T, Vnni>(rows[4 * h + 2 * p] + at);
-        const __m256i w1 = q32_weights<T, Vnni>(rows[4 * h + 2 * p + 1] + at);
+        const __m256i w0 = q32_weights<T, uses_vpdpbusd(D)>(rows[4 * h + 2 * p] + at);
+        const __m256i w1 = q32_weights<T, uses_vpdpbusd(D)>(rows[4 * h + 2 * p + 1] + at);
         #pragma GCC unroll 8
         for (std::size_t i = 0; i < MR; ++i) {
           const __m256i a = load_qs(xs[i][b]);
-          pair[i][p] = _mm256_hadd_epi32(q32_dot<T, Vnni>(zero, w0, a), q32_dot<T, Vnni>(zero, w1, a));
+          pair[i][p] = _mm256_hadd_epi32(q32_dot<T, D>(zero, w0, a), q32_dot<T, D>(zero, w1, a));
         }
       }
       #pragma GCC unroll 8
@@ -249,7 +252,7 @@ template <dtype T, std::size_t MR, bool Vnni>
       // Low halves of rows 0-3 and 4-7 plus their high halves: lane r the sum of row r.
       const __m256i dot = _mm256_add_epi32(_mm256_permute2x128_si256(half[i][0], half[i][1], 0x20),
                                            _mm256_permute2x128_si256(half[i][0], half[i][1], 0x31));
-      acc[i] = q32_steps<T, Vnni>(acc[i], d, mn, xs[i][b], dot);
+      acc[i] = q32_steps<T, uses_vpdpbusd(D)>(acc[i], d, mn, xs[i][b], dot);
     }
   }
   if constexpr (T == dtype::q4_0) {  // lanes back in the order of the rows
@@ -261,7 +264,7 @@ template <dtype T, std::size_t MR, bool Vnni>
   for (std::size_t i = 0; i < MR; ++i) _mm256_store_ps(out + 8 * i, acc[i]);
 }
 
-template <dtype T, bool Vnni>
+template <dtype T, int8_dot D>
 inline void q32_rows(const kquant::block_q8_32* xq, std::size_t m, const weight_view& w, std::size_t r0, std::size_t r1,
                      float* y, accumulate acc) {
   const std::size_t nb = w.cols / 32, rb = row_bytes(T, w.cols);
@@ -279,13 +282,13 @@ inline void q32_rows(const kquant::block_q8_32* xq, std::size_t m, const weight_
       plan.per_step = ((plan.end - plan.next) / 64 + nb) / nb;
       alignas(32) float out[4 * 8];
       if (mr == 4)
-        q32_stream8<T, 4, Vnni>(rows, nb, xs, out, &plan);
+        q32_stream8<T, 4, D>(rows, nb, xs, out, &plan);
       else if (mr == 3)
-        q32_stream8<T, 3, Vnni>(rows, nb, xs, out, &plan);
+        q32_stream8<T, 3, D>(rows, nb, xs, out, &plan);
       else if (mr == 2)
-        q32_stream8<T, 2, Vnni>(rows, nb, xs, out, &plan);
+        q32_stream8<T, 2, D>(rows, nb, xs, out, &plan);
       else
-        q32_stream8<T, 1, Vnni>(rows, nb, xs, out, &plan);
+        q32_stream8<T, 1, D>(rows, nb, xs, out, &plan);
       store_tile(out, 8, y + i0 * w.rows + r, w.rows, mr, std::min<std::size_t>(8, r1 - r), acc);
     }
   }
@@ -331,7 +334,7 @@ inline constexpr std::size_t q32_run = T == dtype::q4_0   ? 8
                                                           : 4;
 
 // out[i * 8 + r] for x rows xs[0 .. MR) against the slice's 8 rows.
-template <dtype T, std::size_t MR, bool Vnni>
+template <dtype T, std::size_t MR, int8_dot D>
 [[gnu::always_inline]] inline void q32_tile(const q32_slice& p, std::size_t nb, const kquant::block_q8_32* const* xs,
                                             float* out) noexcept {
   __m256 acc[MR];
@@ -343,12 +346,12 @@ template <dtype T, std::size_t MR, bool Vnni>
     __m256i dot[MR];
     #pragma GCC unroll 8
     for (std::size_t i = 0; i < MR; ++i) dot[i] = _mm256_setzero_si256();
-    if constexpr (Vnni) {
+    if constexpr (uses_vpdpbusd(D)) {
       #pragma GCC unroll 8
       for (std::size_t quad = 0; quad < 8; ++quad) {
         const __m256i wv = _mm256_load_si256(reinterpret_cast<const __m256i*>(q + 32 * quad));
         #pragma GCC unroll 8
-        for (std::size_t i = 0; i < MR; ++i) dot[i] = q32_dot<T, true>(dot[i], wv, broadcast4(xs[i][b].qs + 4 * quad));
+        for (std::size_t i = 0; i < MR; ++i) dot[i] = q32_dot<T, D>(dot[i], wv, broadcast4(xs[i][b].qs + 4 * quad));
       }
     } else {
       constexpr std::size_t run = q32_run<T>;
@@ -373,7 +376,7 @@ template <dtype T, std::size_t MR, bool Vnni>
     }
     const __m256 d = _mm256_load_ps(p.d + b * 8), mn = T == dtype::q5_1 ? _mm256_load_ps(p.mn + b * 8) : d;
     #pragma GCC unroll 8
-    for (std::size_t i = 0; i < MR; ++i) acc[i] = q32_steps<T, Vnni>(acc[i], d, mn, xs[i][b], dot[i]);
+    for (std::size_t i = 0; i < MR; ++i) acc[i] = q32_steps<T, uses_vpdpbusd(D)>(acc[i], d, mn, xs[i][b], dot[i]);
   }
   #pragma GCC unroll 8
   for (std::size_t i = 0; i < MR; ++i) _mm256_store_ps(out + 8 * i, acc[i]);
@@ -381,7 +384,7 @@ template <dtype T, std::size_t MR, bool Vnni>
 
 inline constexpr std::size_t q32_panel_slices = 4;  // a panel of 32 rows, reused by every tile of x rows
 
-template <dtype T, bool Vnni>
+template <dtype T, int8_dot D>
 inline void q32_panels(const kquant::block_q8_32* xq, std::size_t m, const weight_view& w, std::size_t r0,
                        std::size_t r1, float* y, accumulate acc) {
   constexpr std::size_t panel = 8 * q32_panel_slices;
@@ -389,7 +392,7 @@ inline void q32_panels(const kquant::block_q8_32* xq, std::size_t m, const weigh
   for (std::size_t p0 = r0; p0 < r1; p0 += panel) {
     const std::size_t nc = std::min(panel, r1 - p0), slices = (nc + 7) / 8;
     q32_slice s[q32_panel_slices];
-    q32_pack<T, Vnni>(w, p0, nc, nb, s);
+    q32_pack<T, uses_vpdpbusd(D)>(w, p0, nc, nb, s);
     for (std::size_t i0 = 0; i0 < m; i0 += 4) {
       const std::size_t mr = std::min<std::size_t>(4, m - i0);
       const kquant::block_q8_32* xs[4];
@@ -397,33 +400,33 @@ inline void q32_panels(const kquant::block_q8_32* xq, std::size_t m, const weigh
       for (std::size_t k = 0; k < slices; ++k) {
         alignas(32) float out[4 * 8];
         if (mr == 4)
-          q32_tile<T, 4, Vnni>(s[k], nb, xs, out);
+          q32_tile<T, 4, D>(s[k], nb, xs, out);
         else if (mr == 3)
-          q32_tile<T, 3, Vnni>(s[k], nb, xs, out);
+          q32_tile<T, 3, D>(s[k], nb, xs, out);
         else if (mr == 2)
-          q32_tile<T, 2, Vnni>(s[k], nb, xs, out);
+          q32_tile<T, 2, D>(s[k], nb, xs, out);
         else
-          q32_tile<T, 1, Vnni>(s[k], nb, xs, out);
+          q32_tile<T, 1, D>(s[k], nb, xs, out);
         store_tile(out, 8, y + i0 * w.rows + p0 + 8 * k, w.rows, mr, std::min<std::size_t>(8, nc - 8 * k), acc);
       }
     }
   }
 }
 
-template <dtype T, bool Vnni>
+template <dtype T, int8_dot D>
 inline void matmul_q32_simd(thread_pool& pool, const kquant::block_q8_32* xq, const weight_view& w, float* y,
                             std::size_t m, accumulate acc) {
   if (m > int8_stream_rows) {
     constexpr std::size_t panel = 8 * q32_panel_slices;
     const std::size_t units = (w.rows + panel - 1) / panel;
     pool.parallel_for(units, [&](std::size_t b, std::size_t e) {
-      q32_panels<T, Vnni>(xq, m, w, b * panel, std::min(e * panel, w.rows), y, acc);
+      q32_panels<T, D>(xq, m, w, b * panel, std::min(e * panel, w.rows), y, acc);
     });
     return;
   }
   const std::size_t units = (w.rows + 7) / 8;
   pool.parallel_for(
-      units, [&](std::size_t b, std::size_t e) { q32_rows<T, Vnni>(xq, m, w, b * 8, std::min(e * 8, w.rows), y, acc); },
+      units, [&](std::size_t b, std::size_t e) { q32_rows<T, D>(xq, m, w, b * 8, std::min(e * 8, w.rows), y, acc); },
       (units + pool.size() - 1) / pool.size());
 }
 #endif
@@ -468,15 +471,20 @@ inline void quantize_q8_32(const float* x, std::size_t n, kquant::block_q8_32* o
 #endif
 }
 
+// Form d as this path takes it: the AVX-512 path VPDPBUSD in its EVEX encoding for either VNNI (its
+// registers reach ymm31, which VEX cannot name), the AVX2 path each form as asked.
 template <dtype T>
 inline void matmul_q32_typed(thread_pool& pool, const kquant::block_q8_32* xq, const weight_view& w, float* y,
-                             std::size_t m, accumulate acc, bool vnni) {
+                             std::size_t m, accumulate acc, int8_dot d) {
 #if EFIM_K_AVX512
-  if (vnni) return matmul_q32_simd<T, true>(pool, xq, w, y, m, acc);
+  if (uses_vpdpbusd(d)) return matmul_q32_simd<T, int8_dot::evex>(pool, xq, w, y, m, acc);
+#elif EFIM_K_AVX2
+  if (d == int8_dot::vex) return matmul_q32_simd<T, int8_dot::vex>(pool, xq, w, y, m, acc);
+  if (d == int8_dot::evex) return matmul_q32_simd<T, int8_dot::evex>(pool, xq, w, y, m, acc);
 #endif
-  (void)vnni;
+  (void)d;
 #if EFIM_K_AVX512 || EFIM_K_AVX2
-  return matmul_q32_simd<T, false>(pool, xq, w, y, m, acc);
+  return matmul_q32_simd<T, int8_dot::madd>(pool, xq, w, y, m, acc);
 #endif
   pool.parallel_for((w.rows + 7) / 8, [&](std::size_t b, std::size_t e) {
     matmul_q32_reference<T>(xq, m, w, b * 8, std::min(e * 8, w.rows), y, acc);
@@ -486,16 +494,16 @@ inline void matmul_q32_typed(thread_pool& pool, const kquant::block_q8_32* xq, c
 // y (m, rows) = [y +] x w^T for x rounded to 8 bits per 32 (xq: m rows of cols / 32 blocks) and w of
 // q8_0, q4_0, q5_0 or q5_1, on this path.
 inline void matmul_int8_32(thread_pool& pool, const kquant::block_q8_32* xq, const weight_view& w, float* y,
-                           std::size_t m, accumulate acc, bool vnni) {
+                           std::size_t m, accumulate acc, int8_dot d) {
   switch (w.type) {
     case dtype::q8_0:
-      return matmul_q32_typed<dtype::q8_0>(pool, xq, w, y, m, acc, vnni);
+      return matmul_q32_typed<dtype::q8_0>(pool, xq, w, y, m, acc, d);
     case dtype::q4_0:
-      return matmul_q32_typed<dtype::q4_0>(pool, xq, w, y, m, acc, vnni);
+      return matmul_q32_typed<dtype::q4_0>(pool, xq, w, y, m, acc, d);
     case dtype::q5_0:
-      return matmul_q32_typed<dtype::q5_0>(pool, xq, w, y, m, acc, vnni);
+      return matmul_q32_typed<dtype::q5_0>(pool, xq, w, y, m, acc, d);
     case dtype::q5_1:
-      return matmul_q32_typed<dtype::q5_1>(pool, xq, w, y, m, acc, vnni);
+      return matmul_q32_typed<dtype::q5_1>(pool, xq, w, y, m, acc, d);
     default:
       return;  // matmul.hpp sends only these types here
   }
