@@ -625,6 +625,7 @@ template <dtype T>
     std::memcpy(&qh, blk + at, sizeof qh);
     const __m256i bits = _mm256_set1_epi32(static_cast<int>(qh)), one = _mm256_set1_epi32(1);
     const __m256 d = _mm256_set1_ps(f16_at(blk));
+#pragma GCC unroll 4
     for (std::size_t h = 0; h < 4; ++h) {
       const __m256i e = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
       const __m256i fifth = _mm256_slli_epi32(
@@ -643,6 +644,7 @@ template <dtype T>
     k_scale_min(blk, j, ds, mm);
     const std::byte* qs = blk + (T == dtype::q4_k ? 16 : 48) + 32 * (j / 2);
     const __m256 s = _mm256_set1_ps(ds), m = _mm256_set1_ps(mm);
+#pragma GCC unroll 4
     for (std::size_t h = 0; h < 4; ++h) {
       __m256i q = field(bytes8(qs + 8 * h), 4 * static_cast<int>(j % 2), 15);
       if constexpr (T == dtype::q5_k)
@@ -655,6 +657,7 @@ template <dtype T>
     const std::byte* low = blk + 64 * half + 32 * (r % 2);
     const std::byte* high = blk + 128 + 32 * half;
     const float s[2] = {q6_scale(blk, 2 * g), q6_scale(blk, 2 * g + 1)};
+#pragma GCC unroll 4
     for (std::size_t h = 0; h < 4; ++h) {
       const __m256i q = _mm256_sub_epi32(
           _mm256_or_si256(field(bytes8(low + 8 * h), 4 * static_cast<int>(r / 2), 15),
@@ -668,6 +671,7 @@ template <dtype T>
     std::memcpy(&bits, blk, sizeof bits);
     const __m256 d = _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(bits)));
     if constexpr (T == dtype::q8_0) {
+#pragma GCC unroll 4
       for (std::size_t h = 0; h < 4; ++h) {
         const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + 8 * h));
         v[h] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
@@ -678,6 +682,7 @@ template <dtype T>
       const __m128i low = _mm_set1_epi8(15);
       const __m128i q[2] = {_mm_and_si128(qs, low), _mm_and_si128(_mm_srli_epi16(qs, 4), low)};  // 0-15, 16-31
       const __m256i eight = _mm256_set1_epi32(8);
+#pragma GCC unroll 4
       for (std::size_t h = 0; h < 4; ++h) {
         const __m128i bytes = h % 2 == 0 ? q[h / 2] : _mm_unpackhi_epi64(q[h / 2], q[h / 2]);
         const __m256i level = _mm256_sub_epi32(_mm256_cvtepu8_epi32(bytes), eight);
@@ -905,6 +910,7 @@ inline void unpack_row(const std::byte* row, std::size_t n, float* out) noexcept
     for (std::size_t blk = 0; blk < n / 32; ++blk) {
       __m256 v[4];
       load_block<T>(v, row, blk);
+#pragma GCC unroll 4
       for (std::size_t h = 0; h < 4; ++h) _mm256_storeu_ps(out + 32 * blk + 8 * h, v[h]);
     }
   } else {

@@ -140,6 +140,7 @@ template <dtype T>
                                                float& dmin) noexcept {
   if constexpr (T == dtype::q6_k) {
     const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
+    #pragma GCC unroll 8
     for (std::size_t z = 0; z < 4; ++z) {
       const int g = static_cast<int>(4 * z);
       scale[z] = _mm512_permutexvar_epi32(_mm512_setr_epi32(g, g, g, g, g + 1, g + 1, g + 1, g + 1, g + 2, g + 2, g + 2,
@@ -151,6 +152,7 @@ template <dtype T>
     dmin = 0;
   } else {
     const __m512i sm = _mm512_cvtepu8_epi32(k_scale_bytes(blk));  // lanes 0-7: the 8 scales; 8-15: the 8 mins
+    #pragma GCC unroll 8
     for (std::size_t z = 0; z < 4; ++z) {
       const int a = static_cast<int>(2 * z), c = a + 1;
       scale[z] = _mm512_permutexvar_epi32(_mm512_setr_epi32(a, a, a, a, a, a, a, a, c, c, c, c, c, c, c, c), sm);
@@ -172,10 +174,13 @@ EFIM_K_TARGET_VNNI inline void int8_stream(const std::byte* row, std::size_t nsb
     float d, dmin;
     int8_scales<T>(blk, scale, sub, d, dmin);
     __m512i w[4];
+    #pragma GCC unroll 8
     for (std::size_t z = 0; z < 4; ++z) w[z] = int8_weights<T>(blk, z);
+    #pragma GCC unroll 8
     for (std::size_t i = 0; i < MR; ++i) {
       const kquant::block_q8_k& a = xs[i][b];
       __m512i t = _mm512_setzero_si512();
+      #pragma GCC unroll 8
       for (std::size_t z = 0; z < 4; ++z) {
         const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[z], _mm512_loadu_si512(a.qs + 64 * z));
         t = _mm512_add_epi32(t, _mm512_mullo_epi32(s, scale[z]));
@@ -186,6 +191,7 @@ EFIM_K_TARGET_VNNI inline void int8_stream(const std::byte* row, std::size_t nsb
       acc[i] = int8_step<T>(acc[i], d, dmin, a.d, isum, msum);
     }
   }
+  #pragma GCC unroll 8
   for (std::size_t i = 0; i < MR; ++i) out[i] = acc[i];
 }
 
@@ -223,6 +229,7 @@ inline int8_panel int8_pack(const weight_view& w, std::size_t p0, std::size_t nc
     for (std::size_t b = 0; b < nsb; ++b) {
       const std::byte* blk = row + b * info(T).bytes;
       std::uint8_t* dst = p.q + b * qk_k * int8_nr + 4 * r;
+      #pragma GCC unroll 8
       for (std::size_t z = 0; z < 4; ++z)
         _mm512_i32scatter_epi32(dst + z * 16 * 4 * int8_nr, quad_at, int8_weights<T>(blk, z), 1);
       __m512i scale[4], sub;
@@ -233,6 +240,7 @@ inline int8_panel int8_pack(const weight_view& w, std::size_t p0, std::size_t nc
         _mm512_store_si512(mn, sub);
       } else {
         // scale[z] lanes 0 and 8: groups 2 z and 2 z + 1; sub lanes 2 g: group g's min
+        #pragma GCC unroll 8
         for (std::size_t z = 0; z < 4; ++z) {
           alignas(64) std::int32_t lanes[16];
           _mm512_store_si512(lanes, scale[z]);
@@ -258,18 +266,23 @@ EFIM_K_TARGET_VNNI inline void int8_tile(const int8_panel& p, std::size_t nsb, c
                                          float* out) {
   constexpr std::size_t G = q8_groups<T>, quads = qk_k / G / 4;
   __m512 f[MR][2];
+  #pragma GCC unroll 8
   for (std::size_t i = 0; i < MR; ++i) f[i][0] = f[i][1] = _mm512_setzero_ps();
   for (std::size_t b = 0; b < nsb; ++b) {
     __m512i is[MR][2], ms[MR][2];
+    #pragma GCC unroll 8
     for (std::size_t i = 0; i < MR; ++i) is[i][0] = is[i][1] = ms[i][0] = ms[i][1] = _mm512_setzero_si512();
     const std::uint8_t* wq = p.q + b * qk_k * int8_nr;
     for (std::size_t g = 0; g < G; ++g) {
       __m512i s[MR][2];
+      #pragma GCC unroll 8
       for (std::size_t i = 0; i < MR; ++i) s[i][0] = s[i][1] = _mm512_setzero_si512();
+      #pragma GCC unroll 8
       for (std::size_t u = 0; u < quads; ++u) {
         const std::size_t quad = g * quads + u;
         const __m512i w0 = _mm512_load_si512(wq + quad * 4 * int8_nr);
         const __m512i w1 = _mm512_load_si512(wq + quad * 4 * int8_nr + 64);
+        #pragma GCC unroll 8
         for (std::size_t i = 0; i < MR; ++i) {
           std::int32_t four;
           std::memcpy(&four, xs[i][b].qs + 4 * quad, sizeof four);
@@ -282,6 +295,7 @@ EFIM_K_TARGET_VNNI inline void int8_tile(const int8_panel& p, std::size_t nsb, c
       const std::int32_t* mn = p.mn + (b * G + g) * int8_nr;
       const __m512i c0 = _mm512_load_si512(sc), c1 = _mm512_load_si512(sc + 16);
       const __m512i n0 = _mm512_load_si512(mn), n1 = _mm512_load_si512(mn + 16);
+      #pragma GCC unroll 8
       for (std::size_t i = 0; i < MR; ++i) {
         const std::int16_t* bsums = xs[i][b].bsums;
         const __m512i bs = _mm512_set1_epi32(G == 16 ? bsums[g] : bsums[2 * g] + bsums[2 * g + 1]);
@@ -291,9 +305,11 @@ EFIM_K_TARGET_VNNI inline void int8_tile(const int8_panel& p, std::size_t nsb, c
         ms[i][1] = _mm512_add_epi32(ms[i][1], _mm512_mullo_epi32(bs, n1));
       }
     }
+    #pragma GCC unroll 8
     for (std::size_t h = 0; h < 2; ++h) {
       const __m512 d = _mm512_load_ps(p.d + b * int8_nr + 16 * h);
       const __m512 dmin = _mm512_load_ps(p.dmin + b * int8_nr + 16 * h);
+      #pragma GCC unroll 8
       for (std::size_t i = 0; i < MR; ++i) {
         const __m512 da = _mm512_set1_ps(xs[i][b].d);
         if constexpr (T == dtype::q6_k) {
@@ -306,6 +322,7 @@ EFIM_K_TARGET_VNNI inline void int8_tile(const int8_panel& p, std::size_t nsb, c
       }
     }
   }
+  #pragma GCC unroll 8
   for (std::size_t i = 0; i < MR; ++i) {
     _mm512_storeu_ps(out + i * int8_nr, f[i][0]);
     _mm512_storeu_ps(out + i * int8_nr + 16, f[i][1]);
@@ -386,6 +403,7 @@ inline void int8_stream256(const std::byte* row, std::size_t nsb, const kquant::
       mins = _mm256_slli_epi16(sc16, 5);
       alignas(32) std::int16_t s[16];
       _mm256_store_si256(reinterpret_cast<__m256i*>(s), sc16);
+      #pragma GCC unroll 8
       for (std::size_t t = 0; t < 8; ++t)
         scale[t] = _mm256_set_m128i(_mm_set1_epi16(s[2 * t + 1]), _mm_set1_epi16(s[2 * t]));
       d = f16_at(blk + 208);
@@ -394,15 +412,19 @@ inline void int8_stream256(const std::byte* row, std::size_t nsb, const kquant::
       mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm));
       alignas(16) std::uint8_t s[16];
       _mm_store_si128(reinterpret_cast<__m128i*>(s), sm);
+      #pragma GCC unroll 8
       for (std::size_t t = 0; t < 8; ++t) scale[t] = _mm256_set1_epi16(s[t]);
       d = f16_at(blk);
       dmin = f16_at(blk + 2);
     }
     __m256i w[8];
+    #pragma GCC unroll 8
     for (std::size_t t = 0; t < 8; ++t) w[t] = int8_weights256<T>(blk, t);
+    #pragma GCC unroll 8
     for (std::size_t i = 0; i < MR; ++i) {
       const kquant::block_q8_k& a = xs[i][b];
       __m256i v = _mm256_setzero_si256();
+      #pragma GCC unroll 8
       for (std::size_t t = 0; t < 8; ++t) {
         const __m256i pairs = _mm256_maddubs_epi16(w[t], load(reinterpret_cast<const std::byte*>(a.qs) + 32 * t));
         v = _mm256_add_epi32(v, _mm256_madd_epi16(pairs, scale[t]));
@@ -416,6 +438,7 @@ inline void int8_stream256(const std::byte* row, std::size_t nsb, const kquant::
       acc[i] = int8_step<T>(acc[i], d, dmin, a.d, isum, msum);
     }
   }
+  #pragma GCC unroll 8
   for (std::size_t i = 0; i < MR; ++i) out[i] = acc[i];
 }
 
@@ -469,6 +492,7 @@ inline void int8_pack256(const weight_view& w, std::size_t p0, std::size_t nc, s
       for (std::size_t b = 0; b < nsb; ++b) {
         const std::byte* blk = row + b * info(T).bytes;
         std::uint8_t* dst = p.q + b * qk_k * R + 4 * r;
+        #pragma GCC unroll 8
         for (std::size_t t = 0; t < 8; ++t) {
           alignas(32) std::uint8_t quads[32];
           _mm256_store_si256(reinterpret_cast<__m256i*>(quads), int8_weights256<T>(blk, t));
@@ -512,27 +536,33 @@ inline void int8_tile256(const int8_slice& p, std::size_t nsb, const kquant::blo
                          float* out) noexcept {
   constexpr std::size_t G = q8_groups<T>, R = int8_slice_rows, quads = qk_k / G / 4, run = int16_run<T>;
   static_assert(quads % run == 0);
+  #pragma GCC unroll 8
   for (std::size_t i = 0; i < MR; ++i) _mm256_store_ps(out + i * R, _mm256_setzero_ps());
   for (std::size_t b = 0; b < nsb; ++b) {
     const std::uint8_t* wq = p.q + b * qk_k * R;
     __m256i is[MR];
+    #pragma GCC unroll 8
     for (std::size_t i = 0; i < MR; ++i) is[i] = _mm256_setzero_si256();
     for (std::size_t g = 0; g < G; ++g) {
       const __m256i sc = _mm256_load_si256(reinterpret_cast<const __m256i*>(p.sc + (b * G + g) * R));
       for (std::size_t u0 = 0; u0 < quads; u0 += run) {
         __m256i s[MR];
+        #pragma GCC unroll 8
         for (std::size_t i = 0; i < MR; ++i) s[i] = _mm256_setzero_si256();
 #pragma GCC unroll 2
         for (std::size_t u = u0; u < u0 + run; ++u) {
           const std::size_t quad = g * quads + u;
           const __m256i wv = _mm256_load_si256(reinterpret_cast<const __m256i*>(wq + quad * 4 * R));
+          #pragma GCC unroll 8
           for (std::size_t i = 0; i < MR; ++i)
             s[i] = _mm256_add_epi16(s[i], _mm256_maddubs_epi16(wv, broadcast4(xs[i][b].qs + 4 * quad)));
         }
+        #pragma GCC unroll 8
         for (std::size_t i = 0; i < MR; ++i) is[i] = _mm256_add_epi32(is[i], _mm256_madd_epi16(s[i], sc));
       }
     }
     const __m256 d = _mm256_load_ps(p.d + b * R), dmin = _mm256_load_ps(p.dmin + b * R);
+    #pragma GCC unroll 8
     for (std::size_t i = 0; i < MR; ++i) {
       __m256i ms = _mm256_setzero_si256();
       for (std::size_t q = 0; q < 8; ++q) {
