@@ -402,7 +402,8 @@ int main(int argc, char** argv) {
         const float err = max_relative_error(int8_logits, host_logits);
         r["efim_int8"] = {{"prefill_tokens_per_s", host8.prefill_tps},
                           {"decode_tokens_per_s", host8.decode_tps},
-                          {"prefill_logits_max_relative_error_against_exact", err}};
+                          {"prefill_logits_max_relative_error_against_exact", err},
+                          {"decode_fraction_of_copy_bandwidth", host8.decode_tps * decode_bytes / bandwidth}};
         std::string vs;
         if (llama && llama_best[0]) {
           const double pp = llama_best[0]->at("pp_best").get<double>(), tg = llama_best[0]->at("tg_best").get<double>();
@@ -411,9 +412,10 @@ int main(int argc, char** argv) {
           std::snprintf(text, sizeof text, "   %.2fx / %.2fx llama.cpp's", host8.prefill_tps / pp, host8.decode_tps / tg);
           vs = text;
         }
-        std::printf("%-28s %-6s %12.1f %12.2f %11.2fx %11.2fx %9.1e%s\n", "", "int8", host8.prefill_tps,
-                    host8.decode_tps, host8.prefill_tps / host.prefill_tps, host8.decode_tps / host.decode_tps,
-                    static_cast<double>(err), vs.c_str());
+        std::printf("%-28s %-6s %12.1f %12.2f %11.2fx %11.2fx %9.1e%s; decode reads %.0f%% of the copy bandwidth\n", "",
+                    "int8", host8.prefill_tps, host8.decode_tps, host8.prefill_tps / host.prefill_tps,
+                    host8.decode_tps / host.decode_tps, static_cast<double>(err), vs.c_str(),
+                    100.0 * host8.decode_tps * decode_bytes / bandwidth);
       }
       if (reference) {
         const timing ref = time_reference(w, prompt, decode_n, ref_logits);
