@@ -276,9 +276,9 @@ inline void q32_rows(const kquant::block_q8_32* xq, std::size_t m, const weight_
       const std::byte* rows[8];
       for (std::size_t j = 0; j < 8; ++j) rows[j] = w.data + std::min(r + j, r1 - 1) * rb;  // past r1: repeat
       // The 8 rows after the next 8, a few lines per block, into L2: 8 short rows read side by side are
-      // more streams than the hardware prefetchers follow well. (On Zen 4, two threads, 151,936 x 768:
-      // q8_0 26-30 GB/s of weights against 19-31 prefetching the next 8 rows into L1, q4_0 24-27
-      // against 15-25; into L1 two groups ahead, or into L2 one ahead, no better than before.)
+      // more streams than the hardware prefetchers follow well. (On Zen 4, two threads, 151,936 x 768,
+      // medians: q8_0 27.2 GB/s of weights against 21.8 prefetching the next 8 rows into L1, q4_0 24.5
+      // against 18.6; docs/benchmarks.md has the variants tried.)
       prefetch_plan plan{reinterpret_cast<std::uintptr_t>(w.data + std::min(r + 16, r1) * rb),
                          reinterpret_cast<std::uintptr_t>(w.data + std::min(r + 24, r1) * rb), 0};
       plan.per_step = ((plan.end - plan.next) / 64 + nb) / nb;
@@ -473,13 +473,13 @@ inline void quantize_q8_32(const float* x, std::size_t n, kquant::block_q8_32* o
 #endif
 }
 
-// Form d as this path takes it: the AVX-512 path VPDPBUSD in its EVEX encoding for either VNNI (its
-// registers reach ymm31, which VEX cannot name), the AVX2 path each form as asked.
+// Form d as this path takes it: the AVX2 path each form as asked; the AVX-512 path EVEX, else
+// VPMADDUBSW (int8_dot_for never asks it for VEX: its registers reach ymm31, which VEX cannot name).
 template <dtype T>
 inline void matmul_q32_typed(thread_pool& pool, const kquant::block_q8_32* xq, const weight_view& w, float* y,
                              std::size_t m, accumulate acc, int8_dot d) {
 #if EFIM_K_AVX512
-  if (uses_vpdpbusd(d)) return matmul_q32_simd<T, int8_dot::evex>(pool, xq, w, y, m, acc);
+  if (d == int8_dot::evex) return matmul_q32_simd<T, int8_dot::evex>(pool, xq, w, y, m, acc);
 #elif EFIM_K_AVX2
   if (d == int8_dot::vex) return matmul_q32_simd<T, int8_dot::vex>(pool, xq, w, y, m, acc);
   if (d == int8_dot::evex) return matmul_q32_simd<T, int8_dot::evex>(pool, xq, w, y, m, acc);
