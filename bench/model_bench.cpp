@@ -308,11 +308,12 @@ int main(int argc, char** argv) {
     if (models.empty()) models = default_models(dir);
     const std::string cpu = cpu_description();
     const double bandwidth = copy_bandwidth(threads);
+    const std::string path(kernels::isa_name(kernels::active_isa())),
+        int8_dot(kernels::int8_dot_name(kernels::int8_dot_for(kernels::active_isa())));
     std::printf(
         "cpu: %s, %zu threads\nkernels: the %s path (int8 products: %s); memory: %.1f GB/s copy bandwidth (read + "
         "write)\n",
-        cpu.c_str(), threads, std::string(kernels::isa_name(kernels::active_isa())).c_str(),
-        std::string(kernels::int8_dot_name(kernels::int8_dot_for(kernels::active_isa()))).c_str(), bandwidth / 1e9);
+        cpu.c_str(), threads, path.c_str(), int8_dot.c_str(), bandwidth / 1e9);
     struct peer {
       std::string row, program, lib_dir;
     };
@@ -387,8 +388,8 @@ int main(int argc, char** argv) {
                           {"prompt", prompt_n},
                           {"decode", decode_n},
                           {"cpu", cpu},
-                          {"kernels", std::string(kernels::isa_name(kernels::active_isa()))},
-                          {"int8_dot", std::string(kernels::int8_dot_name(kernels::int8_dot_for(kernels::active_isa())))},
+                          {"kernels", path},
+                          {"int8_dot", int8_dot},
                           {"copy_bandwidth_bytes_per_s", bandwidth},
                           {"decode_weight_bytes_per_token", decode_bytes},
                           {"efim",

@@ -78,7 +78,7 @@ inline void matmul(thread_pool& pool, const float* x, const weight_view& w, floa
     pool.parallel_for(m * nsb, [&](std::size_t b, std::size_t e) {
       EFIM_KERNELS_DISPATCH(quantize_q8_k(x + b * qk_k, e - b, xq + b));
     });
-    const bool vnni = int8_dot_for(active_isa()) != int8_dot::madd;  // (the AVX-512 path's kernels only)
+    const bool vnni = uses_vpdpbusd(int8_dot_for(active_isa()));  // (the AVX-512 path's kernels only)
     EFIM_KERNELS_DISPATCH(matmul_int8(pool, xq, w, y, m, acc, vnni));
     return;
   }
