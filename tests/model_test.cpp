@@ -357,21 +357,20 @@ void for_each_int8_form(F&& f) {
 }
 
 // y = the int8 product of x (xq: rounded per 256, for the k-quants; xq32: per 32, for the others) and
-// w on `path` in form d, called on that path directly. (The k-quants' kernels take VNNI on the AVX-512
-// path only.)
+// w on `path` in form d, called on that path directly.
 void int8_on(kernels::isa path, kernels::int8_dot d, thread_pool& pool, const std::vector<kquant::block_q8_k>& xq,
              const std::vector<kquant::block_q8_32>& xq32, const kernels::weight_view& w, float* y, std::size_t m) {
 #if EFIM_KERNELS_DISPATCHED
   namespace kd = kernels::detail;
-  const bool per32 = kernels::int8_products_32(w.type), vnni = kernels::uses_vpdpbusd(d);
+  const bool per32 = kernels::int8_products_32(w.type);
   if (path == kernels::isa::avx512 && per32)
     kd::isa_avx512::matmul_int8_32(pool, xq32.data(), w, y, m, kernels::accumulate::no, d);
   else if (path == kernels::isa::avx512)
-    kd::isa_avx512::matmul_int8(pool, xq.data(), w, y, m, kernels::accumulate::no, vnni);
+    kd::isa_avx512::matmul_int8(pool, xq.data(), w, y, m, kernels::accumulate::no, d);
   else if (per32)
     kd::isa_avx2::matmul_int8_32(pool, xq32.data(), w, y, m, kernels::accumulate::no, d);
   else
-    kd::isa_avx2::matmul_int8(pool, xq.data(), w, y, m, kernels::accumulate::no, vnni);
+    kd::isa_avx2::matmul_int8(pool, xq.data(), w, y, m, kernels::accumulate::no, d);
 #else
   (void)path, (void)d, (void)pool, (void)xq, (void)xq32, (void)w, (void)y, (void)m;
 #endif
@@ -393,7 +392,7 @@ TEST_CASE("int8 products: the same bits on every path, batch and thread count, w
       const double error = per == 32 ? 0.57 : 0.5;
       // Float steps per output (one per block, q5_1 two): each rounds the partial sum once.
       const double steps = static_cast<double>(cols / per * (t == dtype::q5_1 ? 2 : 1));
-      for (const std::size_t m : {1, 2, 3, 4, 5, 9, 17, 64}) {
+      for (const std::size_t m : {1, 2, 3, 4, 5, 7, 12, 13, 64}) {  // both sides of int8_stream_rows and kq_stream_rows
         INFO(to_string(t) << " m " << m << " rows " << rows << " cols " << cols);
         auto x = random_vector(r, m * cols);
         if (m == 3) {  // an all-zero block

@@ -20,10 +20,11 @@
 //   run over lanes 0-7 and then 8-15 (12 sums in registers at a time), f16 weights read where they are
 //   stored and widened in registers.
 // - generic: each panel dequantized, then multiplied by dot_tile (GCC vectors).
-// With products::int8 (impl/matmul_q8.inl): AVX-512 VNNI packs panels of 32 weight rows for more than 6
-// x rows and streams super-blocks unpacked in registers for fewer; AVX2 (and AVX-512 without VNNI) does
-// the same in 256-bit registers with VPMADDUBSW and VPMADDWD; generic is the one-output-at-a-time
-// reference. All give the reference's bits. The types of 32-weight blocks (impl/matmul_q8_32.inl)
+// With products::int8 (impl/matmul_q8.inl): up to 12 x rows, 8 weight rows at a time are streamed, each
+// super-block unpacked in 256-bit registers (VPMADDUBSW, then VPDPWSSD by the scales where the CPU has
+// VNNI, else VPMADDWD), the 8 rows' sums added across in one network; for more x rows AVX-512 VNNI packs
+// panels of 32 weight rows, AVX2 (and AVX-512 without VNNI) panels of 8 rows side by side in 256-bit
+// registers; generic is the one-output-at-a-time reference. All give the reference's bits. The types of 32-weight blocks (impl/matmul_q8_32.inl)
 // stream 8 weight rows at a time for up to 6 x rows and pack panels of 8 rows for more, in 256-bit
 // registers with VPDPBUSD where the CPU has AVX-512 VNNI, else VPMADDUBSW.
 #include <algorithm>
@@ -78,8 +79,7 @@ inline void matmul(thread_pool& pool, const float* x, const weight_view& w, floa
     pool.parallel_for(m * nsb, [&](std::size_t b, std::size_t e) {
       EFIM_KERNELS_DISPATCH(quantize_q8_k(x + b * qk_k, e - b, xq + b));
     });
-    const bool vnni = uses_vpdpbusd(int8_dot_for(active_isa()));  // (the AVX-512 path's kernels only)
-    EFIM_KERNELS_DISPATCH(matmul_int8(pool, xq, w, y, m, acc, vnni));
+    EFIM_KERNELS_DISPATCH(matmul_int8(pool, xq, w, y, m, acc, int8_dot_for(active_isa())));
     return;
   }
   EFIM_KERNELS_DISPATCH(matmul(pool, x, w, y, m, acc));

@@ -98,15 +98,16 @@ inline constexpr bool unpacked = grouped<T> && T != dtype::q8_0;
 
 // q4_k and q5_k: the 6-bit scales of groups 0-7 in bytes 0-7 and their mins in bytes 8-15, taken out
 // of the 12 bytes 32 bits at a time (kquant::scale_min's layout: groups 0-3 in the low 6 bits of bytes
-// 0-7, groups 4-7 in the nibbles of bytes 8-11 with their top 2 bits in the top bits of bytes 0-7).
+// 0-7, groups 4-7 in the nibbles of bytes 8-11 with their top 2 bits in the top bits of bytes 0-7), in
+// vector registers: dwords u0, u1, u2 at blk + 4 give [u0 & 63s, nibbles of u2 | top bits of u0, u1 &
+// 63s, high nibbles of u2 | top bits of u1].
 [[gnu::always_inline]] inline __m128i k_scale_bytes(const std::byte* blk) noexcept {
-  std::uint32_t u[3];
-  std::memcpy(u, blk + 4, sizeof u);
-  constexpr std::uint32_t low6 = 0x3f3f3f3f, low4 = 0x0f0f0f0f, top2 = 0x03030303;
-  const std::uint32_t sc_high = (u[2] & low4) | (((u[0] >> 6) & top2) << 4);
-  const std::uint32_t m_high = ((u[2] >> 4) & low4) | (((u[1] >> 6) & top2) << 4);
-  return _mm_setr_epi32(static_cast<int>(u[0] & low6), static_cast<int>(sc_high), static_cast<int>(u[1] & low6),
-                        static_cast<int>(m_high));
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 4));  // and 4 bytes of quants
+  const __m128i low6 = _mm_and_si128(v, _mm_set1_epi8(0x3f));
+  const __m128i nibbles =
+      _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(v, 0xaa), _mm_setr_epi32(0, 4, 0, 0)), _mm_set1_epi8(15));
+  const __m128i top2 = _mm_and_si128(_mm_srli_epi32(v, 2), _mm_set1_epi8(0x30));  // bits 6-7 to 4-5
+  return _mm_unpacklo_epi32(low6, _mm_or_si128(nibbles, top2));
 }
 
 // q4_k and q5_k: a[g] = d * sc and a[8 + g] = dmin * m of group g (the exact products k_scale_min

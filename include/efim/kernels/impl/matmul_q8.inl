@@ -3,9 +3,12 @@
 // super-block is an integer, exact in any order; the floating-point steps are the same on every path,
 // in the same order (int8_step), so the bits do not depend on the path, the tile or the thread.
 
-// x rows up to which weights are streamed, not packed into panels (with and without VNNI, on a
-// Sapphire Rapids Xeon, 2048 x 768: panels 1.0-2.3x as fast from 7 or 8 rows up, slower below 5).
+// x rows up to which weights are streamed, not packed into panels: the types of 32-weight blocks (with
+// and without VNNI, on a Sapphire Rapids Xeon, 2048 x 768: panels 1.0-2.3x as fast from 7 or 8 rows up,
+// slower below 5), and the k-quants (kq_rows; on Zen 4, one thread, 2048 x 768 from memory: VNNI
+// panels as fast at 16 rows for q4_k and 32 for q6_k, VPMADDUBSW panels at 12 and 16).
 inline constexpr std::size_t int8_stream_rows = 6;
+inline constexpr std::size_t kq_stream_rows = 12;
 
 // Scale groups per super-block: q6_k scales 16 weights at a time, q4_k and q5_k 32.
 template <dtype T>
@@ -94,10 +97,8 @@ inline void matmul_int8_reference(const kquant::block_q8_k* xq, std::size_t m, c
 }
 
 #if EFIM_K_AVX512 && defined(EFIM_K_AVX2_PATH_DEFINED)
-// AVX-512 with VNNI. Few x rows (decode): each weight row's super-block is unpacked in registers, in the order of k,
-// and multiplied by the x rows' quants as they are stored (each 32-bit lane of a VPDPBUSD sums 4 consecutive weights,
-// so a register of 64 weights holds two q4_k / q5_k groups or four q6_k groups); lanes are scaled by their group's
-// scale and summed to the super-block's integers.
+// AVX-512 with VNNI, many x rows (prefill; decode is the 256-bit kq_rows below, on every path): each 32-bit lane of a
+// VPDPBUSD sums 4 consecutive weights, so a register of 64 weights holds two q4_k / q5_k groups or four q6_k groups.
 
 // 64 weights of super-block `blk` as bytes in the order of k: z = 0..3 covers k in [64 z, 64 z + 64).
 template <dtype T>
@@ -161,38 +162,6 @@ template <dtype T>
     d = f16_at(blk);
     dmin = f16_at(blk + 2);
   }
-}
-
-// One weight row against x rows xs[0..MR): out[i] = its int8 product with x row i.
-template <dtype T, std::size_t MR>
-EFIM_K_TARGET_VNNI inline void int8_stream(const std::byte* row, std::size_t nsb, const kquant::block_q8_k* const* xs,
-                                           float* out) noexcept {
-  std::array<float, MR> acc{};
-  for (std::size_t b = 0; b < nsb; ++b) {
-    const std::byte* blk = row + b * info(T).bytes;
-    __m512i scale[4], sub;
-    float d, dmin;
-    int8_scales<T>(blk, scale, sub, d, dmin);
-    __m512i w[4];
-    #pragma GCC unroll 8
-    for (std::size_t z = 0; z < 4; ++z) w[z] = int8_weights<T>(blk, z);
-    #pragma GCC unroll 8
-    for (std::size_t i = 0; i < MR; ++i) {
-      const kquant::block_q8_k& a = xs[i][b];
-      __m512i t = _mm512_setzero_si512();
-      #pragma GCC unroll 8
-      for (std::size_t z = 0; z < 4; ++z) {
-        const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[z], _mm512_loadu_si512(a.qs + 64 * z));
-        t = _mm512_add_epi32(t, _mm512_mullo_epi32(s, scale[z]));
-      }
-      const __m512i bs = _mm512_cvtepi16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.bsums)));
-      const std::int32_t isum = _mm512_reduce_add_epi32(t);
-      const std::int32_t msum = _mm512_reduce_add_epi32(_mm512_mullo_epi32(bs, sub));
-      acc[i] = int8_step<T>(acc[i], d, dmin, a.d, isum, msum);
-    }
-  }
-  #pragma GCC unroll 8
-  for (std::size_t i = 0; i < MR; ++i) out[i] = acc[i];
 }
 
 // Many x rows (prefill): a panel of 32 weight rows is unpacked once into a per-thread scratch, quants
@@ -356,9 +325,55 @@ inline void int8_panels(const kquant::block_q8_k* xq, std::size_t m, const weigh
 #endif
 
 #if EFIM_K_AVX512 || EFIM_K_AVX2
-// Without VNNI (the AVX2 path, and AVX-512 CPUs without it): the same streaming in 256-bit registers,
-// VPMADDUBSW and VPMADDWD in place of VPDPBUSD (no pair of products reaches the 16-bit limit: the
-// quants are at most 63, the activations at most 127 in magnitude).
+// acc + VPDPBUSD(u, a): per 32-bit lane, the sum of 4 products of unsigned bytes u and signed bytes a,
+// in the EVEX encoding (AVX-512 VNNI; on the AVX2 path its registers are ymm0-15 as VEX's) or the VEX
+// one (AVX-VNNI, "{vex}": the same instruction without AVX-512). As inline assembly: whether the CPU
+// has it is known at run time only (int8_dot_for()), and the kernels that take it are templates whose
+// target attributes could not follow the template argument. (%{ %} are braces in the output; {a|b}
+// picks AT&T or Intel syntax, -masm=intel.)
+template <int8_dot D>
+[[gnu::always_inline]] inline __m256i dpbusd(__m256i acc, __m256i u, __m256i a) noexcept {
+  if constexpr (D == int8_dot::vex)
+    asm("%{vex%} vpdpbusd {%2, %1, %0|%0, %1, %2}" : "+x"(acc) : "x"(u), "x"(a));
+  else
+    asm("vpdpbusd {%2, %1, %0|%0, %1, %2}" : "+v"(acc) : "v"(u), "v"(a));
+  return acc;
+}
+
+// acc + VPDPWSSD(p, s): per 32-bit lane, the sum of the products of its two 16-bit words in p and s,
+// in either encoding as dpbusd; madd: VPMADDWD and VPADDD.
+template <int8_dot D>
+[[gnu::always_inline]] inline __m256i dpwssd(__m256i acc, __m256i p, __m256i s) noexcept {
+  if constexpr (D == int8_dot::vex)
+    asm("%{vex%} vpdpwssd {%2, %1, %0|%0, %1, %2}" : "+x"(acc) : "x"(p), "x"(s));
+  else if constexpr (D == int8_dot::evex)
+    asm("vpdpwssd {%2, %1, %0|%0, %1, %2}" : "+v"(acc) : "v"(p), "v"(s));
+  else
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, s));
+  return acc;
+}
+
+// The f16 at `offset` of 8 rows (a block's scale, say), widened.
+[[gnu::always_inline]] inline __m256 halves8(const std::byte* const* rows, std::size_t offset) noexcept {
+  const auto at = [&](std::size_t r) {
+    std::uint16_t h;
+    std::memcpy(&h, rows[r] + offset, 2);
+    return static_cast<int>(h);
+  };
+  __m128i v = _mm_cvtsi32_si128(at(0));
+  v = _mm_insert_epi16(v, at(1), 1);
+  v = _mm_insert_epi16(v, at(2), 2);
+  v = _mm_insert_epi16(v, at(3), 3);
+  v = _mm_insert_epi16(v, at(4), 4);
+  v = _mm_insert_epi16(v, at(5), 5);
+  v = _mm_insert_epi16(v, at(6), 6);
+  v = _mm_insert_epi16(v, at(7), 7);
+  return _mm256_cvtph_ps(v);
+}
+
+// In 256-bit registers (decode on every path; prefill on the AVX2 path and AVX-512 CPUs without VNNI):
+// VPMADDUBSW's pair sums of weights and activations (no pair reaches the 16-bit limit: the quants are
+// at most 63, the activations at most 127 in magnitude), then scaled by 16-bit factors.
 
 // 32 weights of super-block blk in the order of k: t = 0..7 covers k in [32 t, 32 t + 32).
 template <dtype T>
@@ -384,62 +399,132 @@ template <dtype T>
   }
 }
 
-// One weight row against x rows xs[0..MR), as int8_stream: per 32 weights one VPMADDUBSW and one
-// VPMADDWD by the scales (the second adds pairs and scales them at once), per super-block one
-// VPMADDWD of the mins against the x row's bsums, and the two sums reduced together.
-template <dtype T, std::size_t MR>
-inline void int8_stream256(const std::byte* row, std::size_t nsb, const kquant::block_q8_k* const* xs,
-                           float* out) noexcept {
-  std::array<float, MR> acc{};
-  for (std::size_t b = 0; b < nsb; ++b) {
-    const std::byte* blk = row + b * info(T).bytes;
-    // scale[t]: the 16-bit scale of each pair sum of weights [32 t, 32 t + 32); mins: the factor of
-    // each of the x row's 16 bsums.
-    __m256i scale[8], mins;
-    float d, dmin = 0;
-    if constexpr (T == dtype::q6_k) {
-      const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));
-      const __m256i sc16 = _mm256_cvtepi8_epi16(sc);
-      mins = _mm256_slli_epi16(sc16, 5);
-      alignas(32) std::int16_t s[16];
-      _mm256_store_si256(reinterpret_cast<__m256i*>(s), sc16);
-      #pragma GCC unroll 8
-      for (std::size_t t = 0; t < 8; ++t)
-        scale[t] = _mm256_set_m128i(_mm_set1_epi16(s[2 * t + 1]), _mm_set1_epi16(s[2 * t]));
-      d = f16_at(blk + 208);
-    } else {
-      const __m128i sm = k_scale_bytes(blk);  // bytes 0-7: the 8 scales; 8-15: the 8 mins
-      mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm));
-      alignas(16) std::uint8_t s[16];
-      _mm_store_si128(reinterpret_cast<__m128i*>(s), sm);
-      #pragma GCC unroll 8
-      for (std::size_t t = 0; t < 8; ++t) scale[t] = _mm256_set1_epi16(s[t]);
-      d = f16_at(blk);
-      dmin = f16_at(blk + 2);
+// Decode, every form: 8 weight rows at a time, as the types of 32-weight blocks go (matmul_q8_32.inl).
+// Each row's super-block is unpacked in registers 32 weights at a time; per 32 weights and x row one
+// VPMADDUBSW (pair sums, at most 2 * 63 * 128 in magnitude) and one VPDPWSSD by the run's 16-bit scales
+// (or VPMADDWD + VPADDD), per super-block one VPMADDWD of the subtrahends against x's bsums; the 8 rows'
+// lanes are then summed across in one transpose-and-add network, so that the float steps are one
+// instruction for 8 outputs (int8_step's operations, in its order, on 8 lanes).
+
+// The 16-bit scale of each pair sum of int8_weights256(blk, t) in scale[t], and in sub the factor of
+// each of x's 16 bsums (q4_k, q5_k: the group's min; q6_k: 32 times the group's scale).
+template <dtype T>
+[[gnu::always_inline]] inline void kq_scales(const std::byte* blk, __m256i* scale, __m256i& sub) noexcept {
+  if constexpr (T == dtype::q6_k) {
+    // Run t holds groups 2t (its low 128 bits: 8 pair sums) and 2t + 1 (its high 128 bits).
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
+    sub = _mm256_slli_epi16(sc16, 5);
+    const __m256i low = _mm256_permute2x128_si256(sc16, sc16, 0x00), high = _mm256_permute2x128_si256(sc16, sc16, 0x11);
+    #pragma GCC unroll 8
+    for (std::size_t t = 0; t < 8; ++t) {
+      const int a = static_cast<int>(2 * t % 8), b = a + 1;  // the words of groups 2t and 2t + 1
+      const __m256i pick = _mm256_set_m128i(_mm_set1_epi16(static_cast<short>((2 * b + 1) << 8 | 2 * b)),
+                                            _mm_set1_epi16(static_cast<short>((2 * a + 1) << 8 | 2 * a)));
+      scale[t] = _mm256_shuffle_epi8(t < 4 ? low : high, pick);
     }
-    __m256i w[8];
+  } else {
+    const __m128i sm = k_scale_bytes(blk);  // bytes 0-7: the 8 scales; 8-15: the 8 mins
+    sub = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm));
+    const __m256i both = _mm256_broadcastsi128_si256(sm);
     #pragma GCC unroll 8
-    for (std::size_t t = 0; t < 8; ++t) w[t] = int8_weights256<T>(blk, t);
+    for (std::size_t t = 0; t < 8; ++t)  // byte t, and a zero byte above it
+      scale[t] = _mm256_shuffle_epi8(both, _mm256_set1_epi16(static_cast<short>(0x8000 | t)));
+  }
+}
+
+// Lane r of the result: the sum of the 8 lanes of v[r] (VPHADDD twice, then the two halves).
+[[gnu::always_inline]] inline __m256i sum_rows8(const __m256i* v) noexcept {
+  const __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+  const __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+  return _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20), _mm256_permute2x128_si256(h0, h1, 0x31));
+}
+
+// out[i * 8 + r] for x rows xs[0 .. MR) and the 8 weight rows rows[0 .. 8), nsb super-blocks each.
+template <dtype T, std::size_t MR, int8_dot D>
+[[gnu::always_inline]] inline void kq_stream8(const std::byte* const* rows, std::size_t nsb,
+                                              const kquant::block_q8_k* const* xs, float* out,
+                                              prefetch_plan* pf) noexcept {
+  constexpr std::size_t bytes = info(T).bytes;
+  constexpr bool mins = T != dtype::q6_k;  // q4_k, q5_k: the mins' sums apart (their own float step)
+  __m256 acc[MR];
+  #pragma GCC unroll 8
+  for (std::size_t i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
+  for (std::size_t b = 0; b < nsb; ++b) {
+    prefetch_step<2>(pf);
+    const std::size_t at = b * bytes;
+    __m256i isum[MR][8], msum[MR][mins ? 8 : 1];
     #pragma GCC unroll 8
-    for (std::size_t i = 0; i < MR; ++i) {
-      const kquant::block_q8_k& a = xs[i][b];
-      __m256i v = _mm256_setzero_si256();
+    for (std::size_t r = 0; r < 8; ++r) {
+      const std::byte* blk = rows[r] + at;
+      __m256i scale[8], sub;
+      kq_scales<T>(blk, scale, sub);
+      __m256i v[MR];
+      #pragma GCC unroll 8
+      for (std::size_t i = 0; i < MR; ++i) v[i] = _mm256_setzero_si256();
       #pragma GCC unroll 8
       for (std::size_t t = 0; t < 8; ++t) {
-        const __m256i pairs = _mm256_maddubs_epi16(w[t], load(reinterpret_cast<const std::byte*>(a.qs) + 32 * t));
-        v = _mm256_add_epi32(v, _mm256_madd_epi16(pairs, scale[t]));
+        const __m256i w = int8_weights256<T>(blk, t);
+        #pragma GCC unroll 8
+        for (std::size_t i = 0; i < MR; ++i)
+          v[i] = dpwssd<D>(v[i], _mm256_maddubs_epi16(w, load(reinterpret_cast<const std::byte*>(xs[i][b].qs) + 32 * t)),
+                           scale[t]);
       }
-      const __m256i mv = _mm256_madd_epi16(mins, load(reinterpret_cast<const std::byte*>(a.bsums)));
-      // [v0+v1, v2+v3, m0+m1, m2+m3 | v4+v5, v6+v7, m4+m5, m6+m7], then the halves, then pairs
-      const __m256i t = _mm256_hadd_epi32(v, mv);
-      __m128i h = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
-      h = _mm_hadd_epi32(h, h);
-      const std::int32_t isum = _mm_cvtsi128_si32(h), msum = _mm_extract_epi32(h, 1);
-      acc[i] = int8_step<T>(acc[i], d, dmin, a.d, isum, msum);
+      #pragma GCC unroll 8
+      for (std::size_t i = 0; i < MR; ++i) {
+        const __m256i m = _mm256_madd_epi16(sub, load(reinterpret_cast<const std::byte*>(xs[i][b].bsums)));
+        if constexpr (mins) {
+          isum[i][r] = v[i];
+          msum[i][r] = m;
+        } else {
+          isum[i][r] = _mm256_sub_epi32(v[i], m);
+        }
+      }
+    }
+    const __m256 d = halves8(rows, at + (T == dtype::q6_k ? 208 : 0));
+    #pragma GCC unroll 8
+    for (std::size_t i = 0; i < MR; ++i) {
+      const __m256 da = _mm256_set1_ps(xs[i][b].d);
+      acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(sum_rows8(isum[i])), acc[i]);
+      if constexpr (mins) {
+        const __m256 dmin = halves8(rows, at + 2);
+        acc[i] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, da), _mm256_cvtepi32_ps(sum_rows8(msum[i])), acc[i]);
+      }
     }
   }
   #pragma GCC unroll 8
-  for (std::size_t i = 0; i < MR; ++i) out[i] = acc[i];
+  for (std::size_t i = 0; i < MR; ++i) _mm256_store_ps(out + 8 * i, acc[i]);
+}
+
+// Rows [r0, r1) for m x rows: each block of 8 weight rows against every 4 x rows in turn (read from
+// memory once, then from L1).
+template <dtype T, int8_dot D>
+inline void kq_rows(const kquant::block_q8_k* xq, std::size_t m, const weight_view& w, std::size_t r0, std::size_t r1,
+                    float* y, accumulate acc) {
+  const std::size_t nsb = w.cols / qk_k, rb = row_bytes(T, w.cols);
+  for (std::size_t r = r0; r < r1; r += 8) {
+    const std::byte* rows[8];
+    for (std::size_t j = 0; j < 8; ++j) rows[j] = w.data + std::min(r + j, r1 - 1) * rb;  // past r1: repeat
+    // The 8 rows after the next 8, a few lines per super-block, into L2 (as q32_rows).
+    prefetch_plan plan{reinterpret_cast<std::uintptr_t>(w.data + std::min(r + 16, r1) * rb),
+                       reinterpret_cast<std::uintptr_t>(w.data + std::min(r + 24, r1) * rb), 0};
+    plan.per_step = ((plan.end - plan.next) / 64 + nsb) / nsb;
+    for (std::size_t i0 = 0; i0 < m; i0 += 4) {
+      const std::size_t mr = std::min<std::size_t>(4, m - i0);
+      const kquant::block_q8_k* xs[4];
+      for (std::size_t i = 0; i < 4; ++i) xs[i] = xq + std::min(i0 + i, m - 1) * nsb;
+      prefetch_plan* const pf = i0 == 0 ? &plan : nullptr;
+      alignas(32) float out[4 * 8];
+      if (mr == 4)
+        kq_stream8<T, 4, D>(rows, nsb, xs, out, pf);
+      else if (mr == 3)
+        kq_stream8<T, 3, D>(rows, nsb, xs, out, pf);
+      else if (mr == 2)
+        kq_stream8<T, 2, D>(rows, nsb, xs, out, pf);
+      else
+        kq_stream8<T, 1, D>(rows, nsb, xs, out, pf);
+      store_tile(out, 8, y + i0 * w.rows + r, w.rows, mr, std::min<std::size_t>(8, r1 - r), acc);
+    }
+  }
 }
 
 // Many x rows without VNNI (prefill): as the VNNI panels, weight rows packed once per thread, here 8
@@ -611,46 +696,6 @@ inline void int8_panels256(const kquant::block_q8_k* xq, std::size_t m, const we
   }
 }
 
-template <dtype T, std::size_t MR, bool Vnni>
-[[gnu::always_inline]] inline void stream(const std::byte* row, std::size_t nsb, const kquant::block_q8_k* const* xs,
-                                          float* out) noexcept {
-#if EFIM_K_AVX512 && defined(EFIM_K_AVX2_PATH_DEFINED)
-  if constexpr (Vnni) return int8_stream<T, MR>(row, nsb, xs, out);
-#endif
-  int8_stream256<T, MR>(row, nsb, xs, out);
-}
-
-inline constexpr std::size_t int8_prefetch_rows = 4;
-
-template <dtype T, bool Vnni>
-inline void int8_rows(const kquant::block_q8_k* xq, std::size_t m, const weight_view& w, std::size_t r0, std::size_t r1,
-                      float* y, accumulate acc) {
-  const std::size_t nsb = w.cols / qk_k, rb = row_bytes(T, w.cols);
-  for (std::size_t i0 = 0; i0 < m; i0 += 4) {
-    const std::size_t mr = std::min<std::size_t>(4, m - i0);
-    const kquant::block_q8_k* xs[4];
-    for (std::size_t i = 0; i < 4; ++i) xs[i] = xq + std::min(i0 + i, m - 1) * nsb;
-    for (std::size_t r = r0; r < r1; ++r) {
-      float out[4];
-      const std::byte* row = w.data + r * rb;
-      // The row int8_prefetch_rows ahead, whole: a row streamed alone does not keep enough loads in
-      // flight (the hardware prefetchers do not follow such short runs well).
-      if (r + int8_prefetch_rows < r1) {
-        const auto* ahead = reinterpret_cast<const char*>(row + int8_prefetch_rows * rb);
-        for (std::size_t line = 0; line < rb; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
-      }
-      if (mr == 4)
-        stream<T, 4, Vnni>(row, nsb, xs, out);
-      else if (mr == 3)
-        stream<T, 3, Vnni>(row, nsb, xs, out);
-      else if (mr == 2)
-        stream<T, 2, Vnni>(row, nsb, xs, out);
-      else
-        stream<T, 1, Vnni>(row, nsb, xs, out);
-      store_tile(out, 1, y + i0 * w.rows + r, w.rows, mr, 1, acc);
-    }
-  }
-}
 #endif
 
 // x[0 .. 256 n) rounded to 8 bits into out[0 .. n): kquant::quantize's bytes (the AVX-512 path takes the
@@ -689,20 +734,29 @@ inline void quantize_q8_k(const float* x, std::size_t n, kquant::block_q8_k* out
 }
 
 // y (m, rows) = [y +] x w^T for x rounded to 8 bits (xq: m rows of cols / 256 blocks) and T one of
-// q4_k, q5_k, q6_k, on this path.
+// q4_k, q5_k, q6_k, on this path, in form d as matmul_q32_typed takes it (prefill: the AVX-512 path's
+// VNNI panels for EVEX, else the 256-bit VPMADDUBSW panels).
 template <dtype T>
 inline void matmul_int8_typed(thread_pool& pool, const kquant::block_q8_k* xq, const weight_view& w, float* y,
-                              std::size_t m, accumulate acc, bool vnni) {
-#if EFIM_K_AVX512 && defined(EFIM_K_AVX2_PATH_DEFINED)
-  if (vnni && m <= int8_stream_rows) {
+                              std::size_t m, accumulate acc, int8_dot d) {
+#if EFIM_K_AVX512 || EFIM_K_AVX2
+  if (m <= kq_stream_rows) {
     const std::size_t units = (w.rows + 15) / 16;
-    pool.parallel_for(
-        units,
-        [&](std::size_t b, std::size_t e) { int8_rows<T, true>(xq, m, w, b * 16, std::min(e * 16, w.rows), y, acc); },
-        (units + pool.size() - 1) / pool.size());
-    return;
+    const auto rows = [&]<int8_dot D>() {
+      pool.parallel_for(
+          units,
+          [&](std::size_t b, std::size_t e) { kq_rows<T, D>(xq, m, w, b * 16, std::min(e * 16, w.rows), y, acc); },
+          (units + pool.size() - 1) / pool.size());
+    };
+#if EFIM_K_AVX2
+    if (d == int8_dot::vex) return rows.template operator()<int8_dot::vex>();
+#endif
+    if (d == int8_dot::evex) return rows.template operator()<int8_dot::evex>();
+    return rows.template operator()<int8_dot::madd>();
   }
-  if (vnni) {
+#endif
+#if EFIM_K_AVX512 && defined(EFIM_K_AVX2_PATH_DEFINED)
+  if (d == int8_dot::evex) {
     const std::size_t units = (w.rows + int8_nr - 1) / int8_nr;
     pool.parallel_for(units, [&](std::size_t b, std::size_t e) {
       int8_panels<T>(xq, m, w, b * int8_nr, std::min(e * int8_nr, w.rows), y, acc);
@@ -710,21 +764,13 @@ inline void matmul_int8_typed(thread_pool& pool, const kquant::block_q8_k* xq, c
     return;
   }
 #endif
-  (void)vnni;
+  (void)d;
 #if EFIM_K_AVX512 || EFIM_K_AVX2
-  if (m > int8_stream_rows) {
-    constexpr std::size_t panel = int8_slice_rows * int8_slices;
-    const std::size_t units = (w.rows + panel - 1) / panel;
-    pool.parallel_for(units, [&](std::size_t b, std::size_t e) {
-      int8_panels256<T>(xq, m, w, b * panel, std::min(e * panel, w.rows), y, acc);
-    });
-    return;
-  }
-  const std::size_t units = (w.rows + 15) / 16;
-  pool.parallel_for(
-      units,
-      [&](std::size_t b, std::size_t e) { int8_rows<T, false>(xq, m, w, b * 16, std::min(e * 16, w.rows), y, acc); },
-      (units + pool.size() - 1) / pool.size());
+  constexpr std::size_t panel = int8_slice_rows * int8_slices;
+  const std::size_t units = (w.rows + panel - 1) / panel;
+  pool.parallel_for(units, [&](std::size_t b, std::size_t e) {
+    int8_panels256<T>(xq, m, w, b * panel, std::min(e * panel, w.rows), y, acc);
+  });
   return;
 #endif
   pool.parallel_for((w.rows + 7) / 8, [&](std::size_t b, std::size_t e) {
@@ -733,14 +779,14 @@ inline void matmul_int8_typed(thread_pool& pool, const kquant::block_q8_k* xq, c
 }
 
 inline void matmul_int8(thread_pool& pool, const kquant::block_q8_k* xq, const weight_view& w, float* y, std::size_t m,
-                        accumulate acc, bool vnni) {
+                        accumulate acc, int8_dot d) {
   switch (w.type) {
     case dtype::q4_k:
-      return matmul_int8_typed<dtype::q4_k>(pool, xq, w, y, m, acc, vnni);
+      return matmul_int8_typed<dtype::q4_k>(pool, xq, w, y, m, acc, d);
     case dtype::q5_k:
-      return matmul_int8_typed<dtype::q5_k>(pool, xq, w, y, m, acc, vnni);
+      return matmul_int8_typed<dtype::q5_k>(pool, xq, w, y, m, acc, d);
     case dtype::q6_k:
-      return matmul_int8_typed<dtype::q6_k>(pool, xq, w, y, m, acc, vnni);
+      return matmul_int8_typed<dtype::q6_k>(pool, xq, w, y, m, acc, d);
     default:
       return;  // matmul.hpp sends only these types here
   }

@@ -85,21 +85,6 @@ inline void matmul_q32_reference(const kquant::block_q8_32* xq, std::size_t m, c
 // so that each 32-bit lane sums one output and a tile of x rows costs one product per 4 weights of 8
 // rows and x row.
 
-// acc + VPDPBUSD(u, a): per 32-bit lane, the sum of 4 products of unsigned bytes u and signed bytes a,
-// in the EVEX encoding (AVX-512 VNNI; on the AVX2 path its registers are ymm0-15 as VEX's) or the VEX
-// one (AVX-VNNI, "{vex}": the same instruction without AVX-512). As inline assembly: whether the CPU
-// has it is known at run time only (int8_dot_for()), and the kernels that take it are templates whose
-// target attributes could not follow the template argument. (%{ %} are braces in the output; {a|b}
-// picks AT&T or Intel syntax, -masm=intel.)
-template <int8_dot D>
-[[gnu::always_inline]] inline __m256i dpbusd(__m256i acc, __m256i u, __m256i a) noexcept {
-  if constexpr (D == int8_dot::vex)
-    asm("%{vex%} vpdpbusd {%2, %1, %0|%0, %1, %2}" : "+x"(acc) : "x"(u), "x"(a));
-  else
-    asm("vpdpbusd {%2, %1, %0|%0, %1, %2}" : "+v"(acc) : "v"(u), "v"(a));
-  return acc;
-}
-
 // Without VNNI, q8_0's weights stay signed (VPMADDUBSW's pairs of 255 * 127 would saturate): the
 // products are |w| times a with w's sign (VPSIGNB), and there is no bias.
 template <dtype T, bool Vnni>
@@ -144,24 +129,6 @@ template <dtype T, int8_dot D>
 
 [[gnu::always_inline]] inline __m256i load_qs(const kquant::block_q8_32& a) noexcept {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.qs));
-}
-
-// Block b's scales (and q5_1's mins) of 8 rows, widened.
-[[gnu::always_inline]] inline __m256 q32_halves(const std::byte* const* rows, std::size_t offset) noexcept {
-  const auto at = [&](std::size_t r) {
-    std::uint16_t h;
-    std::memcpy(&h, rows[r] + offset, 2);
-    return static_cast<int>(h);
-  };
-  __m128i v = _mm_cvtsi32_si128(at(0));
-  v = _mm_insert_epi16(v, at(1), 1);
-  v = _mm_insert_epi16(v, at(2), 2);
-  v = _mm_insert_epi16(v, at(3), 3);
-  v = _mm_insert_epi16(v, at(4), 4);
-  v = _mm_insert_epi16(v, at(5), 5);
-  v = _mm_insert_epi16(v, at(6), 6);
-  v = _mm_insert_epi16(v, at(7), 7);
-  return _mm256_cvtph_ps(v);
 }
 
 // The float steps of a block for 8 outputs: dot holds the 8 integer sums sum(u a), x's block a.
@@ -217,7 +184,7 @@ template <dtype T, std::size_t MR, int8_dot D>
         }
       }
       const std::byte* const order[8] = {rows[0], rows[2], rows[4], rows[6], rows[1], rows[3], rows[5], rows[7]};
-      const __m256 d = q32_halves(order, at);
+      const __m256 d = halves8(order, at);
       #pragma GCC unroll 8
       for (std::size_t i = 0; i < MR; ++i) {
         const __m256i dot =
@@ -245,8 +212,8 @@ template <dtype T, std::size_t MR, int8_dot D>
       #pragma GCC unroll 8
       for (std::size_t i = 0; i < MR; ++i) half[i][h] = _mm256_hadd_epi32(pair[i][0], pair[i][1]);
     }
-    const __m256 d = q32_halves(rows, at);
-    const __m256 mn = T == dtype::q5_1 ? q32_halves(rows, at + 2) : d;
+    const __m256 d = halves8(rows, at);
+    const __m256 mn = T == dtype::q5_1 ? halves8(rows, at + 2) : d;
     #pragma GCC unroll 8
     for (std::size_t i = 0; i < MR; ++i) {
       // Low halves of rows 0-3 and 4-7 plus their high halves: lane r the sum of row r.
