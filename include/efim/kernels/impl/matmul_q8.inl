@@ -616,7 +616,9 @@ inline void int8_pack256(const weight_view& w, std::size_t p0, std::size_t nc, s
 
 // out[i][j] (out[i * 8 + j], 32-byte aligned) for x rows xs[0 .. MR) against the slice's 8 rows. The
 // sums in floats stay in `out` between super-blocks (16 registers hold the integer sums and operands).
-template <dtype T, std::size_t MR>
+// With VNNI (the AVX2 path of a CPU with AVX-VNNI or AVX-512 VNNI) each group's quads go through one
+// VPDPBUSD each into 32-bit sums, then one VPMULLD by the group's scale (the high half of p.sc's lanes).
+template <dtype T, std::size_t MR, int8_dot D>
 inline void int8_tile256(const int8_slice& p, std::size_t nsb, const kquant::block_q8_k* const* xs,
                          float* out) noexcept {
   constexpr std::size_t G = q8_groups<T>, R = int8_slice_rows, quads = qk_k / G / 4, run = int16_run<T>;
@@ -630,6 +632,22 @@ inline void int8_tile256(const int8_slice& p, std::size_t nsb, const kquant::blo
     for (std::size_t i = 0; i < MR; ++i) is[i] = _mm256_setzero_si256();
     for (std::size_t g = 0; g < G; ++g) {
       const __m256i sc = _mm256_load_si256(reinterpret_cast<const __m256i*>(p.sc + (b * G + g) * R));
+      if constexpr (uses_vpdpbusd(D)) {
+        __m256i s[MR];
+        #pragma GCC unroll 8
+        for (std::size_t i = 0; i < MR; ++i) s[i] = _mm256_setzero_si256();
+        #pragma GCC unroll 8
+        for (std::size_t u = 0; u < quads; ++u) {
+          const std::size_t quad = g * quads + u;
+          const __m256i wv = _mm256_load_si256(reinterpret_cast<const __m256i*>(wq + quad * 4 * R));
+          #pragma GCC unroll 8
+          for (std::size_t i = 0; i < MR; ++i) s[i] = dpbusd<D>(s[i], wv, broadcast4(xs[i][b].qs + 4 * quad));
+        }
+        const __m256i sc32 = _mm256_srai_epi32(sc, 16);
+        #pragma GCC unroll 8
+        for (std::size_t i = 0; i < MR; ++i) is[i] = _mm256_add_epi32(is[i], _mm256_mullo_epi32(s[i], sc32));
+        continue;
+      }
       for (std::size_t u0 = 0; u0 < quads; u0 += run) {
         __m256i s[MR];
         #pragma GCC unroll 8
@@ -667,7 +685,7 @@ inline void int8_tile256(const int8_slice& p, std::size_t nsb, const kquant::blo
   }
 }
 
-template <dtype T>
+template <dtype T, int8_dot D>
 inline void int8_panels256(const kquant::block_q8_k* xq, std::size_t m, const weight_view& w, std::size_t r0,
                            std::size_t r1, float* y, accumulate acc) {
   constexpr std::size_t R = int8_slice_rows, panel = R * int8_slices;
@@ -683,13 +701,13 @@ inline void int8_panels256(const kquant::block_q8_k* xq, std::size_t m, const we
       for (std::size_t k = 0; k < slices; ++k) {
         alignas(32) float out[4 * R];
         if (mr == 4)
-          int8_tile256<T, 4>(s[k], nsb, xs, out);
+          int8_tile256<T, 4, D>(s[k], nsb, xs, out);
         else if (mr == 3)
-          int8_tile256<T, 3>(s[k], nsb, xs, out);
+          int8_tile256<T, 3, D>(s[k], nsb, xs, out);
         else if (mr == 2)
-          int8_tile256<T, 2>(s[k], nsb, xs, out);
+          int8_tile256<T, 2, D>(s[k], nsb, xs, out);
         else
-          int8_tile256<T, 1>(s[k], nsb, xs, out);
+          int8_tile256<T, 1, D>(s[k], nsb, xs, out);
         store_tile(out, R, y + i0 * w.rows + p0 + k * R, w.rows, mr, std::min(R, nc - k * R), acc);
       }
     }
@@ -764,15 +782,21 @@ inline void matmul_int8_typed(thread_pool& pool, const kquant::block_q8_k* xq, c
     return;
   }
 #endif
-  (void)d;
 #if EFIM_K_AVX512 || EFIM_K_AVX2
-  constexpr std::size_t panel = int8_slice_rows * int8_slices;
-  const std::size_t units = (w.rows + panel - 1) / panel;
-  pool.parallel_for(units, [&](std::size_t b, std::size_t e) {
-    int8_panels256<T>(xq, m, w, b * panel, std::min(e * panel, w.rows), y, acc);
-  });
-  return;
+  const auto panels = [&]<int8_dot D>() {
+    constexpr std::size_t panel = int8_slice_rows * int8_slices;
+    const std::size_t units = (w.rows + panel - 1) / panel;
+    pool.parallel_for(units, [&](std::size_t b, std::size_t e) {
+      int8_panels256<T, D>(xq, m, w, b * panel, std::min(e * panel, w.rows), y, acc);
+    });
+  };
+#if EFIM_K_AVX2
+  if (d == int8_dot::vex) return panels.template operator()<int8_dot::vex>();
+  if (d == int8_dot::evex) return panels.template operator()<int8_dot::evex>();
 #endif
+  return panels.template operator()<int8_dot::madd>();
+#endif
+  (void)d;
   pool.parallel_for((w.rows + 7) / 8, [&](std::size_t b, std::size_t e) {
     matmul_int8_reference<T>(xq, m, w, b * 8, std::min(e * 8, w.rows), y, acc);
   });
