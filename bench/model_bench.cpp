@@ -405,17 +405,9 @@ int main(int argc, char** argv) {
                           {"decode_tokens_per_s", host8.decode_tps},
                           {"prefill_logits_max_relative_error_against_exact", err},
                           {"decode_fraction_of_copy_bandwidth", host8.decode_tps * decode_bytes / bandwidth}};
-        std::string vs;
-        if (llama && llama_best[0]) {
-          const double pp = llama_best[0]->at("pp_best").get<double>(), tg = llama_best[0]->at("tg_best").get<double>();
-          r["efim_int8_over_llama_cpp"] = {{"prefill", host8.prefill_tps / pp}, {"decode", host8.decode_tps / tg}};
-          char text[96];
-          std::snprintf(text, sizeof text, "   %.2fx / %.2fx llama.cpp's", host8.prefill_tps / pp, host8.decode_tps / tg);
-          vs = text;
-        }
-        std::printf("%-28s %-6s %12.1f %12.2f %11.2fx %11.2fx %9.1e%s; decode reads %.0f%% of the copy bandwidth\n", "",
+        std::printf("%-28s %-6s %12.1f %12.2f %11.2fx %11.2fx %9.1e; decode reads %.0f%% of the copy bandwidth\n", "",
                     "int8", host8.prefill_tps, host8.decode_tps, host8.prefill_tps / host.prefill_tps,
-                    host8.decode_tps / host.decode_tps, static_cast<double>(err), vs.c_str(),
+                    host8.decode_tps / host.decode_tps, static_cast<double>(err),
                     100.0 * host8.decode_tps * decode_bytes / bandwidth);
       }
       if (reference) {
@@ -440,8 +432,15 @@ int main(int argc, char** argv) {
             r[key] = *l;
             r[key]["reps"] = reps;
             r["efim_over_" + key] = {{"prefill", host.prefill_tps / pp}, {"decode", host.decode_tps / tg}};
-            std::printf("%-28s %-6s %12.1f %12.2f %11.2fx %11.2fx\n", first.c_str(), row, pp, tg,
-                        host.prefill_tps / pp, host.decode_tps / tg);
+            // The programs' default for quantized weights (int8) over this row too.
+            char int8_text[64] = "";
+            if (time8) {
+              r["efim_int8_over_" + key] = {{"prefill", host8.prefill_tps / pp}, {"decode", host8.decode_tps / tg}};
+              std::snprintf(int8_text, sizeof int8_text, "   int8 %.2fx / %.2fx", host8.prefill_tps / pp,
+                            host8.decode_tps / tg);
+            }
+            std::printf("%-28s %-6s %12.1f %12.2f %11.2fx %11.2fx%s\n", first.c_str(), row, pp, tg,
+                        host.prefill_tps / pp, host.decode_tps / tg, int8_text);
           } else if (p == 0) {
             std::printf("%-28s %-6s (not available: build efim-llama-reference after .ci/setup)\n", "", row);
           } else if (p > 1) {
@@ -457,7 +456,8 @@ int main(int argc, char** argv) {
     std::printf(
         "(x: efim's tokens/s over that row's; check: efim's prefill logits against the reference's; llama:\n"
         " llama.cpp's prebuilt CPU libraries; built: llama.cpp built here by bench/build_llama_cpp.sh;\n"
-        " int8: efim with int8 products, x over efim's exact products, check against their logits)\n");
+        " int8: efim with int8 products (the programs' default for quantized weights), x over efim's exact\n"
+        " products, check against their logits; on llama.cpp's rows, int8's tokens/s over theirs)\n");
     if (!results.empty())
       for (const char* key : {"llama_cpp", "llama_cpp_native"})
         if (results.back().contains(key))
