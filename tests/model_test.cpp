@@ -392,7 +392,7 @@ TEST_CASE("int8 products: the same bits on every path, batch and thread count, w
       const double error = per == 32 ? 0.57 : 0.5;
       // Float steps per output (one per block, q5_1 two): each rounds the partial sum once.
       const double steps = static_cast<double>(cols / per * (t == dtype::q5_1 ? 2 : 1));
-      for (const std::size_t m : {1, 2, 3, 4, 5, 7, 12, 13, 64}) {  // both sides of int8_stream_rows and kq_stream_rows
+      for (const std::size_t m : {1, 2, 3, 4, 5, 7, 12, 13, 64}) {  // both sides of int8_stream_rows
         INFO(to_string(t) << " m " << m << " rows " << rows << " cols " << cols);
         auto x = random_vector(r, m * cols);
         if (m == 3) {  // an all-zero block

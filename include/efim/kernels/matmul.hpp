@@ -24,9 +24,9 @@
 // super-block unpacked in 256-bit registers (VPMADDUBSW, then VPDPWSSD by the scales where the CPU has
 // VNNI, else VPMADDWD), the 8 rows' sums added across in one network; for more x rows AVX-512 VNNI packs
 // panels of 32 weight rows, AVX2 (and AVX-512 without VNNI) panels of 8 rows side by side in 256-bit
-// registers; generic is the one-output-at-a-time reference. All give the reference's bits. The types of 32-weight blocks (impl/matmul_q8_32.inl)
-// stream 8 weight rows at a time for up to 6 x rows and pack panels of 8 rows for more, in 256-bit
-// registers with VPDPBUSD where the CPU has AVX-512 VNNI, else VPMADDUBSW.
+// registers; generic is the one-output-at-a-time reference. All give the reference's bits. The types of
+// 32-weight blocks (impl/matmul_q8_32.inl) stream 8 weight rows at a time for up to 12 x rows and pack
+// panels of 8 rows for more, in 256-bit registers with VPDPBUSD where the CPU has VNNI, else VPMADDUBSW.
 #include <algorithm>
 #include <cstddef>
 #include <vector>

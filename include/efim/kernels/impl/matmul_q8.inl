@@ -3,12 +3,12 @@
 // super-block is an integer, exact in any order; the floating-point steps are the same on every path,
 // in the same order (int8_step), so the bits do not depend on the path, the tile or the thread.
 
-// x rows up to which weights are streamed, not packed into panels: the types of 32-weight blocks (with
-// and without VNNI, on a Sapphire Rapids Xeon, 2048 x 768: panels 1.0-2.3x as fast from 7 or 8 rows up,
-// slower below 5), and the k-quants (kq_rows; on Zen 4, one thread, 2048 x 768 from memory: VNNI
-// panels as fast at 16 rows for q4_k and 32 for q6_k, VPMADDUBSW panels at 12 and 16).
-inline constexpr std::size_t int8_stream_rows = 6;
-inline constexpr std::size_t kq_stream_rows = 12;
+// x rows up to which weights are streamed (kq_rows, q32_rows: each block of 8 weight rows read once for
+// all x rows), not packed into panels. On Zen 4, one thread, 2048 x 768 from memory, streaming is as
+// fast as the panels at 12-16 x rows with VPMADDUBSW and 12-32 with VNNI, depending on the type (it
+// was 6 when the streaming read the weights once per 4 x rows: on a Sapphire Rapids Xeon the panels
+// were then 1.0-2.3x as fast from 7 or 8 rows up).
+inline constexpr std::size_t int8_stream_rows = 12;
 
 // Scale groups per super-block: q6_k scales 16 weights at a time, q4_k and q5_k 32.
 template <dtype T>
@@ -758,7 +758,7 @@ template <dtype T>
 inline void matmul_int8_typed(thread_pool& pool, const kquant::block_q8_k* xq, const weight_view& w, float* y,
                               std::size_t m, accumulate acc, int8_dot d) {
 #if EFIM_K_AVX512 || EFIM_K_AVX2
-  if (m <= kq_stream_rows) {
+  if (m <= int8_stream_rows) {
     const std::size_t units = (w.rows + 15) / 16;
     const auto rows = [&]<int8_dot D>() {
       pool.parallel_for(
