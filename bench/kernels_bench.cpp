@@ -10,6 +10,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "../tests/support.hpp"
@@ -101,10 +102,11 @@ struct prefill_total {
 // With products::int8 (the quantized types) the error is against the same plain loop (the activations'
 // rounding to 8 bits shows in it), and "canonical" means the bits of the generic path's int8 sums.
 void bench_typed_matmul(thread_pool& pool, dtype type, std::size_t m, std::size_t rows, std::size_t cols,
-                        prefill_total* total = nullptr, kernels::products products = kernels::products::exact) {
+                        prefill_total* total = nullptr, kernels::products products = kernels::products::exact,
+                        bool cached = false) {
   rng r(4);
   const bool decode = m <= 8;
-  const auto w = make_bench_weights(r, type, rows, cols, decode ? std::size_t{128} << 20 : 0);
+  const auto w = make_bench_weights(r, type, rows, cols, decode && !cached ? std::size_t{128} << 20 : 0);
   const auto x = random_vector(r, m * cols);
   std::vector<float> want(m * rows), got(m * rows), row(cols);
   const auto reference = [&] {
@@ -257,8 +259,9 @@ void bench_model(thread_pool& pool) {
 // Typed matmul at the shapes of a Qwen2-like model (hidden 768, 12 heads / 2 KV heads, FFN 2048,
 // vocabulary 151936): prefill of 512 tokens, and decode.
 // `words`: the command line's section words; type names among them (q4_k, q6_k, ...) keep those types
-// alone, "decode" skips the prefill rows, and "int8" adds rows with products::int8 after each exact
-// one for the quantized types (kernels::int8_products).
+// alone, "decode" skips the prefill rows, "int8" adds rows with products::int8 after each exact one for
+// the quantized types (kernels::int8_products), and "cached" a decode row of a 512 x 768 matrix that
+// stays in the caches (the kernels' arithmetic rather than the memory's speed).
 void bench_typed(thread_pool& pool, const std::vector<std::string>& words) {
   struct shape {
     std::size_t rows, cols;
@@ -288,14 +291,97 @@ void bench_typed(thread_pool& pool, const std::vector<std::string>& words) {
     }
     bench_typed_matmul(pool, t, 4, 2048, 768);
     if (int8(t)) bench_typed_matmul(pool, t, 4, 2048, 768, nullptr, kernels::products::int8);
+    if (named("cached")) {  // one weight matrix of 512 x 768, in the caches after the first call
+      bench_typed_matmul(pool, t, 1, 512, 768, nullptr, kernels::products::exact, true);
+      if (int8(t)) bench_typed_matmul(pool, t, 1, 512, 768, nullptr, kernels::products::int8, true);
+    }
   }
+}
+
+#if EFIM_KERNELS_DISPATCHED
+// int8 products of m x rows on one thread, a 2048 x 768 matrix from memory: the streaming kernels
+// (kq_rows, q32_rows: decode) against the panels (prefill), both called directly on the active path in
+// the form it takes, to place int8_stream_rows (below it matmul streams, above it packs panels).
+template <dtype T, kernels::int8_dot D, bool Avx512>
+void bench_crossover(rng& r) {
+  namespace kd = kernels::detail;
+  constexpr bool per32 = kernels::int8_products_32(T);
+  using block = std::conditional_t<per32, kquant::block_q8_32, kquant::block_q8_k>;
+  const std::size_t rows = 2048, cols = 768, per = per32 ? 32 : qk_k;
+  const auto w = make_bench_weights(r, T, rows, cols, std::size_t{128} << 20);
+  for (const std::size_t m : {1, 4, 8, 12, 16, 24, 32}) {
+    const auto x = random_vector(r, m * cols);
+    std::vector<block> xq(m * cols / per);
+    for (std::size_t b = 0; b < xq.size(); ++b) kquant::quantize(x.data() + b * per, xq[b]);
+    std::vector<float> ys(m * rows), yp(m * rows);
+    std::size_t copy = 0;
+    const auto stream = [&] {
+      const auto v = w.view(copy);
+      copy = (copy + 1) % w.copies;
+      if constexpr (per32 && Avx512)
+        kd::isa_avx512::q32_rows<T, D>(xq.data(), m, v, 0, rows, ys.data(), kernels::accumulate::no);
+      else if constexpr (per32)
+        kd::isa_avx2::q32_rows<T, D>(xq.data(), m, v, 0, rows, ys.data(), kernels::accumulate::no);
+      else if constexpr (Avx512)
+        kd::isa_avx512::kq_rows<T, D>(xq.data(), m, v, 0, rows, ys.data(), kernels::accumulate::no);
+      else
+        kd::isa_avx2::kq_rows<T, D>(xq.data(), m, v, 0, rows, ys.data(), kernels::accumulate::no);
+    };
+    const auto panels = [&] {
+      const auto v = w.view(copy);
+      copy = (copy + 1) % w.copies;
+      if constexpr (per32 && Avx512)
+        kd::isa_avx512::q32_panels<T, D>(xq.data(), m, v, 0, rows, yp.data(), kernels::accumulate::no);
+      else if constexpr (per32)
+        kd::isa_avx2::q32_panels<T, D>(xq.data(), m, v, 0, rows, yp.data(), kernels::accumulate::no);
+      else if constexpr (Avx512 && D == kernels::int8_dot::evex)
+        kd::isa_avx512::int8_panels<T>(xq.data(), m, v, 0, rows, yp.data(), kernels::accumulate::no);
+      else if constexpr (Avx512)
+        kd::isa_avx512::int8_panels256<T, D>(xq.data(), m, v, 0, rows, yp.data(), kernels::accumulate::no);
+      else
+        kd::isa_avx2::int8_panels256<T, D>(xq.data(), m, v, 0, rows, yp.data(), kernels::accumulate::no);
+    };
+    const double ts = seconds_per_call(stream, 0.3), tp = seconds_per_call(panels, 0.3);
+    std::printf("int8 %-4s %2zu x rows x 2048x768, 1 thread: stream %8.1f us   panels %8.1f us   stream %5.2fx the "
+                "panels' speed   %s\n",
+                std::string(to_string(T)).c_str(), m, ts * 1e6, tp * 1e6, tp / ts,
+                std::memcmp(ys.data(), yp.data(), ys.size() * sizeof(float)) == 0 ? "same bits" : "BITS DIFFER");
+  }
+}
+
+template <kernels::int8_dot D, bool Avx512>
+void bench_crossovers() {
+  rng r(5);
+  bench_crossover<dtype::q4_k, D, Avx512>(r);
+  bench_crossover<dtype::q6_k, D, Avx512>(r);
+  bench_crossover<dtype::q8_0, D, Avx512>(r);
+  bench_crossover<dtype::q4_0, D, Avx512>(r);
+}
+#endif
+
+// "crossover": bench_crossover for the active path and its int8 form.
+void bench_crossover_section() {
+  const kernels::isa path = kernels::active_isa();
+  const kernels::int8_dot d = kernels::int8_dot_for(path);
+  std::printf("int8 streaming against panels: path %s, int8 form %s\n", std::string(kernels::isa_name(path)).c_str(),
+              std::string(kernels::int8_dot_name(d)).c_str());
+#if EFIM_KERNELS_DISPATCHED
+  using kernels::int8_dot;
+  if (path == kernels::isa::avx512)
+    return d == int8_dot::evex ? bench_crossovers<int8_dot::evex, true>() : bench_crossovers<int8_dot::madd, true>();
+  if (path == kernels::isa::avx2)
+    return d == int8_dot::vex    ? bench_crossovers<int8_dot::vex, false>()
+           : d == int8_dot::evex ? bench_crossovers<int8_dot::evex, false>()
+                                 : bench_crossovers<int8_dot::madd, false>();
+#endif
+  std::printf("(the generic path has one int8 kernel: nothing to compare)\n");
 }
 
 }  // namespace
 
 // Arguments: threads (0: one per hardware thread), then optionally which sections to run (words
-// naming any of: matmul, typed, attention, model; for typed, also element types and "decode", as in
-// `efim-kernels-bench 2 typed decode q4_k q6_k`).
+// naming any of: matmul, typed, attention, model, crossover; for typed, also element types and
+// "decode", as in `efim-kernels-bench 2 typed decode q4_k q6_k`). crossover is not in the default set.
 int main(int argc, char** argv) {
   const std::size_t threads = argc > 1 ? static_cast<std::size_t>(std::stoul(argv[1])) : 0;
   std::vector<std::string> words;
@@ -318,5 +404,6 @@ int main(int argc, char** argv) {
     bench_attention(pool, false, 16, 2048);
   }
   if (run("model")) bench_model(pool);
+  if (run("crossover")) bench_crossover_section();
   return 0;
 }
