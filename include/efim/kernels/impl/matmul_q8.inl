@@ -481,14 +481,13 @@ template <dtype T, std::size_t MR, int8_dot D>
       }
     }
     const __m256 d = halves8(rows, at + (T == dtype::q6_k ? 208 : 0));
+    const __m256 dmin = mins ? halves8(rows, at + 2) : d;
     #pragma GCC unroll 8
     for (std::size_t i = 0; i < MR; ++i) {
       const __m256 da = _mm256_set1_ps(xs[i][b].d);
       acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(sum_rows8(isum[i])), acc[i]);
-      if constexpr (mins) {
-        const __m256 dmin = halves8(rows, at + 2);
+      if constexpr (mins)
         acc[i] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, da), _mm256_cvtepi32_ps(sum_rows8(msum[i])), acc[i]);
-      }
     }
   }
   #pragma GCC unroll 8
