@@ -231,39 +231,19 @@ template <dtype T, std::size_t MR, int8_dot D>
   for (std::size_t i = 0; i < MR; ++i) _mm256_store_ps(out + 8 * i, acc[i]);
 }
 
-// Rows [r0, r1) for m x rows: each block of 8 weight rows against every 4 x rows in turn (read from
-// memory once, then from L1).
+template <dtype T, int8_dot D>
+struct q32_kernel {
+  template <std::size_t MR>
+  static void run(const std::byte* const* rows, std::size_t nb, const kquant::block_q8_32* const* xs, float* out,
+                  prefetch_plan* pf) noexcept {
+    q32_stream8<T, MR, D>(rows, nb, xs, out, pf);
+  }
+};
+
 template <dtype T, int8_dot D>
 inline void q32_rows(const kquant::block_q8_32* xq, std::size_t m, const weight_view& w, std::size_t r0, std::size_t r1,
                      float* y, accumulate acc) {
-  const std::size_t nb = w.cols / 32, rb = row_bytes(T, w.cols);
-  for (std::size_t r = r0; r < r1; r += 8) {
-    const std::byte* rows[8];
-    for (std::size_t j = 0; j < 8; ++j) rows[j] = w.data + std::min(r + j, r1 - 1) * rb;  // past r1: repeat
-    // The 8 rows after the next 8, a few lines per block, into L2: 8 short rows read side by side are
-    // more streams than the hardware prefetchers follow well. (On Zen 4, two threads, 151,936 x 768,
-    // medians: q8_0 27.2 GB/s of weights against 21.8 prefetching the next 8 rows into L1, q4_0 24.5
-    // against 18.6; docs/benchmarks.md has the variants tried.)
-    prefetch_plan plan{reinterpret_cast<std::uintptr_t>(w.data + std::min(r + 16, r1) * rb),
-                       reinterpret_cast<std::uintptr_t>(w.data + std::min(r + 24, r1) * rb), 0};
-    plan.per_step = ((plan.end - plan.next) / 64 + nb) / nb;
-    for (std::size_t i0 = 0; i0 < m; i0 += 4) {
-      const std::size_t mr = std::min<std::size_t>(4, m - i0);
-      const kquant::block_q8_32* xs[4];
-      for (std::size_t i = 0; i < 4; ++i) xs[i] = xq + std::min(i0 + i, m - 1) * nb;
-      prefetch_plan* const pf = i0 == 0 ? &plan : nullptr;
-      alignas(32) float out[4 * 8];
-      if (mr == 4)
-        q32_stream8<T, 4, D>(rows, nb, xs, out, pf);
-      else if (mr == 3)
-        q32_stream8<T, 3, D>(rows, nb, xs, out, pf);
-      else if (mr == 2)
-        q32_stream8<T, 2, D>(rows, nb, xs, out, pf);
-      else
-        q32_stream8<T, 1, D>(rows, nb, xs, out, pf);
-      store_tile(out, 8, y + i0 * w.rows + r, w.rows, mr, std::min<std::size_t>(8, r1 - r), acc);
-    }
-  }
+  stream_rows<q32_kernel<T, D>>(xq, m, w, w.cols / 32, r0, r1, y, acc);
 }
 
 // A panel slice: 8 rows' u, [block][quad][row][4 bytes], and their scales (and q5_1's mins) [block][row].
