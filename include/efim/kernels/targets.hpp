@@ -55,6 +55,33 @@
 #else
 #define EFIM_K_F16C 0
 #endif
+// EFIM_KERNELS_SEPARATE, defined for a whole program, compiles the paths once, in the one source file
+// that includes efim/kernels/compiled.hpp (first, before any other efim header): every other file
+// declares the entry points the public kernels dispatch to (impl/entry.inl) and compiles none of
+// their bodies, which are most of the library's compile time. Without it (the default), every file
+// that includes a kernel compiles every path, inline.
+#define EFIM_KERNELS_TARGETS_INCLUDED 1
+#if defined(EFIM_KERNELS_SEPARATE) && !defined(EFIM_KERNELS_IMPLEMENTATION)
+#undef EFIM_K_AVX512
+#undef EFIM_K_AVX2
+#undef EFIM_K_FMA
+#undef EFIM_K_F16C
+#define EFIM_K_NAMESPACE isa_generic
+#include "efim/kernels/impl/entry.inl"
+#if EFIM_KERNELS_DISPATCHED
+#define EFIM_K_NAMESPACE isa_avx2
+#include "efim/kernels/impl/entry.inl"
+#define EFIM_K_NAMESPACE isa_avx512
+#include "efim/kernels/impl/entry.inl"
+#endif
+#else
+// The entry points are inline functions where every file compiles the paths, external ones in
+// compiled.hpp's file.
+#if defined(EFIM_KERNELS_IMPLEMENTATION)
+#define EFIM_K_ENTRY
+#else
+#define EFIM_K_ENTRY inline
+#endif
 #if EFIM_KERNELS_X86
 // GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which its -W(maybe-)uninitialized
 // reports once they are inlined (GCC bug 105593, fixed in 13): in the AVX-512 path, and in the
@@ -118,9 +145,14 @@
 #endif
 #undef EFIM_K_AVX2_PATH_DEFINED
 #undef EFIM_K_TARGET_VNNI
+#endif  // EFIM_KERNELS_DISPATCHED
 
+#if EFIM_KERNELS_X86
 #pragma GCC diagnostic pop
+#endif
+#endif  // the paths compiled here
 
+#if EFIM_KERNELS_DISPATCHED
 // Calls detail::<path>::call on the active path (a statement; the call's result is dropped).
 #define EFIM_KERNELS_DISPATCH(call)                 \
   do {                                              \

@@ -303,8 +303,8 @@ inline void attend_rows(const kv::paged_layout& l, const E* k_cache, const E* v_
 }
 
 template <class E, std::size_t... R>
-inline void attend_rows_n(std::size_t n, std::index_sequence<R...>, const kv::paged_layout& l, const E* k_cache,
-                          const E* v_cache, std::span<const block_id> table, std::size_t kv_head,
-                          const attention_row* rows, float scale, float* scratch, std::size_t stride) noexcept {
+EFIM_K_ENTRY void attend_rows_n(std::size_t n, std::index_sequence<R...>, const kv::paged_layout& l, const E* k_cache,
+                                const E* v_cache, std::span<const block_id> table, std::size_t kv_head,
+                                const attention_row* rows, float scale, float* scratch, std::size_t stride) noexcept {
   ((n == R + 1 ? attend_rows<R + 1>(l, k_cache, v_cache, table, kv_head, rows, scale, scratch, stride) : void()), ...);
 }

@@ -1179,7 +1179,8 @@ inline void matmul_typed(thread_pool& pool, const float* x, const weight_view& w
 #endif
 
 // y (m, rows) = [y +] x (m, cols) * dequantize(w)^T on this path (see matmul.hpp).
-inline void matmul(thread_pool& pool, const float* x, const weight_view& w, float* y, std::size_t m, accumulate acc) {
+EFIM_K_ENTRY void matmul(thread_pool& pool, const float* x, const weight_view& w, float* y, std::size_t m,
+                         accumulate acc) {
 #if EFIM_K_AVX512 || EFIM_K_AVX2
   switch (w.type) {
     case dtype::f32:

@@ -737,7 +737,7 @@ inline void int8_panels256(const kquant::block_q8_k* xq, std::size_t m, const we
 // x[0 .. 256 n) rounded to 8 bits into out[0 .. n): kquant::quantize's bytes (the AVX-512 path takes the
 // largest magnitude and rounds 16 at a time: the same first maximum, the same products, the same
 // round-to-nearest-even).
-inline void quantize_q8_k(const float* x, std::size_t n, kquant::block_q8_k* out) noexcept {
+EFIM_K_ENTRY void quantize_q8_k(const float* x, std::size_t n, kquant::block_q8_k* out) noexcept {
 #if EFIM_K_AVX512
   const __m512 sign = _mm512_set1_ps(-0.0f);
   for (std::size_t b = 0; b < n; ++b, x += qk_k) {
@@ -820,8 +820,8 @@ inline void matmul_int8_typed(thread_pool& pool, const kquant::block_q8_k* xq, c
   });
 }
 
-inline void matmul_int8(thread_pool& pool, const kquant::block_q8_k* xq, const weight_view& w, float* y, std::size_t m,
-                        accumulate acc, int8_dot d) {
+EFIM_K_ENTRY void matmul_int8(thread_pool& pool, const kquant::block_q8_k* xq, const weight_view& w, float* y,
+                              std::size_t m, accumulate acc, int8_dot d) {
   switch (w.type) {
     case dtype::q4_k:
       return matmul_int8_typed<dtype::q4_k>(pool, xq, w, y, m, acc, d);

@@ -384,7 +384,7 @@ inline void matmul_q32_simd(thread_pool& pool, const kquant::block_q8_32* xq, co
 #endif
 
 // x[0 .. 32 n) rounded to 8 bits per 32 into out[0 .. n): kquant::quantize's bytes.
-inline void quantize_q8_32(const float* x, std::size_t n, kquant::block_q8_32* out) noexcept {
+EFIM_K_ENTRY void quantize_q8_32(const float* x, std::size_t n, kquant::block_q8_32* out) noexcept {
 #if EFIM_K_AVX512 || EFIM_K_AVX2
   const __m256 sign = _mm256_set1_ps(-0.0f), top = _mm256_set1_ps(127.0f), bottom = _mm256_set1_ps(-127.0f);
   for (std::size_t b = 0; b < n; ++b, x += 32) {
@@ -445,8 +445,8 @@ inline void matmul_q32_typed(thread_pool& pool, const kquant::block_q8_32* xq, c
 
 // y (m, rows) = [y +] x w^T for x rounded to 8 bits per 32 (xq: m rows of cols / 32 blocks) and w of
 // q8_0, q4_0, q5_0 or q5_1, on this path.
-inline void matmul_int8_32(thread_pool& pool, const kquant::block_q8_32* xq, const weight_view& w, float* y,
-                           std::size_t m, accumulate acc, int8_dot d) {
+EFIM_K_ENTRY void matmul_int8_32(thread_pool& pool, const kquant::block_q8_32* xq, const weight_view& w, float* y,
+                                 std::size_t m, accumulate acc, int8_dot d) {
   switch (w.type) {
     case dtype::q8_0:
       return matmul_q32_typed<dtype::q8_0>(pool, xq, w, y, m, acc, d);

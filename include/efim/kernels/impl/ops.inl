@@ -3,8 +3,8 @@
 // gelu.hpp, layernorm.hpp and rope.hpp).
 
 // x, y: (rows, n); weight: (n). y may alias x.
-inline void rmsnorm(const float* x, const float* weight, float* y, std::size_t rows, std::size_t n,
-                    float eps) noexcept {
+EFIM_K_ENTRY void rmsnorm(const float* x, const float* weight, float* y, std::size_t rows, std::size_t n,
+                          float eps) noexcept {
   for (std::size_t r = 0; r < rows; ++r) {
     const float* xr = x + r * n;
     float* yr = y + r * n;
@@ -15,7 +15,7 @@ inline void rmsnorm(const float* x, const float* weight, float* y, std::size_t r
 }
 
 // gate, up, out: n elements; out may alias gate.
-inline void swiglu(const float* gate, const float* up, float* out, std::size_t n) noexcept {
+EFIM_K_ENTRY void swiglu(const float* gate, const float* up, float* out, std::size_t n) noexcept {
   float e[lanes];
   std::size_t i = 0;
 #if EFIM_K_AVX2 && !EFIM_K_AVX512
@@ -49,7 +49,7 @@ inline void swiglu(const float* gate, const float* up, float* out, std::size_t n
 }
 
 // x, out: n elements; out may alias x.
-inline void gelu(const float* x, float* out, std::size_t n) noexcept {
+EFIM_K_ENTRY void gelu(const float* x, float* out, std::size_t n) noexcept {
   constexpr float sqrt_2_over_pi = 0.7978845608028654f, cubic = 0.044715f;
   float e[lanes];
   for (std::size_t i = 0; i < n; i += lanes) {
@@ -67,8 +67,8 @@ inline void gelu(const float* x, float* out, std::size_t n) noexcept {
 }
 
 // x, y: (rows, n); weight, bias: (n). y may alias x.
-inline void layernorm(const float* x, const float* weight, const float* bias, float* y, std::size_t rows, std::size_t n,
-                      float eps) noexcept {
+EFIM_K_ENTRY void layernorm(const float* x, const float* weight, const float* bias, float* y, std::size_t rows,
+                            std::size_t n, float eps) noexcept {
   for (std::size_t r = 0; r < rows; ++r) {
     const float* xr = x + r * n;
     float* yr = y + r * n;
@@ -83,8 +83,8 @@ inline void layernorm(const float* x, const float* weight, const float* bias, fl
 }
 
 // Rotates x (tokens, heads, head_dim) in place with the table from rope_table.
-inline void rope(float* x, std::size_t tokens, std::size_t heads, std::size_t head_dim, const float* cos_t,
-                 const float* sin_t, rope_style style) noexcept {
+EFIM_K_ENTRY void rope(float* x, std::size_t tokens, std::size_t heads, std::size_t head_dim, const float* cos_t,
+                       const float* sin_t, rope_style style) noexcept {
   const std::size_t pairs = head_dim / 2;
   for (std::size_t t = 0; t < tokens; ++t)
     for (std::size_t h = 0; h < heads; ++h) {

@@ -119,7 +119,7 @@ inline void dot_tile(const float* const (&x)[MR], const float* const (&w)[NR], s
     }
 }
 
-inline float dot(const float* x, const float* w, std::size_t n) noexcept {
+EFIM_K_ENTRY float dot(const float* x, const float* w, std::size_t n) noexcept {
   const float* const xs[1] = {x};
   const float* const ws[1] = {w};
   float out;
@@ -160,7 +160,7 @@ inline void axpy(float a, const float* x, float* y, std::size_t n) noexcept {
 
 // e^x for 16 floats in place (relative error below 3e-7). Inputs below -87.3 give e^-87.3 and
 // inputs above 88.3 give e^88.3: softmax only asks for x <= 0.
-inline void exp16(float* x) noexcept {
+EFIM_K_ENTRY void exp16(float* x) noexcept {
 #if EFIM_K_AVX2 && !EFIM_K_AVX512
   _mm256_storeu_ps(x, exp8(_mm256_loadu_ps(x)));
   _mm256_storeu_ps(x + 8, exp8(_mm256_loadu_ps(x + 8)));
