@@ -27,7 +27,8 @@ namespace {
 const char* const usage = R"(usage: efim-cuda-bench [options]
 
   --model 0.5b|7b     Qwen2-shaped random-weight model (default 0.5b; repeatable)
-  --type f16|bf16|f32 weight type on the device (default f16)
+  --type T           weights: f16, bf16, f32, q8_0, q4_0, q5_0, q5_1, q4_k, q5_k, q6_k (every
+                     matrix), or q4_k_m, q5_k_m (llama.cpp's mixes); default f16
   --kv f16|f32        KV cache elements (default f16)
   --context N         tokens already in the cache when decode is timed (default 1024)
   --batch N           sequences decoded together (default 1)
@@ -63,54 +64,101 @@ model::config qwen2_shape(std::string_view size) {
   return c;
 }
 
-// Views of random weights: every matrix reads (the start of) one host buffer of random 16-bit or f32
-// values, each is uploaded to its own device memory. Norm weights are one, biases zero.
+// Views of random weights: the matrices of one type read (the start of) one host buffer of random
+// values of that type, each is uploaded to its own device memory. Norm weights are one, biases zero.
+// Block-quantized matrices are random bytes with every block's f16 scales set to 2^-10 (and a q5_1
+// offset, a k-quant's dmin, to 0): finite weights of the file's layout, for timing. A mix (q4_k_m,
+// q5_k_m) gives each matrix llama.cpp's type for it (model::mixed_type), as efim-model writes files.
 struct shaped_weights {
-  std::vector<std::byte> values;
+  std::vector<std::pair<dtype, std::vector<std::byte>>> pools;  // one per type, as large as its largest use
   std::vector<float> ones, zeros;
   model::weights w;
 
-  shaped_weights(const model::config& c, dtype type, bool tied) {
-    const std::size_t largest = std::max({c.vocab * c.hidden, c.ffn * c.hidden, c.q_dim() * c.hidden}) + c.hidden;
-    const std::size_t elem = info(type).bytes;
-    values.resize(largest * elem);
-    std::uint64_t s = 0x9E3779B97F4A7C15ull;
-    for (std::size_t i = 0; i < largest; ++i) {
-      s = s * 6364136223846793005ull + 1442695040888963407ull;
-      const float v = (static_cast<float>(s >> 40) / 16777216.0f - 0.5f) * 0.1f;
-      if (type == dtype::f32) {
-        std::memcpy(values.data() + 4 * i, &v, 4);
-      } else {
-        const std::uint16_t h = type == dtype::f16 ? f32_to_f16(v) : f32_to_bf16(v);
-        std::memcpy(values.data() + 2 * i, &h, 2);
+  shaped_weights(const model::config& c, std::string_view type, bool tied) {
+    const auto mix = model::parse_quant_mix(type);
+    const dtype uniform = mix && *mix != model::quant_mix::q6_k ? dtype::f32 : parse_dtype(type);
+    const auto type_of = [&](const std::string& name, std::size_t cols) {
+      return mix && *mix != model::quant_mix::q6_k ? model::mixed_type(*mix, name, cols, c.layers, !tied) : uniform;
+    };
+    // Two passes: the first sizes each type's pool, the second makes the views.
+    for (const bool views : {false, true}) {
+      const auto m = [&](const std::string& name, std::size_t rows, std::size_t cols, std::size_t skip_rows = 0) {
+        const dtype t = type_of(name, cols);
+        const std::size_t bytes = (rows + skip_rows) * row_bytes(t, cols);
+        auto at = std::find_if(pools.begin(), pools.end(), [&](const auto& p) { return p.first == t; });
+        if (!views) {
+          if (at == pools.end()) at = pools.emplace(pools.end(), t, std::vector<std::byte>{});
+          if (at->second.size() < bytes) at->second.resize(bytes);
+          return model::matrix{};
+        }
+        return model::matrix{t, rows, cols, at->second.data() + skip_rows * row_bytes(t, cols)};
+      };
+      if (views) fill();
+      ones.assign(std::max(c.hidden, c.ffn), 1.0f);
+      zeros.assign(std::max({c.hidden, c.q_dim(), c.ffn}), 0.0f);
+      const auto ones_n = [&](std::size_t n) { return model::vector(ones.data(), n); };
+      const auto zeros_n = [&](std::size_t n) { return model::vector(zeros.data(), n); };
+      w = {};
+      w.cfg = c;
+      w.token_embd = m("token_embd.weight", c.vocab, c.hidden);
+      w.output = tied ? w.token_embd : m("output.weight", c.vocab, c.hidden, 1);  // another pointer: untied
+      w.output_norm = ones_n(c.hidden);
+      for (std::size_t l = 0; l < c.layers; ++l) {
+        const auto name = [&](const char* what) { return model::names::block(l, what); };
+        model::layer_weights lw;
+        lw.attn_norm = ones_n(c.hidden);
+        lw.wq = m(name("attn_q.weight"), c.q_dim(), c.hidden);
+        lw.wk = m(name("attn_k.weight"), c.kv_dim(), c.hidden);
+        lw.wv = m(name("attn_v.weight"), c.kv_dim(), c.hidden);
+        lw.bq = zeros_n(c.q_dim());
+        lw.bk = zeros_n(c.kv_dim());
+        lw.bv = zeros_n(c.kv_dim());
+        lw.wo = m(name("attn_output.weight"), c.hidden, c.q_dim());
+        lw.ffn_norm = ones_n(c.hidden);
+        lw.w_gate = m(name("ffn_gate.weight"), c.ffn, c.hidden);
+        lw.w_up = m(name("ffn_up.weight"), c.ffn, c.hidden);
+        lw.w_down = m(name("ffn_down.weight"), c.hidden, c.ffn);
+        w.layers.push_back(lw);
       }
     }
-    ones.assign(std::max(c.hidden, c.ffn), 1.0f);
-    zeros.assign(std::max({c.hidden, c.q_dim(), c.ffn}), 0.0f);
-    const auto m = [&](std::size_t rows, std::size_t cols, std::size_t skip = 0) {
-      return model::matrix{type, rows, cols, values.data() + skip * elem};
+  }
+
+ private:
+  void fill() {
+    std::uint64_t s = 0x9E3779B97F4A7C15ull;
+    const auto next = [&] {
+      s = s * 6364136223846793005ull + 1442695040888963407ull;
+      return s;
     };
-    const auto ones_n = [&](std::size_t n) { return model::vector(ones.data(), n); };
-    const auto zeros_n = [&](std::size_t n) { return model::vector(zeros.data(), n); };
-    w.cfg = c;
-    w.token_embd = m(c.vocab, c.hidden);
-    w.output = tied ? w.token_embd : m(c.vocab, c.hidden, c.hidden);  // another pointer: untied
-    w.output_norm = ones_n(c.hidden);
-    for (std::size_t l = 0; l < c.layers; ++l) {
-      model::layer_weights lw;
-      lw.attn_norm = ones_n(c.hidden);
-      lw.wq = m(c.q_dim(), c.hidden);
-      lw.wk = m(c.kv_dim(), c.hidden);
-      lw.wv = m(c.kv_dim(), c.hidden);
-      lw.bq = zeros_n(c.q_dim());
-      lw.bk = zeros_n(c.kv_dim());
-      lw.bv = zeros_n(c.kv_dim());
-      lw.wo = m(c.hidden, c.q_dim());
-      lw.ffn_norm = ones_n(c.hidden);
-      lw.w_gate = m(c.ffn, c.hidden);
-      lw.w_up = m(c.ffn, c.hidden);
-      lw.w_down = m(c.hidden, c.ffn);
-      w.layers.push_back(lw);
+    const std::uint16_t scale = 0x1400, zero = 0;  // 2^-10 in f16; 0
+    for (auto& [t, bytes] : pools) {
+      if (info(t).block == 1) {
+        const std::size_t n = bytes.size() / info(t).bytes;
+        for (std::size_t i = 0; i < n; ++i) {
+          const float v = (static_cast<float>(next() >> 40) / 16777216.0f - 0.5f) * 0.1f;
+          if (t == dtype::f32) {
+            std::memcpy(bytes.data() + 4 * i, &v, 4);
+          } else {
+            const std::uint16_t h = t == dtype::f16 ? f32_to_f16(v) : f32_to_bf16(v);
+            std::memcpy(bytes.data() + 2 * i, &h, 2);
+          }
+        }
+        continue;
+      }
+      for (std::size_t i = 0; i + 8 <= bytes.size(); i += 8) {
+        const std::uint64_t r = next();
+        std::memcpy(bytes.data() + i, &r, 8);
+      }
+      const std::size_t block = info(t).bytes;
+      for (std::size_t b = 0; b + block <= bytes.size(); b += block) {
+        std::byte* p = bytes.data() + b;
+        if (t == dtype::q6_k) {
+          std::memcpy(p + 208, &scale, 2);
+        } else {
+          std::memcpy(p, &scale, 2);
+          if (t == dtype::q5_1 || t == dtype::q4_k || t == dtype::q5_k) std::memcpy(p + 2, &zero, 2);
+        }
+      }
     }
   }
 };
@@ -152,7 +200,8 @@ double copy_bandwidth(cudaStream_t s) {
 
 struct options {
   std::vector<std::string> models;
-  dtype type = dtype::f16, kv = dtype::f16;
+  std::string type = "f16";
+  dtype kv = dtype::f16;
   std::size_t context = 1024, batch = 1, prefill = 512, steps = 64;
 };
 
@@ -161,6 +210,9 @@ void run(const options& o, const std::string& size, double copy_bps) {
   shaped_weights sw(c, o.type, size == "0.5b");
   kernels::cuda::context ctx;
   model::transformer<kernels::cuda> m(sw.w);
+  if (m.uploaded().bytes() != model::device_weight_bytes(sw.w))
+    fail("device weights take " + std::to_string(m.uploaded().bytes()) + " bytes, not the planned " +
+         std::to_string(model::device_weight_bytes(sw.w)));
   const std::size_t block = 16;
   const std::size_t per_seq = (std::max(o.context, o.prefill) + o.steps + block) / block + 1;
   kv::device_storage kv(c.layers, m.kv_layout(per_seq * o.batch, block), o.kv);
@@ -198,7 +250,7 @@ void run(const options& o, const std::string& size, double copy_bps) {
   const auto& dw = m.uploaded();
   device::buffer<float> x(o.prefill * std::max({c.hidden, c.q_dim(), c.ffn})), y(o.prefill * c.vocab);
   device::check(cudaMemsetAsync(x.data(), 0, x.size() * sizeof(float), ctx.stream()), "cudaMemset");
-  device::buffer<std::byte> conv(2 * o.prefill * std::max({c.hidden, c.q_dim(), c.ffn}));
+  device::buffer<std::byte> conv(std::max(dw.workspace(o.prefill), dw.workspace(1)));
   const auto products = [&] {
     for (const auto& lw : dw.layers)
       for (const auto* w : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down})
@@ -238,9 +290,9 @@ void run(const options& o, const std::string& size, double copy_bps) {
                           static_cast<double>(c.kv_dim()) * (static_cast<double>(o.context) + o.steps / 2.0) * kv_elem;
   const double read = static_cast<double>(dw.bytes()) + kv_bytes;
   const double bps = read / (step_ms / 1e3);
-  std::printf("%-5s %-4s KV %-3s | weights %.2f GB | decode batch %zu at %zu: %.3f ms/step, %.1f tok/s, %.0f GB/s "
+  std::printf("%-5s %-6s KV %-3s | weights %.2f GB | decode batch %zu at %zu: %.3f ms/step, %.1f tok/s, %.0f GB/s "
               "= %.1f%% of copy | prefill %zu: %.1f ms, %.0f tok/s; products alone %.1f ms (%.1f%% of prefill)\n",
-              size.c_str(), std::string(to_string(o.type)).c_str(), std::string(to_string(o.kv)).c_str(),
+              size.c_str(), o.type.c_str(), std::string(to_string(o.kv)).c_str(),
               static_cast<double>(dw.bytes()) / 1e9, o.batch, o.context, step_ms,
               static_cast<double>(o.batch) * 1e3 / step_ms, bps / 1e9, 100.0 * bps / copy_bps, o.prefill, prefill_ms,
               static_cast<double>(o.prefill) * 1e3 / prefill_ms, products_ms, 100.0 * products_ms / prefill_ms);
@@ -261,8 +313,8 @@ int main(int argc, char** argv) try {
     if (flag == "--model") {
       o.models.emplace_back(v);
     } else if (flag == "--type") {
-      o.type = parse_dtype(v);
-      if (o.type != dtype::f16 && o.type != dtype::bf16 && o.type != dtype::f32) fail("--type is f16, bf16 or f32");
+      o.type = v;
+      if (!model::parse_quant_mix(v)) (void)parse_dtype(v);  // throws for a name that is neither
     } else if (flag == "--kv") {
       o.kv = parse_dtype(v);
       if (o.kv != dtype::f16 && o.kv != dtype::f32) fail("--kv is f16 or f32");

@@ -18,6 +18,7 @@
 #include "efim/kernels/gelu.hpp"
 #include "efim/kernels/host.hpp"
 #include "efim/kernels/layernorm.hpp"
+#include "efim/kernels/cuda/quant_groups.hpp"
 #include "efim/kernels/matmul.hpp"
 #include "efim/model/gguf_model.hpp"
 #include "efim/model/transformer.hpp"
@@ -133,7 +134,9 @@ std::vector<float> embedding_body(dtype type, std::size_t rows, std::size_t n) {
   rng r(rows + n);
   const auto values = random_floats(r, rows * n, 4.0f);
   std::vector<std::byte> table(rows * row_bytes(type, n));
-  for (std::size_t i = 0; i < values.size(); ++i) {
+  for (std::size_t i = 0; i < values.size() && info(type).block > 1; i += n)  // block-quantized rows
+    quantize_row(type, values.data() + i, table.data() + i / n * row_bytes(type, n), n);
+  for (std::size_t i = 0; i < values.size() && info(type).block == 1; ++i) {
     if (type == dtype::f32) {
       std::memcpy(table.data() + 4 * i, &values[i], 4);
     } else {
@@ -189,10 +192,14 @@ TEST_CASE("cuda: LayerNorm and GELU equal the host kernels", "[cuda][gpu]") {
     CHECK(max_relative_error(gelu_body<cuda_ops>(n), gelu_body<host_ops>(n), 1.0f) < 1e-5f);
 }
 
-TEST_CASE("cuda: the embedding lookup gives the host's rows (f32, f16, bf16 tables)", "[cuda][gpu]") {
+TEST_CASE("cuda: the embedding lookup gives the host's rows (f32, f16, bf16 and quantized tables)", "[cuda][gpu]") {
   EFIM_NEED_DEVICE();
-  for (const auto type : {dtype::f32, dtype::f16, dtype::bf16})
-    CHECK(embedding_body<cuda_ops>(type, 1000, 896) == embedding_body<host_ops>(type, 1000, 896));
+  for (const auto type : {dtype::f32, dtype::f16, dtype::bf16, dtype::q8_0, dtype::q4_0, dtype::q5_0, dtype::q5_1,
+                          dtype::q4_k, dtype::q5_k, dtype::q6_k}) {
+    INFO(to_string(type));
+    const std::size_t n = info(type).block == 256 ? 1024 : 896;
+    CHECK(embedding_body<cuda_ops>(type, 1000, n) == embedding_body<host_ops>(type, 1000, n));
+  }
 }
 
 TEST_CASE("cuda: SwiGLU equals the host kernel", "[cuda][gpu]") {
@@ -400,6 +407,66 @@ TEST_CASE("cuda: matrix products through cuBLAS equal the host's (f32, f16, bf16
             worst = std::max(worst, std::abs(device[i * rows + j] - host[i * rows + j]) / (magnitude + 1e-6f));
           }
         CHECK(worst < bound);
+      }
+}
+
+// Quantized weights stay as the file stores them: the decode product (up to 8 x rows) is the lanes'
+// sums of quant::lane_dots added as a warp adds them, which the host emulates bit for bit; prefill
+// multiplies f16 slices of the dequantized weights (several slices for the largest matrix here) by x
+// rounded to f16, within that rounding of the double-precision sum.
+TEST_CASE("cuda: quantized weights kept as stored: decode equals its host emulation bit for bit, prefill the host",
+          "[cuda][gpu]") {
+  EFIM_NEED_DEVICE();
+  for (const dtype type : {dtype::q8_0, dtype::q4_0, dtype::q5_0, dtype::q5_1, dtype::q4_k, dtype::q5_k, dtype::q6_k})
+    for (const auto& [m, rows, cols] : std::vector<std::tuple<std::size_t, std::size_t, std::size_t>>{
+             {1, 1, 256}, {1, 896, 1024}, {2, 37, 768}, {3, 300, 512}, {5, 64, 256}, {8, 130, 1536},
+             {9, 70, 512}, {64, 300, 768}, {16, 33000, 1024}})
+      for (const bool acc : {false, true}) {
+        INFO(to_string(type) << " " << m << " x " << rows << " x " << cols << (acc ? ", accumulating" : ""));
+        rng r(m * 7 + rows + cols);
+        const auto values = random_floats(r, rows * cols);
+        const std::size_t rb = row_bytes(type, cols);
+        std::vector<std::byte> w(rows * rb);
+        for (std::size_t i = 0; i < rows; ++i) quantize_row(type, values.data() + i * cols, w.data() + i * rb, cols);
+        const auto x = random_floats(r, m * cols, 2.0f);
+        const auto y0 = random_floats(r, m * rows);
+        const auto device = test_cuda::matmul(type, w, rows, cols, x, m, y0, acc);
+        if (m <= kernels::quant::decode_rows) {
+          std::size_t differ = 0;
+          for (std::size_t j = 0; j < rows; ++j) {
+            float lanes[8][32] = {};
+            for (int lane = 0; lane < 32; ++lane) {
+              float sums[8] = {};
+              kernels::quant::visit_kept(type, [&](auto t) {
+                kernels::quant::lane_dots<decltype(t)::value, 8>(reinterpret_cast<const std::uint8_t*>(w.data() + j * rb),
+                                                                 cols, x.data(), static_cast<int>(m), lane, 32, sums);
+              });
+              for (std::size_t i = 0; i < m; ++i) lanes[i][lane] = sums[i];
+            }
+            for (std::size_t i = 0; i < m; ++i) {
+              const float v = kernels::quant::warp_sum(lanes[i]);
+              const float want = acc ? y0[i * rows + j] + v : v;
+              if (std::memcmp(&want, &device[i * rows + j], sizeof want) != 0) ++differ;
+            }
+          }
+          CHECK(differ == 0);
+        } else {
+          std::vector<float> dequantized(cols);
+          double worst = 0;
+          for (std::size_t j = 0; j < rows; ++j) {
+            dequantize_row(type, w.data() + j * rb, dequantized.data(), cols);
+            for (std::size_t i = 0; i < m; ++i) {
+              double exact = acc ? y0[i * rows + j] : 0.0, magnitude = acc ? std::abs(y0[i * rows + j]) : 0.0;
+              for (std::size_t k = 0; k < cols; ++k) {
+                const double p = static_cast<double>(x[i * cols + k]) * dequantized[k];
+                exact += p;
+                magnitude += std::abs(p);
+              }
+              worst = std::max(worst, std::abs(device[i * rows + j] - exact) / (magnitude + 1e-6));
+            }
+          }
+          CHECK(worst < 1e-3);  // weights and x rounded to f16: 2^-11 relative each
+        }
       }
 }
 

@@ -20,6 +20,7 @@
 #include "efim/core/kquants.hpp"
 #include "efim/core/random.hpp"
 #include "efim/core/thread_pool.hpp"
+#include "efim/kernels/cuda/quant_groups.hpp"
 #include "efim/kernels/host.hpp"
 #include "efim/kernels/isa.hpp"
 #include "efim/kv/host_storage.hpp"
@@ -207,6 +208,75 @@ TEST_CASE("typed matmul is canonical on raw bit patterns: subnormal and negative
       kernels::matmul(pool, x.data(), w.view, y.data(), m);
       CHECK(non_canonical(x, w, y, m) == 0);
     }
+}
+
+// The CUDA backend's quantized products read weights eight at a time (kernels/cuda/quant_groups.hpp,
+// host and device code): every group of every type it keeps quantized decodes to dequantize_row's
+// bits, for quantized floats and for raw bit patterns (finite scales, as above); and the decode
+// product's split over a warp's lanes, emulated here with the device's order of sums, covers every
+// weight once (a double-precision dot, within the f32 rounding of any order).
+TEST_CASE("CUDA quantized groups decode as dequantize_row, and a warp's lanes cover the row", "[kernels][cuda]") {
+  rng r(21);
+  const dtype kept[] = {dtype::q8_0, dtype::q4_0, dtype::q5_0, dtype::q5_1, dtype::q4_k, dtype::q5_k, dtype::q6_k};
+  for (const dtype t : kept) {
+    REQUIRE(kernels::quant::kept_quantized(t));
+    const std::size_t cols = info(t).block == 32 ? 96 : 768, rows = 6, rb = row_bytes(t, cols);
+    for (const bool raw : {false, true}) {
+      INFO(to_string(t) << (raw ? " raw bits" : " quantized floats"));
+      typed_weights w = make_weights(r, t, rows, cols);
+      if (raw) {
+        for (auto& b : w.bytes) b = static_cast<std::byte>(r.below(256));
+        const std::size_t stride = info(t).bytes;
+        const std::vector<std::size_t> last = t == dtype::q4_k || t == dtype::q5_k || t == dtype::q5_1
+                                                  ? std::vector<std::size_t>{1, 3}
+                                              : t == dtype::q6_k ? std::vector<std::size_t>{209}
+                                                                 : std::vector<std::size_t>{1};
+        for (std::size_t e = 0; e < w.bytes.size(); e += stride)
+          for (const std::size_t l : last) w.bytes[e + l] &= std::byte{0xbf};
+        for (std::size_t j = 0; j < rows; ++j)
+          dequantize_row(t, w.bytes.data() + j * rb, w.dequantized.data() + j * cols, cols);
+      }
+      std::size_t mismatched = 0;
+      for (std::size_t j = 0; j < rows; ++j) {
+        const auto* row = reinterpret_cast<const std::uint8_t*>(w.bytes.data() + j * rb);
+        for (std::size_t g = 0; g < cols / 8; ++g) {
+          float got[8];
+          kernels::quant::decode8(t, row, g, got);
+          if (std::memcmp(got, w.dequantized.data() + j * cols + 8 * g, sizeof got) != 0) ++mismatched;
+        }
+      }
+      CHECK(mismatched == 0);
+
+      // The decode product of each row with m x rows, lane by lane and then summed as a warp sums.
+      for (const int m : {1, 3, 8}) {
+        const auto x = random_vector(r, static_cast<std::size_t>(m) * cols);
+        std::size_t outside = 0;
+        for (std::size_t j = 0; j < rows; ++j) {
+          const auto* row = reinterpret_cast<const std::uint8_t*>(w.bytes.data() + j * rb);
+          float lane_sums[8][32] = {};
+          for (int lane = 0; lane < 32; ++lane) {
+            float acc[8] = {};
+            kernels::quant::visit_kept(t, [&](auto type) {
+              kernels::quant::lane_dots<decltype(type)::value, 8>(row, cols, x.data(), m, lane, 32, acc);
+            });
+            for (int i = 0; i < m; ++i) lane_sums[i][lane] = acc[i];
+          }
+          for (int i = 0; i < m; ++i) {
+            const float got = kernels::quant::warp_sum(lane_sums[i]);
+            double exact = 0.0, magnitude = 0.0;
+            for (std::size_t k = 0; k < cols; ++k) {
+              const double p = static_cast<double>(w.dequantized[j * cols + k]) * x[i * cols + k];
+              exact += p;
+              magnitude += std::fabs(p);
+            }
+            if (!(std::fabs(got - exact) <= static_cast<double>(cols) * 0x1p-24 * magnitude)) ++outside;
+          }
+        }
+        INFO("m " << m);
+        CHECK(outside == 0);
+      }
+    }
+  }
 }
 
 TEST_CASE("typed matmul matches a double-precision triple loop, and accumulates", "[kernels][matmul]") {
@@ -1250,6 +1320,32 @@ TEST_CASE("a model file with a wrong tensor shape, type, name or offset gives a 
                       t.data = t.data.first(68);
                     })),
                     Catch::Contains("vector tensor 'blk.0.attn_norm.weight' is q8_0"));
+}
+
+// The CUDA backend keeps every matrix as the file stores it (the k-quants of llama.cpp's mixes and
+// their fallback types included): device memory for the weights is at most the file's size (the file
+// adds its header and vocabulary), where dequantizing to f16 took about 3.5x for Q4_K_M.
+TEST_CASE("the CUDA backend's weights take at most the quantized file's size", "[model][gguf][cuda]") {
+  for (const auto mix : model::all_quant_mixes)
+    for (const std::size_t width : {256, 64}) {  // k-quants; their fallbacks (q5_0, q5_1, q8_0)
+      INFO(model::to_string(mix) << ", hidden " << width);
+      auto cfg = arch_config(model::architecture::qwen2, 300, width == 256 ? dtype::q4_k : dtype::f32);
+      cfg.layers = 4;
+      const auto bytes = model::random_model(cfg, 52, {dtype::f32, false, mix});
+      const std::size_t file = bytes.size();
+      const auto w = model::open_model(bytes).bind();
+      std::size_t stored = 0, as_f16 = 0;
+      for (const auto& l : w.layers)
+        for (const model::matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+          INFO(to_string(m->type));
+          CHECK(kernels::quant::kept_quantized(m->type));
+          stored += model::device_matrix_bytes(*m);
+          as_f16 += m->rows * m->cols * 2;
+        }
+      CHECK(kernels::quant::kept_quantized(w.output.type));
+      CHECK(model::device_weight_bytes(w) <= file);
+      CHECK(static_cast<double>(stored) < 0.6 * static_cast<double>(as_f16));
+    }
 }
 
 TEST_CASE("fuzzing k-quant files: corrupt scales and truncated super-blocks give an error or a model that runs",

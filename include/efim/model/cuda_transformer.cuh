@@ -173,7 +173,7 @@ class transformer<kernels::cuda> {
     grow(gate_, n * c.ffn);
     grow(up_, n * c.ffn);
     grow(logits_, n * c.vocab);
-    grow(convert_, 2 * n * std::max({c.hidden, c.q_dim(), c.ffn}));
+    grow(convert_, w_.workspace(n));
     grow(attention_ws_, kernels::device::attention_workspace_bytes(step_.tiles.size(), split_, c.head_dim()));
   }
   template <class T>

@@ -1,9 +1,10 @@
 #pragma once
-// A model's weights in device memory, uploaded once from the host views (a mapped GGUF file):
-// matrices stored as f32, f16 or bf16 go up as they are; block-quantized ones (q8_0, q4_0, q5_0,
-// q5_1, the k-quants) are dequantized to f16 on the way (cuBLAS multiplies 16-bit types; each element
-// rounded once more, to f16, a relative change of at most 2^-11); norm weights and biases go up as f32. A tied output matrix is the token
-// embedding's device copy, uploaded once.
+// A model's weights in device memory, uploaded once from the host views (a mapped GGUF file), every
+// matrix as the file stores it: f32, f16, bf16, and the block-quantized types, which the device's
+// products read as stored (kernels/cuda/quant_groups.hpp), so a quantized model takes about its file's
+// size on the GPU. Norm weights and biases go up as f32. A tied output matrix is the token
+// embedding's device copy, uploaded once. device_weight_bytes (model/weights.hpp, host code) is what
+// they take.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -63,8 +64,17 @@ class device_weights {
     device::check(cudaDeviceSynchronize(), "weights upload");
   }
 
-  // Device memory the weights hold.
+  // Device memory the weights hold (device_weight_bytes of the host weights).
   [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
+
+  // Workspace bytes a product of m x rows with any of these matrices needs (kernels::device::matmul).
+  [[nodiscard]] std::size_t workspace(std::size_t m) const noexcept {
+    std::size_t most = kernels::device::matmul_workspace(output, m);
+    for (const device_layer_weights& l : layers)
+      for (const kernels::device::matrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
+        most = std::max(most, kernels::device::matmul_workspace(*w, m));
+    return most;
+  }
 
   config cfg;
   kernels::device::matrix token_embd, output;  // (vocab, hidden)
@@ -82,28 +92,11 @@ class device_weights {
 
   kernels::device::matrix upload(const matrix& m) {
     if (m.data == nullptr) return {};
-    const bool as_stored = m.type == dtype::f32 || m.type == dtype::f16 || m.type == dtype::bf16;
-    const dtype type = as_stored ? m.type : dtype::f16;
-    const std::size_t row = m.cols * info(type).bytes;
-    auto& b = owned_.emplace_back(m.rows * row);
+    const std::size_t bytes = device_matrix_bytes(m);
+    auto& b = owned_.emplace_back(bytes);
     bytes_ += b.size();
-    if (as_stored) {
-      device::check(cudaMemcpy(b.data(), m.data, m.rows * row, cudaMemcpyHostToDevice), "cudaMemcpy");
-    } else {  // dequantized to f16, some rows at a time
-      const std::size_t stored_row = row_bytes(m.type, m.cols);
-      const std::size_t step = std::max<std::size_t>(1, (std::size_t{16} << 20) / row);
-      std::vector<float> f32(m.cols);
-      std::vector<std::uint16_t> staged(step * m.cols);
-      for (std::size_t r0 = 0; r0 < m.rows; r0 += step) {
-        const std::size_t rows = std::min(step, m.rows - r0);
-        for (std::size_t r = 0; r < rows; ++r) {
-          dequantize_row(m.type, m.data + (r0 + r) * stored_row, f32.data(), m.cols);
-          for (std::size_t j = 0; j < m.cols; ++j) staged[r * m.cols + j] = f32_to_f16(f32[j]);
-        }
-        device::check(cudaMemcpy(b.data() + r0 * row, staged.data(), rows * row, cudaMemcpyHostToDevice), "cudaMemcpy");
-      }
-    }
-    return {type, m.rows, m.cols, b.data()};
+    device::check(cudaMemcpy(b.data(), m.data, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+    return {m.type, m.rows, m.cols, b.data()};
   }
 
   std::vector<device::buffer<std::byte>> owned_;

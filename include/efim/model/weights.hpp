@@ -54,6 +54,27 @@ struct weights {
   [[nodiscard]] dtype type() const noexcept { return layers.empty() ? token_embd.type : layers.front().w_up.type; }
 };
 
+// What the CUDA backend keeps in device memory for weights (model/device_weights.cuh; host code, so the
+// plan is checked without a GPU): every matrix as the file stores it (its products read f32, f16, bf16
+// and every block-quantized type as stored: kernels::quant::kept_quantized), norm weights and biases
+// as f32, a tied output matrix once.
+inline std::size_t device_matrix_bytes(const matrix& m) {
+  return m.data == nullptr ? 0 : m.rows * row_bytes(m.type, m.cols);
+}
+inline std::size_t device_weight_bytes(const weights& w) {
+  std::size_t bytes = device_matrix_bytes(w.token_embd) + (w.tied() ? 0 : device_matrix_bytes(w.output));
+  const auto floats = [&](vector v) { bytes += v.size() * sizeof(float); };
+  floats(w.output_norm);
+  floats(w.output_norm_b);
+  floats(w.output_b);
+  for (const layer_weights& l : w.layers) {
+    for (const matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) bytes += device_matrix_bytes(*m);
+    for (const vector v : {l.attn_norm, l.attn_norm_b, l.bq, l.bk, l.bv, l.bo, l.ffn_norm, l.ffn_norm_b, l.b_up, l.b_down})
+      floats(v);
+  }
+  return bytes;
+}
+
 // GGUF tensor names.
 namespace names {
 inline std::string block(std::size_t layer, std::string_view what) {

@@ -1,21 +1,24 @@
 #pragma once
-// Matrix products on the CUDA backend through cuBLAS: y (m, n) = [y +] x (m, k) * w (n, k)^T with x and
-// y f32 rows in device memory and w a device matrix in f32, f16 or bf16 (q8_0 and q4_0 weights are
-// dequantized to f16 when they are uploaded, model/device_weights.cuh). f16 and bf16 products convert
-// the x rows to the weights' type in a caller-owned workspace and accumulate in f32
+// Matrix products on the CUDA backend: y (m, n) = [y +] x (m, k) * w (n, k)^T with x and y f32 rows in
+// device memory and w a device matrix in f32, f16 or bf16 (through cuBLAS), or block-quantized as the
+// file stores it (q8_0, q4_0, q5_0, q5_1, q4_k, q5_k, q6_k: quant_matmul.cuh). f16 and bf16 products
+// convert the x rows to the weights' type in a caller-owned workspace and accumulate in f32
 // (cublasGemmEx, CUBLAS_COMPUTE_32F); f32 products stay f32 (no TF32: the math mode is the default).
-// Results agree with the host's canonical dot products within the rounding of x to 16 bits and of
-// f32 sums in another order, not bit for bit.
+// Results agree with the host's canonical dot products within the rounding of x to 16 bits (none in
+// the quantized decode product) and of f32 sums in another order, not bit for bit.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <string>
 
 #include "efim/core/dtype.hpp"
 #include "efim/kernels/common.hpp"
+#include "efim/kernels/cuda/quant_groups.hpp"
+#include "efim/kernels/cuda/quant_matmul.cuh"
 #include "efim/kernels/cuda/runtime.cuh"
 
 namespace efim::kernels::device {
@@ -44,7 +47,7 @@ class blas {
 
 // A weight matrix in device memory: (rows = output features, cols = inputs), rows contiguous.
 struct matrix {
-  dtype type = dtype::f32;  // f32, f16 or bf16
+  dtype type = dtype::f32;  // f32, f16, bf16, or a type quant::kept_quantized names
   std::size_t rows = 0, cols = 0;
   const void* data = nullptr;
 };
@@ -71,6 +74,7 @@ __global__ void __launch_bounds__(Policy::threads) to_16bit_kernel(const float* 
 
 // Bytes of workspace `matmul` needs for m rows against w (x converted to w's type; 0 for f32).
 inline std::size_t matmul_workspace(const matrix& w, std::size_t m) noexcept {
+  if (quant::kept_quantized(w.type)) return quant_matmul_workspace(w.rows, w.cols, m);
   return w.type == dtype::f32 ? 0 : m * w.cols * 2;
 }
 
@@ -80,11 +84,16 @@ template <class Policy = policy::convert>
 void matmul(const blas& h, const float* x, const matrix& w, float* y, std::size_t m, void* workspace,
             cudaStream_t stream, accumulate acc = accumulate::no) {
   if (m == 0 || w.rows == 0) return;
-  if (w.type != dtype::f32 && w.type != dtype::f16 && w.type != dtype::bf16)
+  const bool quantized = quant::kept_quantized(w.type);
+  if (w.type != dtype::f32 && w.type != dtype::f16 && w.type != dtype::bf16 && !quantized)
     throw error(errc::invalid_argument, "device::matmul: weights in " + std::string(to_string(w.type)) +
-                                            " (f32, f16 or bf16 on the device)");
+                                            " (f32, f16, bf16, q8_0, q4_0, q5_0, q5_1, q4_k, q5_k or q6_k on the device)");
   require(m <= 0x7FFFFFFFu && w.rows <= 0x7FFFFFFFu && w.cols <= 0x7FFFFFFFu, errc::invalid_argument,
           "device::matmul: a dimension above 2^31 - 1");
+  if (quantized && m <= policy::quant_matmul::decode_rows) {
+    quant_decode(w.type, w.data, w.rows, w.cols, x, m, y, stream, acc);
+    return;
+  }
   const int n = static_cast<int>(w.rows), k = static_cast<int>(w.cols), rows = static_cast<int>(m);
   const float alpha = 1.0f, beta = acc == accumulate::yes ? 1.0f : 0.0f;
   // Column-major view: y^T (n, m) = w (k, n)^T * x^T (k, m).
@@ -94,13 +103,26 @@ void matmul(const blas& h, const float* x, const matrix& w, float* y, std::size_
                "cublasGemmEx (f32)");
     return;
   }
-  const bool bf16 = w.type == dtype::bf16;
+  const bool bf16 = w.type == dtype::bf16;  // (quantized weights go through f16)
   const std::size_t total = m * w.cols;
   const std::size_t blocks = (total + Policy::threads - 1) / Policy::threads;
   detail::to_16bit_kernel<Policy>
       <<<static_cast<unsigned>(blocks < Policy::max_blocks ? blocks : Policy::max_blocks), Policy::threads, 0, stream>>>(
           x, workspace, total, bf16);
   check(cudaGetLastError(), "matmul: x conversion launch");
+  if (quantized) {  // a slice of weight rows at a time, dequantized to f16 after the x rows
+    auto* const slice = static_cast<std::byte*>(workspace) + total * 2;
+    const std::size_t step = quant_slice_rows(w.rows, w.cols);
+    for (std::size_t r0 = 0; r0 < w.rows; r0 += step) {
+      const std::size_t count = std::min(step, w.rows - r0);
+      quant_to_f16(w.type, w.data, w.cols, r0, count, slice, stream);
+      check_blas(cublasGemmEx(h.get(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(count), rows, k, &alpha, slice,
+                              CUDA_R_16F, k, workspace, CUDA_R_16F, k, &beta, y + r0, CUDA_R_32F, n,
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 "cublasGemmEx (quantized, f16 slices)");
+    }
+    return;
+  }
   const cudaDataType_t type = bf16 ? CUDA_R_16BF : CUDA_R_16F;
   check_blas(cublasGemmEx(h.get(), CUBLAS_OP_T, CUBLAS_OP_N, n, rows, k, &alpha, w.data, type, k, workspace, type, k,
                           &beta, y, CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),

@@ -14,6 +14,7 @@
 #include "efim/core/dtype.hpp"
 #include "efim/core/types.hpp"
 #include "efim/kernels/common.hpp"
+#include "efim/kernels/cuda/quant_groups.hpp"
 #include "efim/kernels/cuda/runtime.cuh"
 
 namespace efim::kernels::device {
@@ -131,6 +132,19 @@ __global__ void __launch_bounds__(Policy::threads)
   }
 }
 
+// The same for a table kept block-quantized: a token's row eight weights at a time, as dequantize_row
+// gives them.
+template <class Policy, dtype T>
+__global__ void __launch_bounds__(Policy::threads)
+    embedding_quant_kernel(const std::uint8_t* table, std::size_t n, std::size_t bytes, const token_id* ids, float* out) {
+  const std::size_t t = blockIdx.x, row = static_cast<std::size_t>(ids[t]);
+  for (std::size_t g = threadIdx.x; g < n / 8; g += Policy::threads) {
+    float v[8];
+    quant::decode8<T>(table + row * bytes, g, v);
+    for (int k = 0; k < 8; ++k) out[t * n + 8 * g + k] = v[k];
+  }
+}
+
 template <class Policy>
 __global__ void __launch_bounds__(Policy::threads)
     swiglu_kernel(const float* gate, const float* up, float* out, std::size_t n) {
@@ -204,10 +218,20 @@ void dispatch_gelu(const float* x, float* out, std::size_t n, cudaStream_t strea
 template <class Policy = policy::embedding>
 void dispatch_embedding(dtype type, const void* table, std::size_t n, const token_id* ids, std::size_t tokens,
                         float* out, cudaStream_t stream) {
-  require(type == dtype::f32 || type == dtype::f16 || type == dtype::bf16, errc::invalid_argument,
-          "device::embedding: the table must be f32, f16 or bf16");
+  const bool quantized = quant::kept_quantized(type);
+  require(type == dtype::f32 || type == dtype::f16 || type == dtype::bf16 || quantized, errc::invalid_argument,
+          "device::embedding: the table must be f32, f16, bf16 or a type the device keeps quantized");
   if (tokens == 0 || n == 0) return;
   require(tokens <= 0x7FFFFFFFu, errc::invalid_argument, "device::embedding: more than 2^31 - 1 tokens");
+  if (quantized) {
+    const std::size_t bytes = row_bytes(type, n);  // (throws unless a row is whole blocks)
+    quant::visit_kept(type, [&](auto t) {
+      detail::embedding_quant_kernel<Policy, decltype(t)::value><<<static_cast<unsigned>(tokens), Policy::threads, 0, stream>>>(
+          static_cast<const std::uint8_t*>(table), n, bytes, ids, out);
+    });
+    check(cudaGetLastError(), "embedding launch");
+    return;
+  }
   detail::embedding_kernel<Policy><<<static_cast<unsigned>(tokens), Policy::threads, 0, stream>>>(type, table, n, ids, out);
   check(cudaGetLastError(), "embedding launch");
 }

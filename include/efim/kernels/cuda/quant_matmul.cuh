@@ -1,0 +1,146 @@
+#pragma once
+// Matrix products with block-quantized weights kept as the file stores them (q8_0, q4_0, q5_0, q5_1,
+// q4_k, q5_k, q6_k: quant_groups.hpp), y (m, n) = [y +] x (m, k) * dequantize(w)^T:
+//   decode (m <= policy::quant_matmul::decode_rows): one warp per weight row; each lane decodes its
+//     groups of eight weights in registers (quant::lane_dots) and multiplies them into the m x rows'
+//     sums, which the warp then adds (five __shfl_xor_sync rounds). A result is quant::lane_dots over
+//     the 32 lanes summed as quant::warp_sum sums them: the host tests emulate it, and test_cuda
+//     checks the device against that emulation bit for bit.
+//   prefill (more rows): a slice of weight rows at a time dequantized to f16 in the workspace (each
+//     weight as dequantize_row gives it, rounded once to f16: what the f16 upload of these types
+//     gave), then cuBLAS multiplies the x rows (converted to f16 once) by it into y's columns.
+// The slice is what bounds the workspace (policy::quant_matmul::slice_bytes), not the matrix: a
+// 152k-row output matrix needs no f16 copy of itself.
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include "efim/core/dtype.hpp"
+#include "efim/kernels/common.hpp"
+#include "efim/kernels/cuda/quant_groups.hpp"
+#include "efim/kernels/cuda/runtime.cuh"
+
+namespace efim::kernels::device {
+
+namespace policy {
+struct quant_matmul {
+  static constexpr int warps = 4;                        // weight rows per block of the decode kernel
+  static constexpr std::size_t decode_rows = quant::decode_rows;  // x rows up to which the decode kernel runs
+  static constexpr std::size_t slice_bytes = 32u << 20;  // f16 weights dequantized at a time (prefill)
+  static constexpr int threads = 256;                    // dequantizing threads per block
+  static constexpr int max_blocks = 65535;
+};
+}  // namespace policy
+
+namespace detail {
+
+template <class Policy, dtype T, int M>
+__global__ void __launch_bounds__(Policy::warps * 32)
+    quant_decode_kernel(const std::uint8_t* w, std::size_t rows, std::size_t row_bytes, std::size_t cols,
+                        const float* x, int m, float* y, bool acc) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const std::size_t r = static_cast<std::size_t>(blockIdx.x) * Policy::warps + threadIdx.x / 32;
+  if (r >= rows) return;  // a whole warp at once
+  float sums[M] = {};
+  quant::lane_dots<T, M>(w + r * row_bytes, cols, x, m, lane, 32, sums);
+#pragma unroll
+  for (int i = 0; i < M; ++i) {
+    if (i >= m) break;
+    float v = sums[i];
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, off);
+    if (lane == 0) {
+      float* out = y + static_cast<std::size_t>(i) * rows + r;
+      *out = acc ? *out + v : v;
+    }
+  }
+}
+
+// Rows first .. first + count of w as f16, row-major (count, cols), into out: one thread per group.
+template <class Policy, dtype T>
+__global__ void __launch_bounds__(Policy::threads)
+    quant_to_f16_kernel(const std::uint8_t* w, std::size_t row_bytes, std::size_t cols, std::size_t first,
+                        std::size_t count, __half* out) {
+  const std::size_t groups = cols / 8, total = count * groups;
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(Policy::threads) + threadIdx.x; i < total;
+       i += static_cast<std::size_t>(gridDim.x) * Policy::threads) {
+    const std::size_t r = i / groups, g = i % groups;
+    float v[8];
+    quant::decode8<T>(w + (first + r) * row_bytes, g, v);
+    __half2 h[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) h[k] = __halves2half2(__float2half_rn(v[2 * k]), __float2half_rn(v[2 * k + 1]));
+    *reinterpret_cast<uint4*>(out + r * cols + 8 * g) = *reinterpret_cast<const uint4*>(h);
+  }
+}
+
+template <class Policy>
+unsigned quant_grid(std::size_t work) {
+  const std::size_t blocks = (work + Policy::threads - 1) / Policy::threads;
+  return static_cast<unsigned>(std::min<std::size_t>(std::max<std::size_t>(blocks, 1), Policy::max_blocks));
+}
+
+}  // namespace detail
+
+// Weight rows dequantized per prefill slice for a matrix of `cols` inputs.
+template <class Policy = policy::quant_matmul>
+std::size_t quant_slice_rows(std::size_t rows, std::size_t cols) noexcept {
+  return std::min(rows, std::max<std::size_t>(1, Policy::slice_bytes / (cols * 2)));
+}
+
+// Workspace bytes a product of m x rows with quantized weights (rows, cols) needs: none for decode;
+// for prefill, the x rows in f16 and one slice of f16 weights.
+template <class Policy = policy::quant_matmul>
+std::size_t quant_matmul_workspace(std::size_t rows, std::size_t cols, std::size_t m) noexcept {
+  if (m <= Policy::decode_rows) return 0;
+  return m * cols * 2 + quant_slice_rows<Policy>(rows, cols) * cols * 2;
+}
+
+// The decode product: y (m, rows) = [y +] x (m, cols) * dequantize(w)^T for m <= Policy::decode_rows.
+// w: rows of row_bytes(type, cols) bytes from a 16-byte aligned address; x 16-byte aligned.
+template <class Policy = policy::quant_matmul>
+void quant_decode(dtype type, const void* w, std::size_t rows, std::size_t cols, const float* x, std::size_t m,
+                  float* y, cudaStream_t stream, accumulate acc = accumulate::no) {
+  static_assert(Policy::decode_rows <= 8, "the decode kernel is instantiated for up to 8 x rows");
+  require(m >= 1 && m <= Policy::decode_rows, errc::invalid_argument, "device::quant_decode: 1 to 8 x rows");
+  require(cols % 32 == 0 && rows <= 0xFFFFFFFFull * Policy::warps, errc::invalid_argument,
+          "device::quant_decode: a row must be whole blocks of 32, and fit the grid");
+  const std::size_t rb = row_bytes(type, cols);
+  const auto* wb = static_cast<const std::uint8_t*>(w);
+  const unsigned blocks = static_cast<unsigned>((rows + Policy::warps - 1) / Policy::warps);
+  const int xm = static_cast<int>(m);
+  const bool add = acc == accumulate::yes;
+  quant::visit_kept(type, [&](auto t) {
+    constexpr dtype T = decltype(t)::value;
+    if (m == 1)
+      detail::quant_decode_kernel<Policy, T, 1><<<blocks, Policy::warps * 32, 0, stream>>>(wb, rows, rb, cols, x, xm, y, add);
+    else if (m == 2)
+      detail::quant_decode_kernel<Policy, T, 2><<<blocks, Policy::warps * 32, 0, stream>>>(wb, rows, rb, cols, x, xm, y, add);
+    else if (m <= 4)
+      detail::quant_decode_kernel<Policy, T, 4><<<blocks, Policy::warps * 32, 0, stream>>>(wb, rows, rb, cols, x, xm, y, add);
+    else
+      detail::quant_decode_kernel<Policy, T, 8><<<blocks, Policy::warps * 32, 0, stream>>>(wb, rows, rb, cols, x, xm, y, add);
+  });
+  check(cudaGetLastError(), "quant_decode launch");
+}
+
+// Rows first .. first + count of quantized w as f16 (count, cols) into out (16-byte aligned).
+template <class Policy = policy::quant_matmul>
+void quant_to_f16(dtype type, const void* w, std::size_t cols, std::size_t first, std::size_t count, void* out,
+                  cudaStream_t stream) {
+  if (count == 0) return;
+  const std::size_t rb = row_bytes(type, cols);
+  const auto* wb = static_cast<const std::uint8_t*>(w);
+  const unsigned grid = detail::quant_grid<Policy>(count * (cols / 8));
+  quant::visit_kept(type, [&](auto t) {
+    detail::quant_to_f16_kernel<Policy, decltype(t)::value>
+        <<<grid, Policy::threads, 0, stream>>>(wb, rb, cols, first, count, static_cast<__half*>(out));
+  });
+  check(cudaGetLastError(), "quant_to_f16 launch");
+}
+
+}  // namespace efim::kernels::device
