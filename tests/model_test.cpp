@@ -176,6 +176,22 @@ TEST_CASE("typed matmul: every element is the canonical dot of the dequantized r
     }
 }
 
+// Random bytes for weights of type t, finite only (NaN payloads are not part of the contract): the top
+// exponent bit of each element (f32, f16, bf16) or f16 scale of a block (d; m of q5_1, dmin of q4_k and
+// q5_k), bit 6 of its last byte, cleared; any other pattern may occur.
+namespace {
+void random_finite_bits(rng& r, dtype t, std::vector<std::byte>& bytes) {
+  for (auto& b : bytes) b = static_cast<std::byte>(r.below(256));
+  const std::size_t stride = t == dtype::f32 ? 4 : info(t).block > 1 ? info(t).bytes : 2;
+  std::vector<std::size_t> last{1};
+  if (t == dtype::f32) last = {3};
+  if (t == dtype::q4_k || t == dtype::q5_k || t == dtype::q5_1) last = {1, 3};
+  if (t == dtype::q6_k) last = {209};
+  for (std::size_t e = 0; e < bytes.size(); e += stride)
+    for (const std::size_t l : last) bytes[e + l] &= std::byte{0xbf};
+}
+}  // namespace
+
 TEST_CASE("typed matmul is canonical on raw bit patterns: subnormal and negative scales, signed zeros",
           "[kernels][matmul]") {
   thread_pool pool(2);
@@ -186,18 +202,7 @@ TEST_CASE("typed matmul is canonical on raw bit patterns: subnormal and negative
       const std::size_t rows = 21, cols = info(t).block > 1 ? 2 * info(t).block : 144;
       typed_weights w;
       w.bytes.resize(rows * row_bytes(t, cols));
-      for (auto& b : w.bytes) b = static_cast<std::byte>(r.below(256));
-      // Finite values only (NaN payloads are not part of the contract): clear the top exponent bit of
-      // each element (f32, f16, bf16) or f16 scale of a block (d; m of q5_1, dmin of q4_k and q5_k), bit 6 of
-      // its last byte; any other pattern may occur.
-      const std::size_t stride = t == dtype::f32 ? 4 : info(t).block > 1 ? info(t).bytes : 2;
-      const std::vector<std::size_t> last = t == dtype::f32                         ? std::vector<std::size_t>{3}
-                                            : t == dtype::q4_k || t == dtype::q5_k || t == dtype::q5_1
-                                                ? std::vector<std::size_t>{1, 3}
-                                            : t == dtype::q6_k                      ? std::vector<std::size_t>{209}
-                                                                                    : std::vector<std::size_t>{1};
-      for (std::size_t e = 0; e < w.bytes.size(); e += stride)
-        for (const std::size_t l : last) w.bytes[e + l] &= std::byte{0xbf};
+      random_finite_bits(r, t, w.bytes);
       w.dequantized.resize(rows * cols);
       for (std::size_t j = 0; j < rows; ++j)
         dequantize_row(t, w.bytes.data() + j * row_bytes(t, cols), w.dequantized.data() + j * cols, cols);
@@ -225,14 +230,7 @@ TEST_CASE("CUDA quantized groups decode as dequantize_row, and a warp's lanes co
       INFO(to_string(t) << (raw ? " raw bits" : " quantized floats"));
       typed_weights w = make_weights(r, t, rows, cols);
       if (raw) {
-        for (auto& b : w.bytes) b = static_cast<std::byte>(r.below(256));
-        const std::size_t stride = info(t).bytes;
-        const std::vector<std::size_t> last = t == dtype::q4_k || t == dtype::q5_k || t == dtype::q5_1
-                                                  ? std::vector<std::size_t>{1, 3}
-                                              : t == dtype::q6_k ? std::vector<std::size_t>{209}
-                                                                 : std::vector<std::size_t>{1};
-        for (std::size_t e = 0; e < w.bytes.size(); e += stride)
-          for (const std::size_t l : last) w.bytes[e + l] &= std::byte{0xbf};
+        random_finite_bits(r, t, w.bytes);
         for (std::size_t j = 0; j < rows; ++j)
           dequantize_row(t, w.bytes.data() + j * rb, w.dequantized.data() + j * cols, cols);
       }
