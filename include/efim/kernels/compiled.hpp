@@ -24,11 +24,11 @@
 #include "efim/kv/layout.hpp"
 
 // The attention entry point for both element types the KV cache holds, on every path compiled.
-#define EFIM_K_INSTANTIATE_ATTENTION(path, E)                                                                  \
-  template void efim::kernels::detail::path::attend_rows_n(                                                   \
-      std::size_t, std::make_index_sequence<efim::kernels::detail::max_rows>, const efim::kv::paged_layout&, \
-      const E*, const E*, std::span<const efim::block_id>, std::size_t, const efim::kernels::detail::attention_row*, \
-      float, float*, std::size_t) noexcept;
+#define EFIM_K_INSTANTIATE_ATTENTION(path, E)                                                     \
+  template void efim::kernels::detail::path::attend_rows_n(                                      \
+      std::size_t, std::make_index_sequence<efim::kernels::detail::max_rows>,                    \
+      const efim::kv::paged_layout&, const E*, const E*, std::span<const efim::block_id>,         \
+      std::size_t, const efim::kernels::detail::attention_row*, float, float*, std::size_t) noexcept;
 EFIM_K_INSTANTIATE_ATTENTION(isa_generic, float)
 EFIM_K_INSTANTIATE_ATTENTION(isa_generic, efim::half)
 #if EFIM_KERNELS_DISPATCHED

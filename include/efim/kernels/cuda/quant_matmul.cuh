@@ -21,6 +21,7 @@
 
 #include "efim/core/dtype.hpp"
 #include "efim/kernels/common.hpp"
+#include "efim/kernels/cuda/ops.cuh"
 #include "efim/kernels/cuda/quant_groups.hpp"
 #include "efim/kernels/cuda/runtime.cuh"
 
@@ -78,12 +79,6 @@ __global__ void __launch_bounds__(Policy::threads)
   }
 }
 
-template <class Policy>
-unsigned quant_grid(std::size_t work) {
-  const std::size_t blocks = (work + Policy::threads - 1) / Policy::threads;
-  return static_cast<unsigned>(std::min<std::size_t>(std::max<std::size_t>(blocks, 1), Policy::max_blocks));
-}
-
 }  // namespace detail
 
 // Weight rows dequantized per prefill slice for a matrix of `cols` inputs.
@@ -135,7 +130,7 @@ void quant_to_f16(dtype type, const void* w, std::size_t cols, std::size_t first
   if (count == 0) return;
   const std::size_t rb = row_bytes(type, cols);
   const auto* wb = static_cast<const std::uint8_t*>(w);
-  const unsigned grid = detail::quant_grid<Policy>(count * (cols / 8));
+  const unsigned grid = detail::grid_for<Policy>(count * (cols / 8));
   quant::visit_kept(type, [&](auto t) {
     detail::quant_to_f16_kernel<Policy, decltype(t)::value>
         <<<grid, Policy::threads, 0, stream>>>(wb, rb, cols, first, count, static_cast<__half*>(out));
