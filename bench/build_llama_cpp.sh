@@ -9,12 +9,14 @@
 #   bench/build_llama_cpp.sh --server   and llama-server (bin/), for the HTTP benchmarks
 #   bench/build_llama_cpp.sh --avx2     for x86-64-v3 (AVX2, FMA, F16C) instead of this machine's best,
 #                                       to compare with efim's AVX2 path on an AVX-512 machine
-#   bench/build_llama_cpp.sh --cuda     llama.cpp's CUDA build instead: llama-bench alone, ggml linked in
-#                                       statically, for CUDA_ARCHITECTURES (default 90, Hopper), into
-#                                       .cache/llama.cpp/cuda/bin: the peer of efim-cuda-bench. Needs the
-#                                       CUDA toolkit, not a GPU (build here, run where one is, with
-#                                       the toolkit's libcudart and libcublas). 27 minutes on 2 cores
-#                                       (AMD EPYC Zen 4); 68 MB stripped, 41 MB under xz.
+#   bench/build_llama_cpp.sh --cuda     llama.cpp's CUDA build instead: llama-bench (pp/tg) and
+#                                       llama-batched-bench (decode of many sequences at once) over
+#                                       shared, stripped libraries, for CUDA_ARCHITECTURES (default 90,
+#                                       Hopper), into .cache/llama.cpp/cuda (bin/, lib/): the peer of
+#                                       efim-cuda-bench. Needs the CUDA toolkit, not a GPU (build here,
+#                                       run where one is, with the toolkit's libcudart and libcublas).
+#                                       About 27 minutes on 2 cores (AMD EPYC Zen 4); libggml-cuda is
+#                                       most of its size (about 40 MB under xz).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=$PWD/.cache/llama.cpp
@@ -32,12 +34,15 @@ for arg in "$@"; do
            -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF)
       what="GGML_NATIVE=OFF, AVX2 + FMA + F16C (x86-64-v3)" ;;
     --cuda)
-      targets=(llama-bench)
+      targets=(llama-bench llama-batched-bench)
       isa=(-DGGML_NATIVE=OFF)
       cuda=(-DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHITECTURES:-90}" -DGGML_CUDA_NCCL=OFF
-            -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TOOLS=ON)
+            -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TOOLS=ON
+            # (libggml-cuda needs the driver's libcuda.so.1, which a machine without a GPU lacks: the
+            # programs are linked without resolving it, and find it where they run.)
+            -DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined)
       kind=cuda
-      what="GGML_CUDA=ON for CUDA architectures ${CUDA_ARCHITECTURES:-90}, GGML_NATIVE=OFF, static" ;;
+      what="GGML_CUDA=ON for CUDA architectures ${CUDA_ARCHITECTURES:-90}, GGML_NATIVE=OFF" ;;
     *) echo "build_llama_cpp: unknown option $arg" >&2; exit 2 ;;
   esac
 done
@@ -56,6 +61,9 @@ mkdir "$scratch/src"
 git -C "$scratch/git" archive "$commit" | tar -x -C "$scratch/src"
 
 log=$scratch/build.log
+# ccache (which llama.cpp's CMake uses where it is installed) keyed on paths relative to the scratch
+# folder, so that a build in another scratch folder finds the objects of an earlier one.
+export CCACHE_BASEDIR=$scratch CCACHE_NOHASHDIR=1
 if [ $kind = cuda ] && ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH=/usr/local/cuda/bin:$PATH
 fi
@@ -73,10 +81,10 @@ rm -rf "$out"
 mkdir -p "$out/lib" "$out/include" "$out/bin"
 find "$scratch/build" -name 'lib*.so*' -exec cp -P {} "$out/lib/" \;
 cp "$scratch/src/include/llama.h" "$scratch/src/include/llama-cpp.h" "$scratch"/src/ggml/include/*.h "$out/include/"
-for program in llama-server llama-bench; do
+for program in llama-server llama-bench llama-batched-bench; do
   [ -f "$scratch/build/bin/$program" ] && cp "$scratch/build/bin/$program" "$out/bin/"
 done
-if [ $kind = cuda ]; then strip "$out/bin/llama-bench"; fi
+if [ $kind = cuda ]; then strip "$out"/bin/*; find "$out/lib" -type f -name "*.so*" -exec strip {} +; fi
 {
   echo "llama.cpp commit $commit, built from source here: $what$([ $kind = cuda ] || echo ", CPU only")"
   echo "cpu: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)"

@@ -7,7 +7,8 @@
 //   (kernels::device::matmul on the same device weights and shapes: cuBLAS and the 16-bit conversion
 //   of its input), the share of prefill time they take.
 // Models are Qwen2-shaped (0.5B: hidden 896, 24 layers, 14/2 heads, ffn 4864, tied embeddings; 7B:
-// hidden 3584, 28 layers, 28/4 heads, ffn 18944) with random weights made in memory.
+// hidden 3584, 28 layers, 28/4 heads, ffn 18944) with random weights made in memory, or GGUF files
+// (--gguf; efim-model make writes them), the files llama.cpp's llama-bench is timed on beside it.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -29,8 +30,11 @@ const char* const usage = R"(usage: efim-cuda-bench [options]
   --model 0.5b|7b     Qwen2-shaped random-weight model (default 0.5b; repeatable)
   --type T           weights: f16, bf16, f32, q8_0, q4_0, q5_0, q5_1, q4_k, q5_k, q6_k (every
                      matrix), or q4_k_m, q5_k_m (llama.cpp's mixes); default f16
+  --gguf FILE         a model file instead (repeatable; with --model too): the weights and types it
+                      holds, as llama.cpp's llama-bench reads the same file
   --kv f16|f32        KV cache elements (default f16)
-  --context N         tokens already in the cache when decode is timed (default 1024)
+  --context N         tokens already in the cache when decode is timed (default 1024; 0: decode from
+                      an empty cache, as llama-bench's tg runs)
   --batch N           sequences decoded together (default 1)
   --prefill N         tokens of the timed prefill chunk (default 512)
   --steps N           decode steps timed (default 64)
@@ -41,10 +45,11 @@ const char* const usage = R"(usage: efim-cuda-bench [options]
   std::exit(2);
 }
 
-std::size_t count(const char* flag, const char* v) {
+std::size_t count(const char* flag, const char* v, bool zero_too = false) {
   char* end = nullptr;
   const unsigned long long n = std::strtoull(v, &end, 10);
-  if (end == v || *end != '\0' || n == 0) fail(std::string(flag) + " needs a positive number, not '" + v + "'");
+  if (end == v || *end != '\0' || (n == 0 && !zero_too))
+    fail(std::string(flag) + " needs a positive number, not '" + v + "'");
   return static_cast<std::size_t>(n);
 }
 
@@ -199,20 +204,21 @@ double copy_bandwidth(cudaStream_t s) {
 }
 
 struct options {
-  std::vector<std::string> models;
+  std::vector<std::string> models, files;
   std::string type = "f16";
   dtype kv = dtype::f16;
   std::size_t context = 1024, batch = 1, prefill = 512, steps = 64;
 };
 
-void run(const options& o, const std::string& size, double copy_bps) {
-  const auto c = qwen2_shape(size);
-  shaped_weights sw(c, o.type, size == "0.5b");
+// One model's rows: `name` and `type` label them, `w` are its host weights (made in memory or a file's).
+void run(const options& o, const std::string& name, const std::string& type, const model::weights& w,
+         double copy_bps) {
+  const auto& c = w.cfg;
   kernels::cuda::context ctx;
-  model::transformer<kernels::cuda> m(sw.w);
-  if (m.uploaded().bytes() != model::device_weight_bytes(sw.w))
+  model::transformer<kernels::cuda> m(w);
+  if (m.uploaded().bytes() != model::device_weight_bytes(w))
     fail("device weights take " + std::to_string(m.uploaded().bytes()) + " bytes, not the planned " +
-         std::to_string(model::device_weight_bytes(sw.w)));
+         std::to_string(model::device_weight_bytes(w)));
   const std::size_t block = 16;
   const std::size_t per_seq = (std::max(o.context, o.prefill) + o.steps + block) / block + 1;
   kv::device_storage kv(c.layers, m.kv_layout(per_seq * o.batch, block), o.kv);
@@ -292,7 +298,7 @@ void run(const options& o, const std::string& size, double copy_bps) {
   const double bps = read / (step_ms / 1e3);
   std::printf("%-5s %-6s KV %-3s | weights %.2f GB | decode batch %zu at %zu: %.3f ms/step, %.1f tok/s, %.0f GB/s "
               "= %.1f%% of copy | prefill %zu: %.1f ms, %.0f tok/s; products alone %.1f ms (%.1f%% of prefill)\n",
-              size.c_str(), o.type.c_str(), std::string(to_string(o.kv)).c_str(),
+              name.c_str(), type.c_str(), std::string(to_string(o.kv)).c_str(),
               static_cast<double>(dw.bytes()) / 1e9, o.batch, o.context, step_ms,
               static_cast<double>(o.batch) * 1e3 / step_ms, bps / 1e9, 100.0 * bps / copy_bps, o.prefill, prefill_ms,
               static_cast<double>(o.prefill) * 1e3 / prefill_ms, products_ms, 100.0 * products_ms / prefill_ms);
@@ -318,8 +324,10 @@ int main(int argc, char** argv) try {
     } else if (flag == "--kv") {
       o.kv = parse_dtype(v);
       if (o.kv != dtype::f16 && o.kv != dtype::f32) fail("--kv is f16 or f32");
+    } else if (flag == "--gguf") {
+      o.files.emplace_back(v);
     } else if (flag == "--context") {
-      o.context = count(argv[i - 1], v);
+      o.context = count(argv[i - 1], v, true);
     } else if (flag == "--batch") {
       o.batch = count(argv[i - 1], v);
     } else if (flag == "--prefill") {
@@ -330,13 +338,20 @@ int main(int argc, char** argv) try {
       fail("unknown option " + std::string(flag) + " (see --help)");
     }
   }
-  if (o.models.empty()) o.models.emplace_back("0.5b");
+  if (o.models.empty() && o.files.empty()) o.models.emplace_back("0.5b");
   if (!device::available()) fail("no CUDA device");
   kernels::cuda::context ctx;
   const double copy = copy_bandwidth(ctx.stream());
   std::printf("efim-cuda-bench on %s: device-to-device copy %.0f GB/s (read + write)\n", device::device_name().c_str(),
               copy / 1e9);
-  for (const auto& size : o.models) run(o, size, copy);
+  for (const auto& size : o.models) {
+    const shaped_weights sw(qwen2_shape(size), o.type, size == "0.5b");
+    run(o, size, o.type, sw.w, copy);
+  }
+  for (const auto& path : o.files) {
+    const auto file = model::open_model(path);
+    run(o, path.substr(path.find_last_of('/') + 1), "file", file.bind(), copy);
+  }
   return 0;
 } catch (const std::exception& e) {  // efim::error: a bad option value, a CUDA or cuBLAS failure
   fail(e.what());

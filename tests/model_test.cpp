@@ -245,6 +245,35 @@ TEST_CASE("CUDA quantized groups decode as dequantize_row, and a warp's lanes co
       }
       CHECK(mismatched == 0);
 
+      // The decode product's chunks (q4_k and q5_k: 32 weights from one 16-byte read) give the same
+      // values, and cover every group of a row once.
+      std::size_t chunk_mismatched = 0, miscovered = 0;
+      kernels::quant::visit_kept(t, [&](auto type) {
+        constexpr dtype T = decltype(type)::value;
+        constexpr int C = kernels::quant::chunk_groups<T>;
+        for (std::size_t j = 0; j < rows; ++j) {
+          const auto* row = reinterpret_cast<const std::uint8_t*>(w.bytes.data() + j * rb);
+          std::vector<int> covered(cols / 8, 0);
+          for (std::size_t c = 0; c < cols / (8 * C); ++c) {
+            float got[8 * C];
+            std::size_t first[C];
+            kernels::quant::decode_chunk<T>(row, c, got, first);
+            for (int g = 0; g < C; ++g) {
+              if (first[g] % 8 != 0 || first[g] >= cols) {
+                ++miscovered;
+                continue;
+              }
+              ++covered[first[g] / 8];
+              if (std::memcmp(got + 8 * g, w.dequantized.data() + j * cols + first[g], 8 * sizeof(float)) != 0)
+                ++chunk_mismatched;
+            }
+          }
+          miscovered += static_cast<std::size_t>(std::count_if(covered.begin(), covered.end(), [](int n) { return n != 1; }));
+        }
+      });
+      CHECK(chunk_mismatched == 0);
+      CHECK(miscovered == 0);
+
       // The decode product of each row with m x rows, lane by lane and then summed as a warp sums.
       for (const int m : {1, 3, 8}) {
         const auto x = random_vector(r, static_cast<std::size_t>(m) * cols);

@@ -16,7 +16,10 @@
 //   q5_k  176-byte blocks of 256: as q4_k with 32 bytes of fifth bits      (4- and 8-byte loads)
 //   q6_k  210-byte blocks of 256: low nibbles, high 2 bits, int8 scales, d (2-byte loads)
 // The wider loads need the row's first byte aligned to 16 (a device allocation, rows of whole blocks of
-// 144 or 176 bytes, both multiples of 16); the host reads through memcpy.
+// 144 or 176 bytes, both multiples of 16); the host reads through memcpy. The decode product reads
+// q4_k and q5_k a chunk of 16 quant bytes (32 weights) at a time, in one 16-byte load (decode_chunk).
+// Small integers become floats through their bits on the device (small_float): the same values as a
+// conversion, exactly, in two full-rate instructions where the conversion runs at a quarter rate.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -44,7 +47,9 @@ consteval bool every_block_type_kept() {
 static_assert(every_block_type_kept(), "a new block-quantized type needs its decode8 (and kept_quantized)");
 
 // x rows up to which the device multiplies by decoding weights in registers (quant_matmul.cuh's
-// default policy); above, it multiplies f16 slices of them on tensor cores.
+// default policy); above, it multiplies f16 slices of them on tensor cores. (More rows in passes of 8
+// ran slower than the slices: each pass reads every x row from L1 once per weight row, 32 bytes per
+// weight at 8 rows; H200, 7B shape, batch 16: 80.7 ms a step against 32.5.)
 inline constexpr std::size_t decode_rows = 8;
 
 namespace detail {
@@ -68,14 +73,47 @@ EFIM_HOST_DEVICE std::uint64_t load8_16(const std::uint8_t* p) noexcept {
   return v;
 }
 
+// Sixteen bytes from a 16-byte aligned address (on the device one load), as two little-endian words.
+EFIM_HOST_DEVICE void load16(const std::uint8_t* p, std::uint64_t& lo, std::uint64_t& hi) noexcept {
+#if defined(__CUDA_ARCH__)
+  const uint4 v = *reinterpret_cast<const uint4*>(p);
+  lo = static_cast<std::uint64_t>(v.x) | static_cast<std::uint64_t>(v.y) << 32;
+  hi = static_cast<std::uint64_t>(v.z) | static_cast<std::uint64_t>(v.w) << 32;
+#else
+  std::memcpy(&lo, p, 8);
+  std::memcpy(&hi, p + 8, 8);
+#endif
+}
+
 EFIM_HOST_DEVICE std::uint32_t byte_of(std::uint64_t v, int i) noexcept {
   return static_cast<std::uint32_t>(v >> (8 * i)) & 0xFFu;
 }
 
-// q4_k / q5_k: scale and min j (0..7) of the 12 scale bytes (kquant::scale_min), from three words.
-EFIM_HOST_DEVICE void scale_min(const std::uint8_t* scales, int j, std::uint32_t& sc, std::uint32_t& m) noexcept {
-  const std::uint32_t w[3] = {load<std::uint32_t>(scales), load<std::uint32_t>(scales + 4),
-                              load<std::uint32_t>(scales + 8)};
+// A scale stored as f16, as a float: f16_to_f32's value; on the device the conversion instruction (the
+// same value for every finite and infinite scale), not f16_to_f32's branches.
+EFIM_HOST_DEVICE float half_to_float(std::uint16_t h) noexcept {
+#if defined(__CUDA_ARCH__)
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+#else
+  return f16_to_f32(h);
+#endif
+}
+
+// v - Bias as a float, for 0 <= v < 2^16 and a small Bias: exact either way; on the device from the
+// bits of 2^23 + v (one OR, one add).
+template <int Bias = 0>
+EFIM_HOST_DEVICE float small_float(std::uint32_t v) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(0x4B000000u | v) - (8388608.0f + static_cast<float>(Bias));
+#else
+  return static_cast<float>(static_cast<int>(v) - Bias);
+#endif
+}
+
+// q4_k / q5_k: scale and min j (0..7) of the 12 scale bytes (kquant::scale_min), held as three words.
+EFIM_HOST_DEVICE void scale_min(const std::uint32_t (&w)[3], int j, std::uint32_t& sc, std::uint32_t& m) noexcept {
   const auto byte = [&](int i) { return (w[i / 4] >> (8 * (i % 4))) & 0xFFu; };
   if (j < 4) {
     sc = byte(j) & 63u;
@@ -86,51 +124,168 @@ EFIM_HOST_DEVICE void scale_min(const std::uint8_t* scales, int j, std::uint32_t
   }
 }
 
+EFIM_HOST_DEVICE void scale_words(const std::uint8_t* scales, std::uint32_t (&w)[3]) noexcept {
+  w[0] = load<std::uint32_t>(scales), w[1] = load<std::uint32_t>(scales + 4), w[2] = load<std::uint32_t>(scales + 8);
+}
+
 }  // namespace detail
+
+// The groups a lane decodes at a time in the decode product (a "chunk"): for q4_k and q5_k the 32
+// weights of 16 quant bytes (16 weights of each of two sub-blocks: 4 groups), read in one load; one group
+// for the others (their blocks are only 2-byte aligned).
+template <dtype T>
+inline constexpr int chunk_groups = T == dtype::q4_k || T == dtype::q5_k ? 4 : 1;
+
+// The bytes of one chunk as loaded (load_chunk), before they are decoded (decode_loaded): the decode
+// product loads several chunks before it decodes the first, so that their loads are in flight together.
+// Which words hold what depends on the type (load_chunk); unused ones stay zero.
+struct chunk_bytes {
+  std::uint64_t q0 = 0, q1 = 0, h0 = 0, h1 = 0;
+  std::uint32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+};
+
+// Chunk c of a row's bytes.
+template <dtype T>
+EFIM_HOST_DEVICE chunk_bytes load_chunk(const std::uint8_t* row, std::size_t c) noexcept {
+  using detail::load;
+  chunk_bytes b;
+  if constexpr (T == dtype::q8_0) {  // s0: scale; q0: 8 quants
+    const std::uint8_t* p = row + c / 4 * 34;
+    b.s0 = load<std::uint16_t>(p);
+    b.q0 = detail::load8_16(p + 2 + 8 * (c % 4));
+  } else if constexpr (T == dtype::q4_0) {  // s0: scale; q0: the 8 bytes holding the group's nibbles
+    const std::uint8_t* p = row + c / 4 * 18;
+    b.s0 = load<std::uint16_t>(p);
+    b.q0 = detail::load8_16(p + 2 + 8 * (c % 2));
+  } else if constexpr (T == dtype::q5_0 || T == dtype::q5_1) {  // s0: scale (q5_1: offset above); s1: fifth bits
+    constexpr std::size_t bytes = T == dtype::q5_0 ? 22 : 24, head = T == dtype::q5_0 ? 2 : 4;
+    const std::uint8_t* p = row + c / 4 * bytes;
+    b.s0 = load<std::uint16_t>(p);
+    if constexpr (T == dtype::q5_1) b.s0 |= static_cast<std::uint32_t>(load<std::uint16_t>(p + 2)) << 16;
+    b.s1 = static_cast<std::uint32_t>(load<std::uint16_t>(p + head)) |
+           static_cast<std::uint32_t>(load<std::uint16_t>(p + head + 2)) << 16;
+    b.q0 = detail::load8_16(p + head + 4 + 8 * (c % 2));
+  } else if constexpr (T == dtype::q4_k || T == dtype::q5_k) {  // s0: d, dmin; s1..s3: scales; q: quants; h: fifth bits
+    constexpr std::size_t bytes = T == dtype::q4_k ? 144 : 176, qs_at = T == dtype::q4_k ? 16 : 48;
+    const std::uint8_t* p = row + c / 8 * bytes;
+    const std::size_t pair = c % 8 / 2, half = c % 2;
+    b.s0 = load<std::uint32_t>(p);
+    std::uint32_t w[3];
+    detail::scale_words(p + 4, w);
+    b.s1 = w[0], b.s2 = w[1], b.s3 = w[2];
+    detail::load16(p + qs_at + 32 * pair + 16 * half, b.q0, b.q1);
+    if constexpr (T == dtype::q5_k) detail::load16(p + 16 + 16 * half, b.h0, b.h1);
+  } else if constexpr (T == dtype::q6_k) {  // q0: low bits; h0: high bits; s0: two int8 scales; s1: d
+    const std::uint8_t* p = row + c / 32 * 210;
+    const std::size_t i0 = c % 32 * 8, h = i0 / 128, r = i0 % 128 / 32, l = i0 % 32;
+    b.q0 = detail::load8_16(p + 64 * h + 32 * (r % 2) + l);
+    b.h0 = detail::load8_16(p + 128 + 32 * h + l);
+    b.s0 = load<std::uint16_t>(p + 192 + (i0 / 16) / 2 * 2);
+    b.s1 = load<std::uint16_t>(p + 208);
+  } else {
+    static_assert(T == dtype::q8_0, "load_chunk: not a type the device keeps quantized");
+  }
+  return b;
+}
+
+// Where each group of chunk c starts in its row (the weight index).
+template <dtype T>
+EFIM_HOST_DEVICE void chunk_first(std::size_t c, std::size_t* first) noexcept {
+  if constexpr (chunk_groups<T> == 1) {
+    first[0] = 8 * c;
+  } else {  // q4_k, q5_k: weights 16 half .. 16 half + 15 of sub-blocks 2 pair and 2 pair + 1
+    const std::size_t base = c / 8 * 256 + 64 * (c % 8 / 2) + 16 * (c % 2);
+    first[0] = base, first[1] = base + 8, first[2] = base + 32, first[3] = base + 40;
+  }
+}
+
+// Chunk c's 8 * chunk_groups<T> weights from its bytes into w (each the value dequantize_row gives),
+// and where each of its groups starts in the row (the weight index) into first.
+template <dtype T>
+EFIM_HOST_DEVICE void decode_loaded(const chunk_bytes& b, std::size_t c, float* w, std::size_t* first) noexcept {
+  using detail::byte_of;
+  using detail::half_to_float;
+  using detail::small_float;
+  if constexpr (T == dtype::q8_0) {
+    const float d = half_to_float(static_cast<std::uint16_t>(b.s0));
+    for (int i = 0; i < 8; ++i) w[i] = small_float<128>(byte_of(b.q0, i) ^ 0x80u) * d;  // the int8 quant, exactly
+  } else if constexpr (T == dtype::q4_0) {
+    const float d = half_to_float(static_cast<std::uint16_t>(b.s0));
+    const int shift = c % 4 < 2 ? 0 : 4;
+    for (int i = 0; i < 8; ++i) w[i] = small_float<8>((byte_of(b.q0, i) >> shift) & 15u) * d;
+  } else if constexpr (T == dtype::q5_0 || T == dtype::q5_1) {
+    const float d = half_to_float(static_cast<std::uint16_t>(b.s0 & 0xFFFFu));
+    const int shift = c % 4 < 2 ? 0 : 4;
+    const int at = static_cast<int>(8 * (c % 4));  // the weight index of w[0] within the block
+    for (int i = 0; i < 8; ++i) {
+      const std::uint32_t v = ((byte_of(b.q0, i) >> shift) & 15u) | (((b.s1 >> (at + i)) & 1u) << 4);
+      if constexpr (T == dtype::q5_0)
+        w[i] = small_float<16>(v) * d;
+      else
+        w[i] = small_float(v) * d + half_to_float(static_cast<std::uint16_t>(b.s0 >> 16));
+    }
+  } else if constexpr (T == dtype::q4_k || T == dtype::q5_k) {
+    const int pair = static_cast<int>(c % 8) / 2;  // sub-blocks 2 pair and 2 pair + 1
+    const float d = half_to_float(static_cast<std::uint16_t>(b.s0 & 0xFFFFu));
+    const float dmin = half_to_float(static_cast<std::uint16_t>(b.s0 >> 16));
+    const std::uint32_t words[3] = {b.s1, b.s2, b.s3};
+    std::uint32_t sc0, m0, sc1, m1;
+    detail::scale_min(words, 2 * pair, sc0, m0);
+    detail::scale_min(words, 2 * pair + 1, sc1, m1);
+    const float ds0 = d * small_float(sc0), mm0 = dmin * small_float(m0);
+    const float ds1 = d * small_float(sc1), mm1 = dmin * small_float(m1);
+    for (int t = 0; t < 16; ++t) {  // quant byte t: weight 16 half + t of both sub-blocks
+      const std::uint32_t q = byte_of(t < 8 ? b.q0 : b.q1, t % 8);
+      std::uint32_t lo = q & 15u, hi = q >> 4;
+      if constexpr (T == dtype::q5_k) {
+        const std::uint32_t h = byte_of(t < 8 ? b.h0 : b.h1, t % 8);
+        lo |= ((h >> (2 * pair)) & 1u) << 4;
+        hi |= ((h >> (2 * pair + 1)) & 1u) << 4;
+      }
+      w[t] = ds0 * small_float(lo) - mm0;
+      w[16 + t] = ds1 * small_float(hi) - mm1;
+    }
+  } else if constexpr (T == dtype::q6_k) {
+    const std::size_t i0 = c % 32 * 8;  // the weight index of w[0] within the super-block
+    const int r = static_cast<int>(i0 % 128 / 32);
+    const auto sc = static_cast<std::int8_t>(static_cast<std::uint8_t>((i0 / 16) % 2 == 0 ? b.s0 & 0xFFu : b.s0 >> 8));
+    const float ds = half_to_float(static_cast<std::uint16_t>(b.s1)) * static_cast<float>(sc);
+    for (int i = 0; i < 8; ++i) {
+      const std::uint32_t lo = r < 2 ? byte_of(b.q0, i) & 15u : byte_of(b.q0, i) >> 4;
+      const std::uint32_t hi = (byte_of(b.h0, i) >> (2 * r)) & 3u;
+      w[i] = ds * small_float<32>(lo | (hi << 4));
+    }
+  } else {
+    static_assert(T == dtype::q8_0, "decode_loaded: not a type the device keeps quantized");
+  }
+  chunk_first<T>(c, first);
+}
+
+// Chunk c of a row: decode_loaded of load_chunk.
+template <dtype T>
+EFIM_HOST_DEVICE void decode_chunk(const std::uint8_t* row, std::size_t c, float* w, std::size_t* first) noexcept {
+  decode_loaded<T>(load_chunk<T>(row, c), c, w, first);
+}
 
 // Weights 8g .. 8g + 7 of a row of type T into w.
 template <dtype T>
 EFIM_HOST_DEVICE void decode8(const std::uint8_t* row, std::size_t g, float* w) noexcept {
-  using detail::byte_of;
-  using detail::load;
-  if constexpr (T == dtype::q8_0) {
-    const std::uint8_t* p = row + g / 4 * 34;
-    const float d = f16_to_f32(load<std::uint16_t>(p));
-    const std::uint64_t q = detail::load8_16(p + 2 + 8 * (g % 4));
-    for (int i = 0; i < 8; ++i)
-      w[i] = static_cast<float>(static_cast<std::int8_t>(static_cast<std::uint8_t>(byte_of(q, i)))) * d;
-  } else if constexpr (T == dtype::q4_0) {
-    const std::uint8_t* p = row + g / 4 * 18;
-    const float d = f16_to_f32(load<std::uint16_t>(p));
-    const std::uint64_t q = detail::load8_16(p + 2 + 8 * (g % 2));
-    const int shift = g % 4 < 2 ? 0 : 4;
-    for (int i = 0; i < 8; ++i) w[i] = static_cast<float>(static_cast<int>((byte_of(q, i) >> shift) & 15u) - 8) * d;
-  } else if constexpr (T == dtype::q5_0 || T == dtype::q5_1) {
-    constexpr std::size_t bytes = T == dtype::q5_0 ? 22 : 24, head = T == dtype::q5_0 ? 2 : 4;
-    const std::uint8_t* p = row + g / 4 * bytes;
-    const float d = f16_to_f32(load<std::uint16_t>(p));
-    const std::uint32_t qh = static_cast<std::uint32_t>(load<std::uint16_t>(p + head)) |
-                             static_cast<std::uint32_t>(load<std::uint16_t>(p + head + 2)) << 16;
-    const std::uint64_t q = detail::load8_16(p + head + 4 + 8 * (g % 2));
-    const int shift = g % 4 < 2 ? 0 : 4;
-    const int first = static_cast<int>(8 * (g % 4));  // the weight index of w[0] within the block
-    for (int i = 0; i < 8; ++i) {
-      const int v = static_cast<int>(((byte_of(q, i) >> shift) & 15u) | (((qh >> (first + i)) & 1u) << 4));
-      if constexpr (T == dtype::q5_0)
-        w[i] = static_cast<float>(v - 16) * d;
-      else
-        w[i] = static_cast<float>(v) * d + f16_to_f32(load<std::uint16_t>(p + 2));
-    }
-  } else if constexpr (T == dtype::q4_k || T == dtype::q5_k) {
+  if constexpr (chunk_groups<T> == 1) {
+    std::size_t first;
+    decode_chunk<T>(row, g, w, &first);
+  } else {  // q4_k, q5_k: the group alone (sub-block j, its weights o .. o + 7)
+    using detail::byte_of;
+    using detail::load;
     constexpr std::size_t bytes = T == dtype::q4_k ? 144 : 176, qs_at = T == dtype::q4_k ? 16 : 48;
     const std::uint8_t* p = row + g / 32 * bytes;
     const std::uint32_t dd = load<std::uint32_t>(p);
-    const float d = f16_to_f32(static_cast<std::uint16_t>(dd & 0xFFFFu));
-    const float dmin = f16_to_f32(static_cast<std::uint16_t>(dd >> 16));
-    const int l = static_cast<int>(g % 32), j = l / 4, o = (l % 4) * 8;  // sub-block j, weights o .. o + 7 of it
-    std::uint32_t sc, m;
-    detail::scale_min(p + 4, j, sc, m);
-    const float ds = d * static_cast<float>(sc), mm = dmin * static_cast<float>(m);
+    const float d = detail::half_to_float(static_cast<std::uint16_t>(dd & 0xFFFFu));
+    const float dmin = detail::half_to_float(static_cast<std::uint16_t>(dd >> 16));
+    const int l = static_cast<int>(g % 32), j = l / 4, o = (l % 4) * 8;
+    std::uint32_t words[3], sc, m;
+    detail::scale_words(p + 4, words);
+    detail::scale_min(words, j, sc, m);
+    const float ds = d * detail::small_float(sc), mm = dmin * detail::small_float(m);
     const std::uint64_t q = load<std::uint64_t>(p + qs_at + 32 * (j / 2) + o);
     const int shift = j % 2 == 0 ? 0 : 4;
     std::uint64_t qh = 0;
@@ -138,55 +293,65 @@ EFIM_HOST_DEVICE void decode8(const std::uint8_t* row, std::size_t g, float* w) 
     for (int i = 0; i < 8; ++i) {
       std::uint32_t v = (byte_of(q, i) >> shift) & 15u;
       if constexpr (T == dtype::q5_k) v |= ((byte_of(qh, i) >> j) & 1u) << 4;
-      w[i] = ds * static_cast<float>(v) - mm;
+      w[i] = ds * detail::small_float(v) - mm;
     }
-  } else if constexpr (T == dtype::q6_k) {
-    const std::uint8_t* p = row + g / 32 * 210;
-    const int i0 = static_cast<int>(g % 32) * 8;  // the weight index of w[0] within the super-block
-    const int h = i0 / 128, r = i0 % 128 / 32, l = i0 % 32;
-    const std::uint64_t low = detail::load8_16(p + 64 * h + 32 * (r % 2) + l);
-    const std::uint64_t high = detail::load8_16(p + 128 + 32 * h + l);
-    const float d = f16_to_f32(load<std::uint16_t>(p + 208));
-    const std::uint16_t sc2 = load<std::uint16_t>(p + 192 + (i0 / 16) / 2 * 2);
-    const auto sc = static_cast<std::int8_t>(static_cast<std::uint8_t>((i0 / 16) % 2 == 0 ? sc2 & 0xFFu : sc2 >> 8));
-    const float ds = d * static_cast<float>(sc);
-    for (int i = 0; i < 8; ++i) {
-      const std::uint32_t lo = r < 2 ? byte_of(low, i) & 15u : byte_of(low, i) >> 4;
-      const std::uint32_t hi = (byte_of(high, i) >> (2 * r)) & 3u;
-      w[i] = ds * static_cast<float>(static_cast<int>(lo | (hi << 4)) - 32);
-    }
-  } else {
-    static_assert(T == dtype::q8_0, "decode8: not a type the device keeps quantized");
   }
 }
 
+// Chunks whose bytes a lane of the decode product loads before it decodes the first of them.
+inline constexpr int chunks_in_flight = 4;
+
 // What lane `lane` of a warp of `lanes` adds to the dot products of one weight row with m x rows (m at
 // most M; the CUDA backend's decode product, kernels/cuda/quant_matmul.cuh, one warp per weight row):
-// groups lane, lane + lanes, ... in turn, each decoded once and multiplied into every x row's sum,
-// eight fused multiply-adds in order. x rows are `cols` floats apart (on the device, 16-byte aligned);
-// acc holds the m sums, added to.
+// chunks lane, lane + lanes, ... in turn, each decoded once, then each of its groups multiplied into
+// every x row's sum, eight fused multiply-adds in order. The bytes of chunks_in_flight of them are
+// loaded before the first is decoded (so that on the device their loads are in flight together); the
+// order of the sums stays this one. x rows are `cols` floats apart (on the device, 16-byte aligned); acc
+// holds the m sums, added to.
 template <dtype T, int M>
 EFIM_HOST_DEVICE void lane_dots(const std::uint8_t* row, std::size_t cols, const float* x, int m, int lane, int lanes,
                                 float* acc) noexcept {
-  for (std::size_t g = static_cast<std::size_t>(lane); g < cols / 8; g += static_cast<std::size_t>(lanes)) {
-    float w[8];
-    decode8<T>(row, g, w);
+  constexpr int C = chunk_groups<T>, U = chunks_in_flight;
+  const std::size_t chunks = cols / (8 * C), stride = static_cast<std::size_t>(lanes);
+  for (std::size_t c0 = static_cast<std::size_t>(lane); c0 < chunks; c0 += U * stride) {
+    chunk_bytes b[U];
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
-    for (int i = 0; i < M; ++i) {
-      if (i >= m) break;
-      const float* xi = x + static_cast<std::size_t>(i) * cols + 8 * g;
-      float xv[8];
+    for (int u = 0; u < U; ++u)
+      if (c0 + u * stride < chunks) b[u] = load_chunk<T>(row, c0 + u * stride);
 #if defined(__CUDA_ARCH__)
-      const float4 lo = reinterpret_cast<const float4*>(xi)[0], hi = reinterpret_cast<const float4*>(xi)[1];
-      xv[0] = lo.x, xv[1] = lo.y, xv[2] = lo.z, xv[3] = lo.w, xv[4] = hi.x, xv[5] = hi.y, xv[6] = hi.z, xv[7] = hi.w;
-#else
-      std::memcpy(xv, xi, sizeof xv);
+#pragma unroll
 #endif
-      float a = acc[i];
-      for (int k = 0; k < 8; ++k) a = fmaf(w[k], xv[k], a);
-      acc[i] = a;
+    for (int u = 0; u < U; ++u) {
+      const std::size_t c = c0 + u * stride;
+      if (c >= chunks) break;
+      float w[8 * C];
+      std::size_t first[C];
+      decode_loaded<T>(b[u], c, w, first);
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+      for (int g = 0; g < C; ++g) {
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+        for (int i = 0; i < M; ++i) {
+          if (i >= m) break;
+          const float* xi = x + static_cast<std::size_t>(i) * cols + first[g];
+          float xv[8];
+#if defined(__CUDA_ARCH__)
+          const float4 lo = reinterpret_cast<const float4*>(xi)[0], hi = reinterpret_cast<const float4*>(xi)[1];
+          xv[0] = lo.x, xv[1] = lo.y, xv[2] = lo.z, xv[3] = lo.w, xv[4] = hi.x, xv[5] = hi.y, xv[6] = hi.z,
+          xv[7] = hi.w;
+#else
+          std::memcpy(xv, xi, sizeof xv);
+#endif
+          float a = acc[i];
+          for (int k = 0; k < 8; ++k) a = fmaf(w[8 * g + k], xv[k], a);
+          acc[i] = a;
+        }
+      }
     }
   }
 }

@@ -2,10 +2,11 @@
 // Matrix products with block-quantized weights kept as the file stores them (q8_0, q4_0, q5_0, q5_1,
 // q4_k, q5_k, q6_k: quant_groups.hpp), y (m, n) = [y +] x (m, k) * dequantize(w)^T:
 //   decode (m <= policy::quant_matmul::decode_rows): one warp per weight row; each lane decodes its
-//     groups of eight weights in registers (quant::lane_dots) and multiplies them into the m x rows'
-//     sums, which the warp then adds (five __shfl_xor_sync rounds). A result is quant::lane_dots over
-//     the 32 lanes summed as quant::warp_sum sums them: the host tests emulate it, and test_cuda
-//     checks the device against that emulation bit for bit.
+//     chunks of weights in registers (quant::lane_dots: the bytes of four chunks loaded before the first
+//     is decoded) and multiplies them into the m x rows' sums, which the warp then adds (five
+//     __shfl_xor_sync rounds). A result is quant::lane_dots over the 32 lanes summed as quant::warp_sum
+//     sums them: the host tests emulate it, and test_cuda checks the device against that emulation bit
+//     for bit.
 //   prefill (more rows): a slice of weight rows at a time dequantized to f16 in the workspace (each
 //     weight as dequantize_row gives it, rounded once to f16: what the f16 upload of these types
 //     gave), then cuBLAS multiplies the x rows (converted to f16 once) by it into y's columns.
@@ -81,10 +82,13 @@ __global__ void __launch_bounds__(Policy::threads)
 
 }  // namespace detail
 
-// Weight rows dequantized per prefill slice for a matrix of `cols` inputs.
+// Weight rows dequantized per prefill slice for a matrix of `cols` inputs: a multiple of 256 where the
+// matrix takes more than one (each slice's output columns then start 1 KiB aligned and are a whole
+// number of cuBLAS's tiles wide, as its vectorized kernels want).
 template <class Policy = policy::quant_matmul>
 std::size_t quant_slice_rows(std::size_t rows, std::size_t cols) noexcept {
-  return std::min(rows, std::max<std::size_t>(1, Policy::slice_bytes / (cols * 2)));
+  const std::size_t fit = Policy::slice_bytes / (cols * 2);
+  return fit >= rows ? rows : std::max<std::size_t>(256, fit / 256 * 256);
 }
 
 // Workspace bytes a product of m x rows with quantized weights (rows, cols) needs: none for decode;
