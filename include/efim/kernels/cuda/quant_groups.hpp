@@ -128,6 +128,16 @@ EFIM_HOST_DEVICE void scale_words(const std::uint8_t* scales, std::uint32_t (&w)
   w[0] = load<std::uint32_t>(scales), w[1] = load<std::uint32_t>(scales + 4), w[2] = load<std::uint32_t>(scales + 8);
 }
 
+// q4_k / q5_k: sub-block j's weight of quant v is ds * v - mm; ds = d * scale and mm = dmin * min (both
+// exact in f32), from the block's d/dmin word and its three scale words.
+EFIM_HOST_DEVICE void sub_block_scale(std::uint32_t dd, const std::uint32_t (&words)[3], int j, float& ds,
+                                      float& mm) noexcept {
+  std::uint32_t sc, m;
+  scale_min(words, j, sc, m);
+  ds = half_to_float(static_cast<std::uint16_t>(dd & 0xFFFFu)) * small_float(sc);
+  mm = half_to_float(static_cast<std::uint16_t>(dd >> 16)) * small_float(m);
+}
+
 }  // namespace detail
 
 // The groups a lane decodes at a time in the decode product (a "chunk"): for q4_k and q5_k the 32
@@ -226,14 +236,10 @@ EFIM_HOST_DEVICE void decode_loaded(const chunk_bytes& b, std::size_t c, float* 
     }
   } else if constexpr (T == dtype::q4_k || T == dtype::q5_k) {
     const int pair = static_cast<int>(c % 8) / 2;  // sub-blocks 2 pair and 2 pair + 1
-    const float d = half_to_float(static_cast<std::uint16_t>(b.s0 & 0xFFFFu));
-    const float dmin = half_to_float(static_cast<std::uint16_t>(b.s0 >> 16));
     const std::uint32_t words[3] = {b.s1, b.s2, b.s3};
-    std::uint32_t sc0, m0, sc1, m1;
-    detail::scale_min(words, 2 * pair, sc0, m0);
-    detail::scale_min(words, 2 * pair + 1, sc1, m1);
-    const float ds0 = d * small_float(sc0), mm0 = dmin * small_float(m0);
-    const float ds1 = d * small_float(sc1), mm1 = dmin * small_float(m1);
+    float ds0, mm0, ds1, mm1;
+    detail::sub_block_scale(b.s0, words, 2 * pair, ds0, mm0);
+    detail::sub_block_scale(b.s0, words, 2 * pair + 1, ds1, mm1);
     for (int t = 0; t < 16; ++t) {  // quant byte t: weight 16 half + t of both sub-blocks
       const std::uint32_t q = byte_of(t < 8 ? b.q0 : b.q1, t % 8);
       std::uint32_t lo = q & 15u, hi = q >> 4;
@@ -278,14 +284,11 @@ EFIM_HOST_DEVICE void decode8(const std::uint8_t* row, std::size_t g, float* w) 
     using detail::load;
     constexpr std::size_t bytes = T == dtype::q4_k ? 144 : 176, qs_at = T == dtype::q4_k ? 16 : 48;
     const std::uint8_t* p = row + g / 32 * bytes;
-    const std::uint32_t dd = load<std::uint32_t>(p);
-    const float d = detail::half_to_float(static_cast<std::uint16_t>(dd & 0xFFFFu));
-    const float dmin = detail::half_to_float(static_cast<std::uint16_t>(dd >> 16));
     const int l = static_cast<int>(g % 32), j = l / 4, o = (l % 4) * 8;
-    std::uint32_t words[3], sc, m;
+    std::uint32_t words[3];
     detail::scale_words(p + 4, words);
-    detail::scale_min(words, j, sc, m);
-    const float ds = d * detail::small_float(sc), mm = dmin * detail::small_float(m);
+    float ds, mm;
+    detail::sub_block_scale(load<std::uint32_t>(p), words, j, ds, mm);
     const std::uint64_t q = load<std::uint64_t>(p + qs_at + 32 * (j / 2) + o);
     const int shift = j % 2 == 0 ? 0 : 4;
     std::uint64_t qh = 0;
