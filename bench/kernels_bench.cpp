@@ -368,7 +368,8 @@ void bench_crossover_section() {
 #if EFIM_KERNELS_DISPATCHED
   using kernels::int8_dot;
   if (path == kernels::isa::avx512)
-    return d == int8_dot::evex ? bench_crossovers<int8_dot::evex, true>() : bench_crossovers<int8_dot::madd, true>();
+    return d == int8_dot::evex || d == int8_dot::amx ? bench_crossovers<int8_dot::evex, true>()  // (VNNI panels)
+                                                     : bench_crossovers<int8_dot::madd, true>();
   if (path == kernels::isa::avx2)
     return d == int8_dot::vex    ? bench_crossovers<int8_dot::vex, false>()
            : d == int8_dot::evex ? bench_crossovers<int8_dot::evex, false>()

@@ -448,8 +448,11 @@ template <class F>
 void for_each_int8_form(F&& f) {
   for (const kernels::isa path : {kernels::isa::avx2, kernels::isa::avx512}) {
     if (kernels::detected_isa() < path) continue;
-    for (const kernels::int8_dot d : {kernels::int8_dot::madd, kernels::int8_dot::evex, kernels::int8_dot::vex})
-      if (kernels::runs(d) && !(path == kernels::isa::avx512 && d == kernels::int8_dot::vex)) f(path, d);
+    for (const kernels::int8_dot d :
+         {kernels::int8_dot::madd, kernels::int8_dot::evex, kernels::int8_dot::vex, kernels::int8_dot::amx}) {
+      const bool taken = path == kernels::isa::avx512 ? d != kernels::int8_dot::vex : d != kernels::int8_dot::amx;
+      if (kernels::runs(d) && taken) f(path, d);
+    }
   }
 }
 
@@ -489,7 +492,7 @@ TEST_CASE("int8 products: the same bits on every path, batch and thread count, w
       const double error = per == 32 ? 0.57 : 0.5;
       // Float steps per output (one per block, q5_1 two): each rounds the partial sum once.
       const double steps = static_cast<double>(cols / per * (t == dtype::q5_1 ? 2 : 1));
-      for (const std::size_t m : {1, 2, 3, 4, 5, 7, 12, 13, 64}) {  // both sides of int8_stream_rows
+      for (const std::size_t m : {1, 2, 3, 4, 5, 7, 12, 13, 37, 64}) {  // both sides of int8_stream_rows; AMX: 37 = 2 tiles + 5
         INFO(to_string(t) << " m " << m << " rows " << rows << " cols " << cols);
         auto x = random_vector(r, m * cols);
         if (m == 3) {  // an all-zero block

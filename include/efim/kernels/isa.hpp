@@ -33,6 +33,10 @@
 #if EFIM_KERNELS_DISPATCHED && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>
 #endif
+#if EFIM_KERNELS_DISPATCHED && defined(__linux__) && defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace efim::kernels {
 
@@ -59,6 +63,10 @@ struct cpu_features {
   bool avx2 = false, fma = false, f16c = false, bmi2 = false;
   bool avx512f = false, avx512bw = false, avx512dq = false, avx512vl = false, avx512vnni = false;
   bool avxvnni = false;  // VPDPBUSD in its VEX form (AVX-VNNI: Alder Lake, Sapphire Rapids, Sierra Forest, Zen 5)
+  // AMX-TILE and AMX-INT8 with the OS saving their state (XCR0 bits 17 and 18) and palette 1 as the
+  // kernels configure it (8 tiles of 16 rows of 64 bytes); a process must still ask Linux for the
+  // tile data's permission before its first tile instruction (amx_ready()).
+  bool amx_int8 = false;
   bool amd = false;
 };
 
@@ -101,9 +109,17 @@ inline const cpu_features& cpu() noexcept {
     c.avx512bw = zmm && ((r[1] >> 30) & 1u);
     c.avx512vl = zmm && ((r[1] >> 31) & 1u);
     c.avx512vnni = zmm && ((r[2] >> 11) & 1u);
+    const bool amx = zmm && ((r[3] >> 24) & 1u) && ((r[3] >> 25) & 1u) && (xcr0 & 0x60000u) == 0x60000u;
     if (max_sub7 >= 1) {
       detail::cpuid(7, 1, r);
       c.avxvnni = ymm && ((r[0] >> 4) & 1u);
+    }
+    if (amx && max_leaf >= 0x1D) {
+      detail::cpuid(0x1D, 0, r);
+      if (r[0] >= 1) {
+        detail::cpuid(0x1D, 1, r);  // palette 1: bytes per row, tile names, rows
+        c.amx_int8 = (r[1] & 0xFFFFu) >= 64 && (r[1] >> 16) >= 8 && (r[2] & 0xFFFFu) >= 16;
+      }
     }
 #endif
     return c;
@@ -126,10 +142,31 @@ inline isa detected_isa() noexcept {
 // Whether the CPU has AVX-512 VNNI (the integer products' fast tiles).
 inline bool has_avx512_vnni() noexcept { return cpu().avx512vnni; }
 
+// Whether this process may run AMX tile instructions: the CPU and the OS have them (cpu().amx_int8),
+// Linux granted the tile data's permission (ARCH_REQ_XCOMP_PERM, asked once here: without it the first
+// tile instruction kills the process with SIGILL, as where a VM advertises AMX it does not enable), and
+// EFIM_AMX is not "off" or "0" in the environment. Read once.
+inline bool amx_ready() noexcept {
+  static const bool ready = [] {
+    const char* env = std::getenv("EFIM_AMX");
+    if (env != nullptr && (std::string_view(env) == "off" || std::string_view(env) == "0")) return false;
+    if (!cpu().amx_int8) return false;
+#if EFIM_KERNELS_DISPATCHED && defined(__linux__) && defined(__x86_64__)
+    constexpr long arch_req_xcomp_perm = 0x1023, xfeature_xtiledata = 18;
+    return syscall(SYS_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) == 0;
+#else
+    return false;
+#endif
+  }();
+  return ready;
+}
+
 // How the integer products of the types of 32-weight blocks (q8_0, q4_0, q5_0, q5_1) multiply bytes:
 // VPMADDUBSW + VPMADDWD (AVX2), or VPDPBUSD on 256-bit registers in its EVEX encoding (AVX-512 VNNI
-// with VL) or its VEX encoding (AVX-VNNI). All give the same integers, so the same bits.
-enum class int8_dot : int { madd = 0, evex = 1, vex = 2 };
+// with VL) or its VEX encoding (AVX-VNNI); amx: prefill (more than int8_stream_rows x rows) on AMX
+// tiles (TDPBSSD / TDPBSUD), decode as evex. All give the same integers, so the same bits. (The
+// k-quants take amx as evex.)
+enum class int8_dot : int { madd = 0, evex = 1, vex = 2, amx = 3 };
 
 constexpr bool uses_vpdpbusd(int8_dot d) noexcept { return d != int8_dot::madd; }
 
@@ -139,6 +176,8 @@ constexpr std::string_view int8_dot_name(int8_dot d) noexcept {
       return "vnni";
     case int8_dot::vex:
       return "avx-vnni";
+    case int8_dot::amx:
+      return "amx";
     case int8_dot::madd:
       break;
   }
@@ -152,6 +191,8 @@ inline bool runs(int8_dot d) noexcept {
       return cpu().avx512vnni && cpu().avx512vl;
     case int8_dot::vex:
       return cpu().avxvnni;
+    case int8_dot::amx:
+      return cpu().avx512vnni && cpu().avx512vl && amx_ready();
     case int8_dot::madd:
       break;
   }
@@ -200,9 +241,9 @@ inline isa select_isa(isa want) noexcept {
 }
 
 // The form of the integer products on path p: the best that path can take on this CPU (the AVX-512
-// path EVEX; the AVX2 path VEX where the CPU has AVX-VNNI, else EVEX on 256-bit registers where it has
-// AVX-512 VNNI, as under EFIM_ISA=avx2 on such a CPU), or VPMADDUBSW where EFIM_VNNI=off (read once:
-// the code an AVX2-only CPU runs, on any CPU).
+// path AMX where amx_ready(), else EVEX; the AVX2 path VEX where the CPU has AVX-VNNI, else EVEX on
+// 256-bit registers where it has AVX-512 VNNI, as under EFIM_ISA=avx2 on such a CPU), or VPMADDUBSW
+// where EFIM_VNNI=off (read once: the code an AVX2-only CPU runs, on any CPU).
 inline int8_dot int8_dot_for(isa p) noexcept {
   static const bool off = [] {
     const char* env = std::getenv("EFIM_VNNI");
@@ -210,6 +251,7 @@ inline int8_dot int8_dot_for(isa p) noexcept {
   }();
   if (off || p == isa::generic) return int8_dot::madd;
   if (p == isa::avx2 && runs(int8_dot::vex)) return int8_dot::vex;
+  if (p == isa::avx512 && runs(int8_dot::amx)) return int8_dot::amx;
   return runs(int8_dot::evex) ? int8_dot::evex : int8_dot::madd;
 }
 

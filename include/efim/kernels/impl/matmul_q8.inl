@@ -97,6 +97,11 @@ inline void matmul_int8_reference(const kquant::block_q8_k* xq, std::size_t m, c
 }
 
 #if EFIM_K_AVX512 && defined(EFIM_K_AVX2_PATH_DEFINED)
+// The AMX panels (matmul_amx.inl), for the dispatch in matmul_q8_32.inl.
+template <dtype T>
+inline void q32_amx_panels(const kquant::block_q8_32* xq, std::size_t m, const weight_view& w, std::size_t r0,
+                           std::size_t r1, float* y, accumulate acc);
+
 // AVX-512 with VNNI, many x rows (prefill; decode is the 256-bit kq_rows below, on every path): each 32-bit lane of a
 // VPDPBUSD sums 4 consecutive weights, so a register of 64 weights holds two q4_k / q5_k groups or four q6_k groups.
 
@@ -771,10 +776,11 @@ EFIM_K_ENTRY void quantize_q8_k(const float* x, std::size_t n, kquant::block_q8_
 
 // y (m, rows) = [y +] x w^T for x rounded to 8 bits (xq: m rows of cols / 256 blocks) and T one of
 // q4_k, q5_k, q6_k, on this path, in form d as matmul_q32_typed takes it (prefill: the AVX-512 path's
-// VNNI panels for EVEX, else the 256-bit VPMADDUBSW panels).
+// VNNI panels for EVEX and amx, else the 256-bit VPMADDUBSW panels).
 template <dtype T>
 inline void matmul_int8_typed(thread_pool& pool, const kquant::block_q8_k* xq, const weight_view& w, float* y,
                               std::size_t m, accumulate acc, int8_dot d) {
+  if (d == int8_dot::amx) d = int8_dot::evex;  // the k-quants' tiles are VNNI's (matmul_amx.inl)
 #if EFIM_K_AVX512 || EFIM_K_AVX2
   if (m <= int8_stream_rows) {
     const std::size_t units = (w.rows + 15) / 16;

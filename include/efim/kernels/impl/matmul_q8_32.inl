@@ -423,13 +423,23 @@ EFIM_K_ENTRY void quantize_q8_32(const float* x, std::size_t n, kquant::block_q8
 #endif
 }
 
-// Form d as this path takes it: the AVX2 path each form as asked; the AVX-512 path EVEX, else
-// VPMADDUBSW (int8_dot_for never asks it for VEX: its registers reach ymm31, which VEX cannot name).
+// Form d as this path takes it: the AVX2 path each form as asked; the AVX-512 path AMX (prefill, in
+// matmul_amx.inl; its decode EVEX), EVEX, else VPMADDUBSW (int8_dot_for never asks it for VEX: its
+// registers reach ymm31, which VEX cannot name).
 template <dtype T>
 inline void matmul_q32_typed(thread_pool& pool, const kquant::block_q8_32* xq, const weight_view& w, float* y,
                              std::size_t m, accumulate acc, int8_dot d) {
 #if EFIM_K_AVX512
-  if (d == int8_dot::evex) return matmul_q32_simd<T, int8_dot::evex>(pool, xq, w, y, m, acc);
+#if defined(EFIM_K_AVX2_PATH_DEFINED)
+  if (d == int8_dot::amx && m > int8_stream_rows) {
+    const std::size_t units = (w.rows + 15) / 16;
+    pool.parallel_for(units, [&](std::size_t b, std::size_t e) {
+      q32_amx_panels<T>(xq, m, w, b * 16, std::min(e * 16, w.rows), y, acc);
+    });
+    return;
+  }
+#endif
+  if (d == int8_dot::evex || d == int8_dot::amx) return matmul_q32_simd<T, int8_dot::evex>(pool, xq, w, y, m, acc);
 #elif EFIM_K_AVX2
   if (d == int8_dot::vex) return matmul_q32_simd<T, int8_dot::vex>(pool, xq, w, y, m, acc);
   if (d == int8_dot::evex) return matmul_q32_simd<T, int8_dot::evex>(pool, xq, w, y, m, acc);

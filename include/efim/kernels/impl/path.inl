@@ -8,6 +8,7 @@ namespace efim::kernels::detail::EFIM_K_NAMESPACE {
 #include "efim/kernels/impl/matmul.inl"
 #include "efim/kernels/impl/matmul_q8.inl"
 #include "efim/kernels/impl/matmul_q8_32.inl"
+#include "efim/kernels/impl/matmul_amx.inl"
 #include "efim/kernels/impl/attention.inl"
 #include "efim/kernels/impl/ops.inl"
 // clang-format on
