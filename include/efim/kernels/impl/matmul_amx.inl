@@ -7,15 +7,15 @@
 // one row per 4 consecutive weights, 4 bytes of each of the 16 weight rows side by side, as the VNNI
 // panels are packed) over one block, into 16 x 16 integer sums (TDPBSSD for q8_0, whose quants are
 // signed; TDPBSUD, signed activations by unsigned quants, for the others). The sums go to memory (the
-// only way out of a tile) and the vector units scale them. A tile store reaches the caches only once it retires, so sums read at
-// once would wait for it: the products run two blocks ahead of the scaling, into a ring of four sums
-// (one block at a time ran at a third of the speed). Tiles are not renamed: tmm0 / tmm1 hold the sums
-// of even and odd blocks, tmm2 / tmm3 their A, tmm4 / tmm5 their B. The tile instructions are inline
-// assembly in both dialects, as VPDPBUSD: no compiler flag, chosen at run time; each worker loads the
-// tile configuration before its rows and releases the tiles after. x rows past the last whole 16 go
-// through the VNNI panels. (The k-quants stay on their VNNI panels: tile products per scale group,
-// each group's sums times its scales by VPMULLD, measured a tie for q4_k and 0.75x for q6_k on an
-// Emerald Rapids Xeon, the vector work after each tile product being the bound.)
+// only way out of a tile) and the vector units scale them. A tile store reaches the caches only once
+// it retires, so sums read at once would wait for it: the products run two blocks ahead of the
+// scaling, into a ring of four sums (one block at a time ran at a third of the speed). Tiles are not
+// renamed: tmm0 / tmm1 hold the sums of even and odd blocks, tmm2 / tmm3 their A, tmm4 / tmm5 their B.
+// The tile instructions are inline assembly in both dialects, as VPDPBUSD: no compiler flag, chosen at
+// run time; each worker loads the tile configuration before its rows and releases the tiles after. x
+// rows past the last whole 16 go through the VNNI panels. (The k-quants stay on their VNNI panels: tile
+// products per scale group, each group's sums times its scales by VPMULLD, measured a tie for q4_k and
+// 0.75x for q6_k on an Emerald Rapids Xeon, the vector work after each tile product being the bound.)
 
 #if EFIM_K_AVX512 && defined(EFIM_K_AVX2_PATH_DEFINED)
 
