@@ -25,12 +25,12 @@ struct alignas(64) amx_tile_config {
   std::uint8_t rows[16] = {};
 };
 
-// Tiles for blocks of k weights: sums 16 x 64 bytes, A 16 x k bytes, B k / 4 x 64 bytes.
-inline void amx_configure(std::size_t k) noexcept {
+// Tiles for blocks of 32 weights: sums 16 x 64 bytes, A 16 x 32 bytes, B 8 x 64 bytes.
+inline void amx_configure() noexcept {
   amx_tile_config c;
   for (int t = 0; t < 6; ++t) {
-    c.colsb[t] = static_cast<std::uint16_t>(t == 2 || t == 3 ? k : 64);
-    c.rows[t] = static_cast<std::uint8_t>(t >= 4 ? k / 4 : 16);
+    c.colsb[t] = t == 2 || t == 3 ? 32 : 64;
+    c.rows[t] = t >= 4 ? 8 : 16;
   }
   asm volatile("ldtilecfg %0" : : "m"(c));
 }
@@ -96,11 +96,10 @@ template <class Product, class Scale>
   }
 }
 
-// out[i * 16 + j] for x rows 0 .. 16 of x0 and a packed panel's 16 weight rows (q: nb blocks of 512
-// bytes; d, mn: 16 floats a block): q32_step's operations in its order, one x row a register.
+// out[i * 16 + j] for x rows 0 .. 16 of x0 and a slice's 16 weight rows (q32_pack<.., 16>: per block
+// 512 bytes, the B tile): q32_step's operations in its order, one x row a register.
 template <dtype T>
-inline void q32_amx_tile(const std::uint8_t* q, const float* d, const float* mn, std::size_t nb,
-                         const kquant::block_q8_32* x0, float* out) noexcept {
+inline void q32_amx_tile(const q32_slice& p, std::size_t nb, const kquant::block_q8_32* x0, float* out) noexcept {
   __m512 acc[16];
   #pragma GCC unroll 16
   for (std::size_t i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
@@ -108,10 +107,10 @@ inline void q32_amx_tile(const std::uint8_t* q, const float* d, const float* mn,
   amx_pipeline(
       nb,
       [&]<int Set>(std::size_t b, std::int32_t* sums) {
-        amx_block<T == dtype::q8_0, Set>(x0[b].qs, a_stride, q + 512 * b, 64, sums);
+        amx_block<T == dtype::q8_0, Set>(x0[b].qs, a_stride, p.q + 512 * b, 64, sums);
       },
       [&](std::size_t b, const std::int32_t* sums) {
-        const __m512 db = _mm512_load_ps(d + 16 * b), mb = _mm512_load_ps(mn + 16 * b);
+        const __m512 db = _mm512_load_ps(p.d + 16 * b), mb = T == dtype::q5_1 ? _mm512_load_ps(p.mn + 16 * b) : db;
         #pragma GCC unroll 16
         for (std::size_t i = 0; i < 16; ++i) {
           const kquant::block_q8_32& a = x0[i * nb + b];
@@ -129,36 +128,22 @@ inline void q32_amx_tile(const std::uint8_t* q, const float* d, const float* mn,
   for (std::size_t i = 0; i < 16; ++i) _mm512_store_ps(out + 16 * i, acc[i]);
 }
 
-// Rows [r0, r1) of y for x rows [0, m), on one thread: weight rows packed 16 at a time (per block 8
-// rows of 64 bytes, row `quad` holding 4 consecutive weights of each of the 16 rows; q8_0's quants as
-// stored, the others' u), the whole tiles of 16 x rows on AMX, the rest on the VNNI panels.
+// Rows [r0, r1) of y for x rows [0, m), on one thread: weight rows packed 16 at a time (q32_pack; q8_0's
+// quants as stored, signed, the others' u), the whole tiles of 16 x rows on AMX, the rest on the VNNI
+// panels.
 template <dtype T>
 inline void q32_amx_panels(const kquant::block_q8_32* xq, std::size_t m, const weight_view& w, std::size_t r0,
                            std::size_t r1, float* y, accumulate acc) {
-  constexpr bool signed_weights = T == dtype::q8_0;
-  const std::size_t nb = w.cols / 32, rb = row_bytes(T, w.cols), whole = m - m % 16;
+  const std::size_t nb = w.cols / 32, whole = m - m % 16;
   if (whole == 0) return q32_panels<T, int8_dot::evex>(xq, m, w, r0, r1, y, acc);
-  float* const base = panel_scratch(nb * (512 + 2 * 16 * sizeof(float)) / sizeof(float));
-  auto* const q = reinterpret_cast<std::uint8_t*>(base);
-  float* const d = base + nb * 512 / sizeof(float);
-  float* const mn = d + nb * 16;
-  amx_configure(32);
+  amx_configure();
   for (std::size_t p0 = r0; p0 < r1; p0 += 16) {
     const std::size_t nc = std::min<std::size_t>(16, r1 - p0);
-    for (std::size_t j = 0; j < 16; ++j) {  // past nc the last row repeats, not stored
-      const std::byte* row = w.data + (p0 + std::min(j, nc - 1)) * rb;
-      for (std::size_t b = 0; b < nb; ++b) {
-        const std::byte* blk = row + b * info(T).bytes;
-        alignas(32) std::uint8_t u[32];
-        _mm256_store_si256(reinterpret_cast<__m256i*>(u), q32_weights<T, !signed_weights>(blk));
-        for (std::size_t quad = 0; quad < 8; ++quad) std::memcpy(q + 512 * b + 64 * quad + 4 * j, u + 4 * quad, 4);
-        d[16 * b + j] = f16_at(blk);
-        mn[16 * b + j] = T == dtype::q5_1 ? f16_at(blk + 2) : 0.0f;
-      }
-    }
+    q32_slice p;
+    q32_pack<T, T != dtype::q8_0, 16>(w, p0, nc, nb, &p);
     for (std::size_t i0 = 0; i0 < whole; i0 += 16) {
       alignas(64) float out[16 * 16];
-      q32_amx_tile<T>(q, d, mn, nb, xq + i0 * nb, out);
+      q32_amx_tile<T>(p, nb, xq + i0 * nb, out);
       store_tile(out, 16, y + i0 * w.rows + p0, w.rows, 16, nc, acc);
     }
   }

@@ -246,33 +246,35 @@ inline void q32_rows(const kquant::block_q8_32* xq, std::size_t m, const weight_
   stream_rows<q32_kernel<T, D>>(xq, m, w, w.cols / 32, r0, r1, y, acc);
 }
 
-// A panel slice: 8 rows' u, [block][quad][row][4 bytes], and their scales (and q5_1's mins) [block][row].
+// A panel slice: R rows' u, [block][quad][row][4 bytes], and their scales (and q5_1's mins) [block][row]
+// (R = 8: a 256-bit register's lanes; 16: an AMX B tile, matmul_amx.inl).
 struct q32_slice {
   std::uint8_t* q;
   float* d;
   float* mn;
 };
 
-// Rows p0 .. p0 + nc of w (nc <= 8 * slices; past nc the last row repeats, not stored) into slices.
-template <dtype T, bool Vnni>
+// Rows p0 .. p0 + nc of w (nc <= R * slices; past nc the last row repeats, not stored) into slices of R
+// rows.
+template <dtype T, bool Vnni, std::size_t R = 8>
 inline void q32_pack(const weight_view& w, std::size_t p0, std::size_t nc, std::size_t nb, q32_slice* s) {
-  const std::size_t slices = (nc + 7) / 8, rb = row_bytes(T, w.cols);
-  const std::size_t per_slice = nb * 8 * 32 / 4 + 2 * nb * 8;  // in floats
+  const std::size_t slices = (nc + R - 1) / R, rb = row_bytes(T, w.cols);
+  const std::size_t per_slice = nb * R * 32 / 4 + 2 * nb * R;  // in floats
   float* base = panel_scratch(slices * per_slice);
   for (std::size_t k = 0; k < slices; ++k) {
     q32_slice& p = s[k];
     p.q = reinterpret_cast<std::uint8_t*>(base + k * per_slice);
-    p.d = base + k * per_slice + nb * 8 * 32 / 4;
-    p.mn = p.d + nb * 8;
-    for (std::size_t r = 0; r < 8; ++r) {
-      const std::byte* row = w.data + (p0 + std::min(k * 8 + r, nc - 1)) * rb;
+    p.d = base + k * per_slice + nb * R * 32 / 4;
+    p.mn = p.d + nb * R;
+    for (std::size_t r = 0; r < R; ++r) {
+      const std::byte* row = w.data + (p0 + std::min(k * R + r, nc - 1)) * rb;
       for (std::size_t b = 0; b < nb; ++b) {
         const std::byte* blk = row + b * info(T).bytes;
         alignas(32) std::uint8_t u[32];
         _mm256_store_si256(reinterpret_cast<__m256i*>(u), q32_weights<T, Vnni>(blk));
-        for (std::size_t quad = 0; quad < 8; ++quad) std::memcpy(p.q + ((b * 8 + quad) * 8 + r) * 4, u + 4 * quad, 4);
-        p.d[b * 8 + r] = f16_at(blk);
-        if constexpr (T == dtype::q5_1) p.mn[b * 8 + r] = f16_at(blk + 2);
+        for (std::size_t quad = 0; quad < 8; ++quad) std::memcpy(p.q + ((b * 8 + quad) * R + r) * 4, u + 4 * quad, 4);
+        p.d[b * R + r] = f16_at(blk);
+        if constexpr (T == dtype::q5_1) p.mn[b * R + r] = f16_at(blk + 2);
       }
     }
   }
