@@ -365,14 +365,11 @@ template <int8_dot D>
     std::memcpy(&h, rows[r] + offset, 2);
     return static_cast<int>(h);
   };
-  __m128i v = _mm_cvtsi32_si128(at(0));
-  v = _mm_insert_epi16(v, at(1), 1);
-  v = _mm_insert_epi16(v, at(2), 2);
-  v = _mm_insert_epi16(v, at(3), 3);
-  v = _mm_insert_epi16(v, at(4), 4);
-  v = _mm_insert_epi16(v, at(5), 5);
-  v = _mm_insert_epi16(v, at(6), 6);
-  v = _mm_insert_epi16(v, at(7), 7);
+  const auto four = [&](std::size_t r) {
+    return static_cast<long long>(static_cast<std::uint64_t>(at(r)) | static_cast<std::uint64_t>(at(r + 1)) << 16 |
+                                  static_cast<std::uint64_t>(at(r + 2)) << 32 | static_cast<std::uint64_t>(at(r + 3)) << 48);
+  };
+  const __m128i v = _mm_set_epi64x(four(4), four(0));
   return _mm256_cvtph_ps(v);
 }
 
