@@ -157,6 +157,26 @@ void bench_typed_matmul(thread_pool& pool, dtype type, std::size_t m, std::size_
     std::printf("   %6.1f GB/s of weights%s", static_cast<double>(rows * w.row_bytes) / tk / 1e9,
                 w.copies > 1 ? "" : " (one copy)");
   std::printf("\n");
+  if (int8 && decode && kernels::interleavable(type)) {
+    // The same matrices with 8 rows interleaved (kernels/interleave.hpp), timed after the rows as
+    // stored, their bits against the rows' (got).
+    std::vector<std::byte> il(w.bytes.size());
+    for (std::size_t c = 0; c < w.copies; ++c) kernels::interleave8(w.view(c), il.data() + (il.size() / w.copies) * c);
+    const auto view = [&](std::size_t c) {
+      return kernels::weight_view{type, rows, cols, il.data() + (il.size() / w.copies) * c,
+                                  kernels::weight_layout::interleaved8};
+    };
+    std::vector<float> yi(m * rows);
+    kernels::matmul(pool, x.data(), view(0), yi.data(), m, kernels::accumulate::no, products);
+    const bool same = std::memcmp(yi.data(), got.data(), yi.size() * sizeof(float)) == 0;
+    copy = 0;
+    const double ti = seconds_per_call([&] {
+      kernels::matmul(pool, x.data(), view(copy), yi.data(), m, kernels::accumulate::no, products);
+      copy = (copy + 1) % w.copies;
+    });
+    std::printf("%-34s interleaved rows     host %10.2f GMAC/s   %5.2fx the rows as stored   %s   %6.1f GB/s of weights\n",
+                "", macs / ti / 1e9, tk / ti, same ? "same bits" : "BITS DIFFER", static_cast<double>(rows * w.row_bytes) / ti / 1e9);
+  }
   if (total) {
     total->macs += macs;
     total->seconds += tk;

@@ -486,6 +486,18 @@ TEST_CASE("int8 products: the same bits on every path, batch and thread count, w
   for (const dtype t : {dtype::q4_k, dtype::q5_k, dtype::q6_k, dtype::q8_0, dtype::q4_0, dtype::q5_0, dtype::q5_1})
     for (const auto& [rows, cols] : typed_shapes(t)) {
       const auto w = make_weights(r, t, rows, cols);
+      // q8_0 and q4_0 also with their rows interleaved (interleave.hpp): every product below on them
+      // gives the bits it gives on the rows as stored (decode streams them, the rest puts them back).
+      std::vector<std::byte> il_bytes(kernels::interleavable(t) ? w.bytes.size() : 0);
+      kernels::weight_view il{};
+      if (kernels::interleavable(t)) {
+        kernels::interleave8(w.view, il_bytes.data());
+        il = {t, rows, cols, il_bytes.data(), kernels::weight_layout::interleaved8};
+        std::vector<std::byte> back(il_bytes.size());
+        kernels::deinterleave8(il, back.data(), &two);
+        CHECK(back == w.bytes);
+        CHECK((rows < 8 || il_bytes != w.bytes));
+      }
       // x is rounded per 256 for the k-quants (d = max / -127: |x - d q| <= |d| / 2), per 32 for the
       // others (d = amax / 127 rounded to f16, q = x * 127 / amax rounded: |x - d q| <= 0.57 |d|).
       const std::size_t per = kernels::int8_products_32(t) ? 32 : 256;
@@ -563,6 +575,15 @@ TEST_CASE("int8 products: the same bits on every path, batch and thread count, w
             } else {
               CHECK(std::memcmp(first.data(), y.data(), y.size() * sizeof(float)) == 0);
             }
+            if (il.data != nullptr) {
+              std::vector<float> yi(m * rows, std::nanf(""));
+              kernels::matmul(*pool, x.data(), il, yi.data(), m, kernels::accumulate::no, kernels::products::int8);
+              CHECK(std::memcmp(first.data(), yi.data(), yi.size() * sizeof(float)) == 0);
+              std::vector<float> exact(m * rows), exact_il(m * rows);
+              kernels::matmul(*pool, x.data(), w.view, exact.data(), m);
+              kernels::matmul(*pool, x.data(), il, exact_il.data(), m);
+              CHECK(std::memcmp(exact.data(), exact_il.data(), exact.size() * sizeof(float)) == 0);
+            }
           }
         }
         // Every form of the products each path takes on this CPU, not only the dispatch's: VPMADDUBSW
@@ -574,6 +595,11 @@ TEST_CASE("int8 products: the same bits on every path, batch and thread count, w
           std::vector<float> y(outputs, std::nanf(""));
           int8_on(path, d, two, xq, xq32, w.view, y.data(), m);
           CHECK(std::memcmp(first.data(), y.data(), y.size() * sizeof(float)) == 0);
+          if (il.data != nullptr) {
+            std::vector<float> yi(outputs, std::nanf(""));
+            int8_on(path, d, two, xq, xq32, il, yi.data(), m);
+            CHECK(std::memcmp(first.data(), yi.data(), yi.size() * sizeof(float)) == 0);
+          }
         });
         CHECK(off_rounded == 0);
         CHECK(off_exact == 0);
@@ -655,6 +681,13 @@ TEST_CASE("int8 products at the integer limits: the largest quants, scales and a
         std::vector<float> y(m * rows, std::nanf(""));
         int8_on(path, d, two, xs, xs32, w, y.data(), m);
         CHECK(std::memcmp(want.data(), y.data(), y.size() * sizeof(float)) == 0);
+        if (kernels::interleavable(t)) {  // the 16-bit pair sums of interleaved q4_0 (8 a lane) too
+          std::vector<std::byte> il(bytes.size());
+          kernels::interleave8(w, il.data());
+          std::fill(y.begin(), y.end(), std::nanf(""));
+          int8_on(path, d, two, xs, xs32, {t, rows, cols, il.data(), kernels::weight_layout::interleaved8}, y.data(), m);
+          CHECK(std::memcmp(want.data(), y.data(), y.size() * sizeof(float)) == 0);
+        }
       });
     }
   }
@@ -667,6 +700,15 @@ TEST_CASE("typed matmul refuses rows that are not whole blocks", "[kernels][matm
   std::vector<float> x(48), y(1);
   CHECK_THROWS_AS(kernels::matmul(pool, x.data(), kernels::weight_view{dtype::q8_0, 1, 48, bytes.data()}, y.data(), 1),
                   efim::error);
+  // Interleaved rows exist for q8_0 and q4_0 only.
+  std::vector<std::byte> q5(22 * 8), out(q5.size());
+  const kernels::weight_view q5_rows{dtype::q5_0, 8, 32, q5.data()};
+  CHECK_THROWS_AS(kernels::interleave8(q5_rows, out.data()), efim::error);
+  std::vector<float> x32(32), y8(8);
+  for (const auto p : {kernels::products::exact, kernels::products::int8})
+    CHECK_THROWS_AS(kernels::matmul(pool, x32.data(), {dtype::q5_0, 8, 32, q5.data(), kernels::weight_layout::interleaved8},
+                                    y8.data(), 1, kernels::accumulate::no, p),
+                    efim::error);
 }
 
 TEST_CASE("rmsnorm, rope and swiglu match their definitions", "[kernels]") {
@@ -1032,12 +1074,13 @@ namespace {
 // One shot on one thread against chunks on two threads in a batch with another sequence, and a cache
 // hit against the same tokens computed from scratch: the same bits. Returns the one-shot logits.
 std::vector<float> check_cached_chunked_batched(model::architecture arch, dtype wt, dtype kvt, rng& r,
-                                                kernels::products products) {
+                                                kernels::products products,
+                                                kernels::weight_layout layout = kernels::weight_layout::interleaved8) {
   thread_pool one(1), two(2);
   kernels::host::context c1{one}, c2{two};
   const auto cfg = arch_config(arch, 300, wt);
   const auto w = model::random_weights(cfg, 43, {wt});
-  model::transformer<kernels::host> m(w, products);
+  model::transformer<kernels::host> m(w, products, layout);
   const auto tokens = random_tokens(r, 45, cfg.vocab);
   const auto other = random_tokens(r, 13, cfg.vocab);
   // One shot, in one order of blocks, on one thread.
@@ -1081,9 +1124,14 @@ TEST_CASE("int8 products: cached, chunked and batched computation give the same 
   for (const auto arch : all_architectures)
     for (const dtype wt : {dtype::q4_k, dtype::q5_k, dtype::q6_k, dtype::q8_0, dtype::q4_0, dtype::q5_0, dtype::q5_1}) {
       INFO(describe(arch_config(arch), wt, dtype::f16));
-      rng r1(45), r2(45);
+      rng r1(45), r2(45), r3(45);
       const auto int8 = check_cached_chunked_batched(arch, wt, dtype::f16, r1, kernels::products::int8);
       const auto exact = check_cached_chunked_batched(arch, wt, dtype::f16, r2, kernels::products::exact);
+      // q8_0 and q4_0 read interleaved by default (decode streams them, prefill packs their blocks): the
+      // same bits as the rows as stored (one architecture: the products are the same for all).
+      if (kernels::interleavable(wt) && arch == model::architecture::qwen2)
+        CHECK(int8 == check_cached_chunked_batched(arch, wt, dtype::f16, r3, kernels::products::int8,
+                                                   kernels::weight_layout::rows));
       // Activations rounded to 8 bits per 256 (per 32) move the logits by about a percent, not more.
       const float err = max_relative_error(int8, exact);
       CHECK(err > 0);

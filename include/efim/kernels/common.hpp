@@ -33,12 +33,21 @@ inline products parse_products(std::string_view name) {
   throw error(errc::invalid_argument, "products must be exact or int8, not '" + std::string(name) + "'");
 }
 
-// A weight matrix as a GGUF file stores it: `rows` output features of `cols` elements, row-major, each
-// row a whole number of `type` blocks.
+// How a weight matrix's bytes are ordered (interleave.hpp):
+//   rows:         as a GGUF file stores it, row after row;
+//   interleaved8: q8_0 and q4_0 only: the same bytes permuted within each group of 8 rows, block by
+//                 block the 8 rows' scales and then their quants 4 bytes a row in turn, so that an
+//                 int8 decode product reads the matrix in order and sums each row in a lane of its own;
+//                 the rows past the last whole group stay as stored.
+enum class weight_layout : std::uint8_t { rows, interleaved8 };
+
+// A weight matrix: `rows` output features of `cols` elements, each row a whole number of `type`
+// blocks, in row_bytes(type, cols) * rows bytes ordered as `layout` says.
 struct weight_view {
   dtype type = dtype::f32;
   std::size_t rows = 0, cols = 0;
   const std::byte* data = nullptr;
+  weight_layout layout = weight_layout::rows;
 };
 
 enum class rope_style {

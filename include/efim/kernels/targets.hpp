@@ -26,6 +26,7 @@
 #include "efim/core/thread_pool.hpp"
 #include "efim/core/types.hpp"
 #include "efim/kernels/common.hpp"
+#include "efim/kernels/interleave.hpp"
 #include "efim/kernels/isa.hpp"
 #include "efim/kv/layout.hpp"
 

@@ -246,6 +246,101 @@ inline void q32_rows(const kquant::block_q8_32* xq, std::size_t m, const weight_
   stream_rows<q32_kernel<T, D>>(xq, m, w, w.cols / 32, r0, r1, y, acc);
 }
 
+// Decode on 8 rows interleaved (kernels/interleave.hpp: a block of the 8 rows is their 8 scales, then
+// their quants 4 bytes a row in turn): each 256-bit load holds 4 quant bytes of every row, one row a
+// lane, multiplied by 4 of x's bytes broadcast, so a block's 8 integer sums need no sum across lanes
+// and its 8 scales are one load. The same integers and float steps (q32_steps) as q32_stream8.
+
+// Bytes ahead of the block being read that each block prefetches into L2 (the matrix is read in
+// order; on an Intel Xeon the hardware prefetchers alone kept a thread to about 8 GB/s).
+inline constexpr std::size_t il8_prefetch_ahead = 8192;
+
+// out[i * 8 + r] for x rows xs[0 .. MR) and the group of 8 rows at g (nb blocks), prefetching from
+// g + il8_prefetch_ahead up to `end`.
+template <dtype T, std::size_t MR, int8_dot D>
+[[gnu::always_inline]] inline void q32_il8(const std::byte* g, std::size_t nb, const kquant::block_q8_32* const* xs,
+                                           float* out, std::uintptr_t end) noexcept {
+  constexpr std::size_t bytes = 8 * info(T).bytes;  // a block of the 8 rows
+  constexpr bool vnni = uses_vpdpbusd(D);
+  __m256 acc[MR];
+  #pragma GCC unroll 8
+  for (std::size_t i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
+  std::uintptr_t ahead = reinterpret_cast<std::uintptr_t>(g) + il8_prefetch_ahead;
+  for (std::size_t b = 0; b < nb; ++b, g += bytes) {
+    for (std::size_t o = 0; o < bytes && ahead < end; o += 64, ahead += 64)
+      __builtin_prefetch(reinterpret_cast<const void*>(ahead), 0, 2);
+    __m256i dot[MR];
+    #pragma GCC unroll 8
+    for (std::size_t i = 0; i < MR; ++i) dot[i] = _mm256_setzero_si256();
+    if constexpr (T == dtype::q8_0) {
+      #pragma GCC unroll 8
+      for (std::size_t q = 0; q < 8; ++q) {
+        __m256i w = load(g + 16 + 32 * q);
+        if constexpr (vnni) w = _mm256_xor_si256(w, _mm256_set1_epi8(static_cast<char>(0x80)));
+        #pragma GCC unroll 8
+        for (std::size_t i = 0; i < MR; ++i) dot[i] = q32_dot<T, D>(dot[i], w, broadcast4(xs[i][b].qs + 4 * q));
+      }
+    } else {  // q4_0: byte c of a row holds weights c (low nibble) and c + 16
+      const __m256i low4 = _mm256_set1_epi8(15);
+      __m256i pairs[MR];  // without VNNI: 16-bit pair sums, 8 of at most 2 * 15 * 127 each
+      #pragma GCC unroll 8
+      for (std::size_t i = 0; i < MR; ++i) pairs[i] = _mm256_setzero_si256();
+      #pragma GCC unroll 4
+      for (std::size_t q = 0; q < 4; ++q) {
+        const __m256i v = load(g + 16 + 32 * q);
+        const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        #pragma GCC unroll 8
+        for (std::size_t i = 0; i < MR; ++i) {
+          const __m256i alo = broadcast4(xs[i][b].qs + 4 * q), ahi = broadcast4(xs[i][b].qs + 16 + 4 * q);
+          if constexpr (vnni)
+            dot[i] = dpbusd<D>(dpbusd<D>(dot[i], lo, alo), hi, ahi);
+          else
+            pairs[i] = _mm256_add_epi16(pairs[i], _mm256_add_epi16(_mm256_maddubs_epi16(lo, alo), _mm256_maddubs_epi16(hi, ahi)));
+        }
+      }
+      if constexpr (!vnni) {
+        #pragma GCC unroll 8
+        for (std::size_t i = 0; i < MR; ++i) dot[i] = _mm256_madd_epi16(pairs[i], _mm256_set1_epi16(1));
+      }
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g)));
+    #pragma GCC unroll 8
+    for (std::size_t i = 0; i < MR; ++i) acc[i] = q32_steps<T, vnni>(acc[i], d, d, xs[i][b], dot[i]);
+  }
+  #pragma GCC unroll 8
+  for (std::size_t i = 0; i < MR; ++i) _mm256_store_ps(out + 8 * i, acc[i]);
+}
+
+// Rows [r0, r1) (r0 a multiple of 8) of y = x w^T for w interleaved8 and m x rows rounded per 32: the
+// whole groups as above, 4 x rows at a time, and the rows past the last whole group, stored as rows,
+// by q32_rows.
+template <dtype T, int8_dot D>
+inline void q32_il8_rows(const kquant::block_q8_32* xq, std::size_t m, const weight_view& w, std::size_t r0,
+                         std::size_t r1, float* y, accumulate acc) {
+  const std::size_t nb = w.cols / 32, rb = row_bytes(T, w.cols), whole = w.rows / 8 * 8;
+  const std::uintptr_t end = reinterpret_cast<std::uintptr_t>(w.data + whole * rb);
+  for (std::size_t r = r0; r < std::min(r1, whole); r += 8) {
+    const std::byte* const g = w.data + r * rb;
+    for (std::size_t i0 = 0; i0 < m; i0 += 4) {
+      const std::size_t mr = std::min<std::size_t>(4, m - i0);
+      const kquant::block_q8_32* xs[4];
+      for (std::size_t i = 0; i < 4; ++i) xs[i] = xq + std::min(i0 + i, m - 1) * nb;
+      const std::uintptr_t pf_end = i0 == 0 ? end : 0;  // the first x tile prefetches; the others hit L1/L2
+      alignas(32) float out[4 * 8];
+      if (mr == 4)
+        q32_il8<T, 4, D>(g, nb, xs, out, pf_end);
+      else if (mr == 3)
+        q32_il8<T, 3, D>(g, nb, xs, out, pf_end);
+      else if (mr == 2)
+        q32_il8<T, 2, D>(g, nb, xs, out, pf_end);
+      else
+        q32_il8<T, 1, D>(g, nb, xs, out, pf_end);
+      store_tile(out, 8, y + i0 * w.rows + r, w.rows, mr, 8, acc);
+    }
+  }
+  if (r1 > whole) q32_rows<T, D>(xq, m, w, std::max(r0, whole), r1, y, acc);
+}
+
 // A panel slice: R rows' u, [block][quad][row][4 bytes], and their scales (and q5_1's mins) [block][row]
 // (R = 8: a 256-bit register's lanes; 16: an AMX B tile, matmul_amx.inl).
 struct q32_slice {
@@ -254,11 +349,25 @@ struct q32_slice {
   float* mn;
 };
 
+// Block b of row r of w as stored: where it is, or (interleaved8, kernels/interleave.hpp) gathered
+// into tmp.
+template <dtype T>
+[[gnu::always_inline]] inline const std::byte* q32_block(const weight_view& w, std::size_t rb, std::size_t r,
+                                                         std::size_t b, std::byte* tmp) noexcept {
+  constexpr std::size_t bytes = info(T).bytes;
+  if (w.layout == weight_layout::rows || r >= w.rows / 8 * 8) return w.data + r * rb + b * bytes;
+  const std::byte* const at = w.data + (r / 8 * 8) * rb + 8 * b * bytes;  // the 8 rows' block b
+  std::memcpy(tmp, at + 2 * (r % 8), 2);
+  for (std::size_t c = 0; c < bytes - 2; c += 4) std::memcpy(tmp + 2 + c, at + 16 + 8 * c + 4 * (r % 8), 4);
+  return tmp;
+}
+
 // Rows p0 .. p0 + nc of w (nc <= R * slices; past nc the last row repeats, not stored) into slices of R
 // rows.
 template <dtype T, bool Vnni, std::size_t R = 8>
 inline void q32_pack(const weight_view& w, std::size_t p0, std::size_t nc, std::size_t nb, q32_slice* s) {
   const std::size_t slices = (nc + R - 1) / R, rb = row_bytes(T, w.cols);
+  alignas(32) std::byte tmp[64];  // q32_weights reads 32 bytes from 2 past the block's start (q8_0)
   const std::size_t per_slice = nb * R * 32 / 4 + 2 * nb * R;  // in floats
   float* base = panel_scratch(slices * per_slice);
   for (std::size_t k = 0; k < slices; ++k) {
@@ -267,9 +376,9 @@ inline void q32_pack(const weight_view& w, std::size_t p0, std::size_t nc, std::
     p.d = base + k * per_slice + nb * R * 32 / 4;
     p.mn = p.d + nb * R;
     for (std::size_t r = 0; r < R; ++r) {
-      const std::byte* row = w.data + (p0 + std::min(k * R + r, nc - 1)) * rb;
+      const std::size_t row = p0 + std::min(k * R + r, nc - 1);
       for (std::size_t b = 0; b < nb; ++b) {
-        const std::byte* blk = row + b * info(T).bytes;
+        const std::byte* blk = q32_block<T>(w, rb, row, b, tmp);
         alignas(32) std::uint8_t u[32];
         _mm256_store_si256(reinterpret_cast<__m256i*>(u), q32_weights<T, Vnni>(blk));
         for (std::size_t quad = 0; quad < 8; ++quad) std::memcpy(p.q + ((b * 8 + quad) * R + r) * 4, u + 4 * quad, 4);
@@ -370,6 +479,16 @@ inline void q32_panels(const kquant::block_q8_32* xq, std::size_t m, const weigh
 template <dtype T, int8_dot D>
 inline void matmul_q32_simd(thread_pool& pool, const kquant::block_q8_32* xq, const weight_view& w, float* y,
                             std::size_t m, accumulate acc) {
+  if constexpr (interleavable(T)) {
+    if (w.layout == weight_layout::interleaved8 && m <= int8_stream_rows) {  // (prefill: q32_pack reads them)
+      const std::size_t units = (w.rows + 7) / 8;
+      pool.parallel_for(
+          units,
+          [&](std::size_t b, std::size_t e) { q32_il8_rows<T, D>(xq, m, w, b * 8, std::min(e * 8, w.rows), y, acc); },
+          (units + pool.size() - 1) / pool.size());
+      return;
+    }
+  }
   if (m > int8_stream_rows) {
     constexpr std::size_t panel = 8 * q32_panel_slices;
     const std::size_t units = (w.rows + panel - 1) / panel;
@@ -457,8 +576,13 @@ inline void matmul_q32_typed(thread_pool& pool, const kquant::block_q8_32* xq, c
 
 // y (m, rows) = [y +] x w^T for x rounded to 8 bits per 32 (xq: m rows of cols / 32 blocks) and w of
 // q8_0, q4_0, q5_0 or q5_1, on this path.
+// Interleaved rows (interleave.hpp) as they are on the AVX2 and AVX-512 paths (decode streams them,
+// the panels' packing gathers their blocks); on the others as stored, in a buffer of the calling
+// thread's.
 EFIM_K_ENTRY void matmul_int8_32(thread_pool& pool, const kquant::block_q8_32* xq, const weight_view& w, float* y,
                                  std::size_t m, accumulate acc, int8_dot d) {
+  if (w.layout == weight_layout::interleaved8 && !(EFIM_K_AVX512 || EFIM_K_AVX2))
+    return matmul_int8_32(pool, xq, as_stored(pool, w), y, m, acc, d);
   switch (w.type) {
     case dtype::q8_0:
       return matmul_q32_typed<dtype::q8_0>(pool, xq, w, y, m, acc, d);
