@@ -11,7 +11,6 @@
 // blocks: block b of the 8 rows (8 * block bytes) holds their 8 scales (f16, row order), then quant
 // byte c of row r at 16 + 32 * (c / 4) + 4 * r + c % 4 (q8_0: 32 quants; q4_0: its 16 bytes of nibbles,
 // byte c holding weights c and c + 16). Rows past the last whole group stay as stored, where they were.
-#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <string>
@@ -30,6 +29,11 @@ constexpr bool interleavable(dtype t) noexcept { return t == dtype::q8_0 || t ==
 
 namespace detail {
 
+// Where a block of 8 interleaved rows keeps row r's scale, and the 4 quant bytes of row r from its
+// quant byte c (c a multiple of 4).
+constexpr std::size_t il8_scale_at(std::size_t r) noexcept { return 2 * r; }
+constexpr std::size_t il8_quants_at(std::size_t c, std::size_t r) noexcept { return 16 + 8 * c + 4 * r; }
+
 // Moves each byte of the whole groups of w (rows as stored when `to_interleaved`, else interleaved)
 // to its place in the other order, writing out (w.rows * row_bytes bytes); groups [g0, g1).
 inline void permute8(const weight_view& w, std::byte* out, bool to_interleaved, std::size_t g0, std::size_t g1) {
@@ -47,8 +51,8 @@ inline void permute8(const weight_view& w, std::byte* out, bool to_interleaved, 
           else
             std::memcpy(dst + from_stored, src + to_interleaved_at, n);
         };
-        move(stored, at + 2 * r, 2);  // the scale
-        for (std::size_t c = 0; c < quants; c += 4) move(stored + 2 + c, at + 16 + 8 * c + 4 * r, 4);
+        move(stored, at + il8_scale_at(r), 2);
+        for (std::size_t c = 0; c < quants; c += 4) move(stored + 2 + c, at + il8_quants_at(c, r), 4);
       }
     }
   }

@@ -357,8 +357,8 @@ template <dtype T>
   constexpr std::size_t bytes = info(T).bytes;
   if (w.layout == weight_layout::rows || r >= w.rows / 8 * 8) return w.data + r * rb + b * bytes;
   const std::byte* const at = w.data + (r / 8 * 8) * rb + 8 * b * bytes;  // the 8 rows' block b
-  std::memcpy(tmp, at + 2 * (r % 8), 2);
-  for (std::size_t c = 0; c < bytes - 2; c += 4) std::memcpy(tmp + 2 + c, at + 16 + 8 * c + 4 * (r % 8), 4);
+  std::memcpy(tmp, at + il8_scale_at(r % 8), 2);
+  for (std::size_t c = 0; c < bytes - 2; c += 4) std::memcpy(tmp + 2 + c, at + il8_quants_at(c, r % 8), 4);
   return tmp;
 }
 
