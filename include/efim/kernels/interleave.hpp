@@ -72,7 +72,8 @@ inline void permute(thread_pool* pool, const weight_view& w, std::byte* out, boo
 
 // w as stored: w itself, or (interleaved8) its rows put back in order in a buffer of the calling
 // thread's, valid until its next call on this thread. For the products that do not read interleaved
-// rows (exact products, prefill, the generic path): a pass over the matrix per call, correct anywhere.
+// rows (exact products; int8 products on the generic and AArch64 paths): a pass over the matrix per
+// call, correct anywhere.
 inline weight_view as_stored(thread_pool& pool, const weight_view& w) {
   if (w.layout == weight_layout::rows) return w;
   thread_local aligned_vector<std::byte> buffer;
