@@ -61,6 +61,9 @@ share of both.
                       rounded to 8 bits for quantized weights, as llama.cpp does), timed in turn with the
                       others for quantized models, its x columns over efim's exact products, its ratios to
                       llama.cpp after them (--int8, the default, is still accepted)
+  --int8-rows         also a row "rows": int8 products on the matrices as the file stores them, without
+                      the interleaved copies the host backend makes by default (kernels/interleave.hpp),
+                      timed in turn with the others; x over the int8 row (the interleaved rows' gain)
   --json FILE         write the results as JSON
 )";
 
@@ -87,10 +90,11 @@ struct timing {
 // The host backend, once: prefill, then decode steps; `prefill_logits` gets the prefill's last row.
 timing time_host(const model::weights& w, std::size_t threads, dtype kv_type, const std::vector<token_id>& prompt,
                  std::size_t decode, std::vector<float>& prefill_logits,
-                 kernels::products products = kernels::products::exact) {
+                 kernels::products products = kernels::products::exact,
+                 kernels::weight_layout layout = kernels::weight_layout::interleaved8) {
   thread_pool pool(threads);
   kernels::host::context ctx{pool};
-  model::transformer<kernels::host> m(w, products);
+  model::transformer<kernels::host> m(w, products, layout);
   constexpr std::size_t block = 16;
   const std::size_t blocks = (std::max(prompt.size(), decode) + block - 1) / block;
   kv::host_storage kv(w.cfg.layers, m.kv_layout(blocks, block), kv_type);
@@ -280,7 +284,7 @@ int main(int argc, char** argv) {
   dtype kv_type = dtype::f16;
   bool reference = true, llama = true, variants = false;
   gguf::residency residency = gguf::residency::map;
-  bool int8 = true;
+  bool int8 = true, int8_rows = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const auto value = [&]() -> std::string {
@@ -324,6 +328,8 @@ int main(int argc, char** argv) {
       int8 = true;
     } else if (a == "--no-int8") {
       int8 = false;
+    } else if (a == "--int8-rows") {
+      int8_rows = true;
     } else if (a == "--no-mmap") {
       residency = gguf::residency::read;
     } else if (a == "--json") {
@@ -375,7 +381,7 @@ int main(int argc, char** argv) {
       std::vector<float> host_logits, ref_logits;
       // efim and llama.cpp take turns, one repetition each, so that both see the same machine (the
       // speed of a shared virtual machine drifts by 10-20% over minutes); the best of each is kept.
-      timing host, host8;
+      timing host, host8, rows8;
       std::vector<float> int8_logits;
       const bool time8 = int8 && kernels::int8_products(w.type());
       std::vector<std::optional<nlohmann::json>> llama_best(peers.size());
@@ -390,6 +396,12 @@ int main(int argc, char** argv) {
           if (rep == 0) int8_logits = std::move(logits);
           host8.prefill_tps = std::max(host8.prefill_tps, t8.prefill_tps);
           host8.decode_tps = std::max(host8.decode_tps, t8.decode_tps);
+        }
+        if (time8 && int8_rows) {
+          const timing tr = time_host(w, threads, kv_type, prompt, decode_n, logits, kernels::products::int8,
+                                      kernels::weight_layout::rows);
+          rows8.prefill_tps = std::max(rows8.prefill_tps, tr.prefill_tps);
+          rows8.decode_tps = std::max(rows8.decode_tps, tr.decode_tps);
         }
         if (!llama) continue;
         for (std::size_t p = 0; p < peers.size(); ++p) {
@@ -445,6 +457,14 @@ int main(int argc, char** argv) {
             host8.decode_tps / host.decode_tps, static_cast<double>(err), 100.0 * host8.decode_tps * decode_bytes / bandwidth,
             100.0 * host8.decode_tps * decode_bytes / read);
       }
+      if (time8 && int8_rows) {
+        r["efim_int8_rows_as_stored"] = {{"prefill_tokens_per_s", rows8.prefill_tps},
+                                         {"decode_tokens_per_s", rows8.decode_tps},
+                                         {"decode_fraction_of_read_bandwidth", rows8.decode_tps * decode_bytes / read}};
+        std::printf("%-28s %-6s %12.1f %12.2f %11.2fx %11.2fx %9s  decode reads %.0f%% of the read\n", "", "rows",
+                    rows8.prefill_tps, rows8.decode_tps, host8.prefill_tps / rows8.prefill_tps,
+                    host8.decode_tps / rows8.decode_tps, "", 100.0 * rows8.decode_tps * decode_bytes / read);
+      }
       if (reference) {
         const timing ref = time_reference(w, prompt, decode_n, ref_logits);
         const float err = max_relative_error(host_logits, ref_logits);
@@ -492,7 +512,8 @@ int main(int argc, char** argv) {
         "(x: efim's tokens/s over that row's; check: efim's prefill logits against the reference's; llama:\n"
         " llama.cpp's prebuilt CPU libraries; built: llama.cpp built here by bench/build_llama_cpp.sh;\n"
         " int8: efim with int8 products (the programs' default for quantized weights), x over efim's exact\n"
-        " products, check against their logits; on llama.cpp's rows, int8's tokens/s over theirs)\n");
+        " products, check against their logits; on llama.cpp's rows, int8's tokens/s over theirs; rows\n"
+        " (--int8-rows): int8 on the matrices as stored, x: int8's tokens/s over its)\n");
     if (!results.empty())
       for (const char* key : {"llama_cpp", "llama_cpp_native"})
         if (results.back().contains(key))

@@ -486,7 +486,7 @@ TEST_CASE("int8 products: the same bits on every path, batch and thread count, w
   for (const dtype t : {dtype::q4_k, dtype::q5_k, dtype::q6_k, dtype::q8_0, dtype::q4_0, dtype::q5_0, dtype::q5_1})
     for (const auto& [rows, cols] : typed_shapes(t)) {
       const auto w = make_weights(r, t, rows, cols);
-      // q8_0 and q4_0 also with their rows interleaved (interleave.hpp): every product below on them
+      // q8_0, q4_0 and the k-quants also with their rows interleaved (interleave.hpp): every product below on them
       // gives the bits it gives on the rows as stored (decode streams them, the rest puts them back).
       std::vector<std::byte> il_bytes(kernels::interleavable(t) ? w.bytes.size() : 0);
       kernels::weight_view il{};
@@ -681,7 +681,7 @@ TEST_CASE("int8 products at the integer limits: the largest quants, scales and a
         std::vector<float> y(m * rows, std::nanf(""));
         int8_on(path, d, two, xs, xs32, w, y.data(), m);
         CHECK(std::memcmp(want.data(), y.data(), y.size() * sizeof(float)) == 0);
-        if (kernels::interleavable(t)) {  // the 16-bit pair sums of interleaved q4_0 (8 a lane) too
+        if (kernels::interleavable(t)) {  // the 16-bit pair sums of interleaved q4_0 and k-quants too
           std::vector<std::byte> il(bytes.size());
           kernels::interleave8(w, il.data());
           std::fill(y.begin(), y.end(), std::nanf(""));
@@ -700,7 +700,7 @@ TEST_CASE("typed matmul refuses rows that are not whole blocks", "[kernels][matm
   std::vector<float> x(48), y(1);
   CHECK_THROWS_AS(kernels::matmul(pool, x.data(), kernels::weight_view{dtype::q8_0, 1, 48, bytes.data()}, y.data(), 1),
                   efim::error);
-  // Interleaved rows exist for q8_0 and q4_0 only.
+  // Interleaved rows exist for q8_0, q4_0 and the k-quants only.
   std::vector<std::byte> q5(22 * 8), out(q5.size());
   const kernels::weight_view q5_rows{dtype::q5_0, 8, 32, q5.data()};
   CHECK_THROWS_AS(kernels::interleave8(q5_rows, out.data()), efim::error);
@@ -1127,7 +1127,7 @@ TEST_CASE("int8 products: cached, chunked and batched computation give the same 
       rng r1(45), r2(45), r3(45);
       const auto int8 = check_cached_chunked_batched(arch, wt, dtype::f16, r1, kernels::products::int8);
       const auto exact = check_cached_chunked_batched(arch, wt, dtype::f16, r2, kernels::products::exact);
-      // q8_0 and q4_0 read interleaved by default (decode streams them, prefill packs their blocks): the
+      // q8_0, q4_0 and the k-quants read interleaved by default (decode streams them, prefill packs their blocks): the
       // same bits as the rows as stored (one architecture: the products are the same for all).
       if (kernels::interleavable(wt) && arch == model::architecture::qwen2)
         CHECK(int8 == check_cached_chunked_batched(arch, wt, dtype::f16, r3, kernels::products::int8,

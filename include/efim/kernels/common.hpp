@@ -35,8 +35,8 @@ inline products parse_products(std::string_view name) {
 
 // How a weight matrix's bytes are ordered (interleave.hpp):
 //   rows:         as a GGUF file stores it, row after row;
-//   interleaved8: q8_0 and q4_0 only: the same bytes permuted within each group of 8 rows, block by
-//                 block the 8 rows' scales and then their quants 4 bytes a row in turn, so that an
+//   interleaved8: q8_0, q4_0, q4_k, q5_k and q6_k: the same bytes permuted within each group of 8
+//                 rows, block by block each field (scales, quants) of the 8 rows in turn, so that an
 //                 int8 decode product reads the matrix in order and sums each row in a lane of its own;
 //                 the rows past the last whole group stay as stored.
 enum class weight_layout : std::uint8_t { rows, interleaved8 };

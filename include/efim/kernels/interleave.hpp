@@ -1,16 +1,21 @@
 #pragma once
-// Weight matrices with 8 rows interleaved (weight_layout::interleaved8), for the int8 decode product
-// of q8_0 and q4_0 weights: the same bytes as the file's, permuted within each group of 8 rows so that
-// one 256-bit load holds 4 quant bytes of each of the 8 rows, each row in a 32-bit lane of its own. A
-// decode step then reads the matrix in order and sums each row in its lane (VPDPBUSD against 4 of x's
-// bytes broadcast), with no sum across lanes per block as the rows as stored need; the 8 rows' scales
-// are one 16-byte load. (On an Intel Xeon the rows as stored held the q4_0 decode product to about
-// 19 GMAC/s a thread in cache; docs/benchmarks.md.)
+// Weight matrices with 8 rows interleaved (weight_layout::interleaved8), for the int8 decode products
+// of q8_0, q4_0, q4_k, q5_k and q6_k weights: the same bytes as the file's, permuted within each group
+// of 8 rows so that one 256-bit load holds 4 quant bytes of each of the 8 rows, each row in a 32-bit
+// lane of its own. A decode step then reads the matrix in order and sums each row in its lane
+// (VPDPBUSD against 4 of x's bytes broadcast), with no sum across lanes per block as the rows as
+// stored need; the 8 rows' scales are one load. (On an Intel Xeon the rows as stored held the q4_0
+// decode product to about 19 GMAC/s a thread in cache, the k-quants' to 73% of a read from memory;
+// docs/benchmarks.md.)
 //
 // Group g (rows 8 g .. 8 g + 7) keeps the bytes of its 8 rows, 8 * row_bytes from 8 g * row_bytes, in
-// blocks: block b of the 8 rows (8 * block bytes) holds their 8 scales (f16, row order), then quant
-// byte c of row r at 16 + 32 * (c / 4) + 4 * r + c % 4 (q8_0: 32 quants; q4_0: its 16 bytes of nibbles,
-// byte c holding weights c and c + 16). Rows past the last whole group stay as stored, where they were.
+// blocks: block b of the 8 rows (8 * block bytes, at 8 * b * block bytes) holds each field of the
+// type's block (il8_fields: its scales, quants, ...) in the order the block stores them, each the 8
+// rows' in turn a chunk at a time (f16 scales 2 bytes, the rest 4): byte c of a field of row r, the
+// field at byte `at` of the block as stored, is at 8 * at + 8 * chunk * (c / chunk) + chunk * r + c %
+// chunk. So q8_0 and q4_0: the 8 scales (16 bytes), then quant byte c of row r at 16 + 32 * (c / 4) +
+// 4 * r + c % 4. Rows past the last whole group stay as stored, where they were.
+#include <array>
 #include <cstddef>
 #include <cstring>
 #include <string>
@@ -25,19 +30,85 @@
 namespace efim::kernels {
 
 // The types weight_layout::interleaved8 holds.
-constexpr bool interleavable(dtype t) noexcept { return t == dtype::q8_0 || t == dtype::q4_0; }
+constexpr bool interleavable(dtype t) noexcept {
+  return t == dtype::q8_0 || t == dtype::q4_0 || t == dtype::q4_k || t == dtype::q5_k || t == dtype::q6_k;
+}
 
 namespace detail {
 
-// Where a block of 8 interleaved rows keeps row r's scale, and the 4 quant bytes of row r from its
-// quant byte c (c a multiple of 4).
+// A field of a block as stored: its first byte, its length, and the bytes a row it is interleaved by.
+struct il8_field {
+  std::size_t at, bytes, chunk;
+};
+struct il8_fields {
+  std::array<il8_field, 5> field;
+  std::size_t n;
+};
+
+// The fields of t's block (kquants.hpp's block structs), in the order it stores them.
+constexpr il8_fields il8_layout(dtype t) noexcept {
+  switch (t) {
+    case dtype::q8_0:
+      return {{{{0, 2, 2}, {2, 32, 4}}}, 2};
+    case dtype::q4_0:
+      return {{{{0, 2, 2}, {2, 16, 4}}}, 2};
+    case dtype::q4_k:  // d, dmin, 12 bytes of scales and mins, 128 of nibbles
+      return {{{{0, 2, 2}, {2, 2, 2}, {4, 12, 4}, {16, 128, 4}}}, 4};
+    case dtype::q5_k:  // d, dmin, scales and mins, 32 bytes of fifth bits, 128 of nibbles
+      return {{{{0, 2, 2}, {2, 2, 2}, {4, 12, 4}, {16, 32, 4}, {48, 128, 4}}}, 5};
+    case dtype::q6_k:  // 128 bytes of low nibbles, 64 of top bits, 16 scales, d
+      return {{{{0, 128, 4}, {128, 64, 4}, {192, 16, 4}, {208, 2, 2}}}, 4};
+    default:
+      return {{}, 0};
+  }
+}
+
+// Where a block of 8 interleaved rows keeps byte c of field f of row r (c a multiple of f.chunk).
+constexpr std::size_t il8_at(const il8_field& f, std::size_t c, std::size_t r) noexcept {
+  return 8 * f.at + 8 * c + f.chunk * r;  // 8 * f.chunk * (c / f.chunk) = 8 * c
+}
+
+// q8_0 and q4_0: row r's scale, and its 4 quant bytes from quant byte c (a multiple of 4).
 constexpr std::size_t il8_scale_at(std::size_t r) noexcept { return 2 * r; }
 constexpr std::size_t il8_quants_at(std::size_t c, std::size_t r) noexcept { return 16 + 8 * c + 4 * r; }
+
+// Copies a chunk (2 or 4 bytes: fixed-size copies, not calls).
+[[gnu::always_inline]] inline void il8_copy(std::byte* to, const std::byte* from, std::size_t chunk) noexcept {
+  if (chunk == 4)
+    std::memcpy(to, from, 4);
+  else
+    std::memcpy(to, from, 2);
+}
+
+// Row r's block as stored into the 8 rows' interleaved block (scatter), or back out of it (gather).
+inline void il8_scatter(const il8_fields& l, const std::byte* stored, std::byte* interleaved, std::size_t r) noexcept {
+  for (std::size_t k = 0; k < l.n; ++k)
+    for (std::size_t c = 0; c < l.field[k].bytes; c += l.field[k].chunk)
+      il8_copy(interleaved + il8_at(l.field[k], c, r), stored + l.field[k].at + c, l.field[k].chunk);
+}
+inline void il8_gather(const il8_fields& l, const std::byte* interleaved, std::byte* stored, std::size_t r) noexcept {
+  for (std::size_t k = 0; k < l.n; ++k)
+    for (std::size_t c = 0; c < l.field[k].bytes; c += l.field[k].chunk)
+      il8_copy(stored + l.field[k].at + c, interleaved + il8_at(l.field[k], c, r), l.field[k].chunk);
+}
+
+// Block b of row r of w as stored: where it is (rows as stored, or a row past the last whole group),
+// else gathered from its group into tmp (the type's block bytes).
+template <dtype T>
+[[gnu::always_inline]] inline const std::byte* block_as_stored(const weight_view& w, std::size_t rb, std::size_t r,
+                                                               std::size_t b, std::byte* tmp) noexcept {
+  constexpr std::size_t bytes = info(T).bytes;
+  if (w.layout == weight_layout::rows || r >= w.rows / 8 * 8) return w.data + r * rb + b * bytes;
+  constexpr il8_fields l = il8_layout(T);
+  il8_gather(l, w.data + (r / 8 * 8) * rb + 8 * b * bytes, tmp, r % 8);
+  return tmp;
+}
 
 // Moves each byte of the whole groups of w (rows as stored when `to_interleaved`, else interleaved)
 // to its place in the other order, writing out (w.rows * row_bytes bytes); groups [g0, g1).
 inline void permute8(const weight_view& w, std::byte* out, bool to_interleaved, std::size_t g0, std::size_t g1) {
-  const std::size_t bytes = info(w.type).bytes, quants = bytes - 2, nb = w.cols / 32, rb = row_bytes(w.type, w.cols);
+  const il8_fields l = il8_layout(w.type);
+  const std::size_t bytes = info(w.type).bytes, nb = w.cols / info(w.type).block, rb = row_bytes(w.type, w.cols);
   for (std::size_t g = g0; g < g1; ++g) {
     const std::byte* const src = w.data + 8 * g * rb;
     std::byte* const dst = out + 8 * g * rb;
@@ -45,14 +116,10 @@ inline void permute8(const weight_view& w, std::byte* out, bool to_interleaved, 
       const std::size_t at = 8 * b * bytes;  // the interleaved block's offset in the group
       for (std::size_t r = 0; r < 8; ++r) {
         const std::size_t stored = r * rb + b * bytes;  // the block as stored
-        const auto move = [&](std::size_t from_stored, std::size_t to_interleaved_at, std::size_t n) {
-          if (to_interleaved)
-            std::memcpy(dst + to_interleaved_at, src + from_stored, n);
-          else
-            std::memcpy(dst + from_stored, src + to_interleaved_at, n);
-        };
-        move(stored, at + il8_scale_at(r), 2);
-        for (std::size_t c = 0; c < quants; c += 4) move(stored + 2 + c, at + il8_quants_at(c, r), 4);
+        if (to_interleaved)
+          il8_scatter(l, src + stored, dst + at, r);
+        else
+          il8_gather(l, src + at, dst + stored, r);
       }
     }
   }
@@ -60,7 +127,7 @@ inline void permute8(const weight_view& w, std::byte* out, bool to_interleaved, 
 
 inline void permute(thread_pool* pool, const weight_view& w, std::byte* out, bool to_interleaved) {
   require(interleavable(w.type), errc::invalid_argument,
-          "only q8_0 and q4_0 matrices interleave their rows, not " + std::string(to_string(w.type)));
+          "only q8_0, q4_0, q4_k, q5_k and q6_k matrices interleave their rows, not " + std::string(to_string(w.type)));
   const std::size_t rb = row_bytes(w.type, w.cols), groups = w.rows / 8;
   const auto run = [&](std::size_t g0, std::size_t g1) { permute8(w, out, to_interleaved, g0, g1); };
   if (pool != nullptr)

@@ -27,8 +27,8 @@
 // registers; generic is the one-output-at-a-time reference. All give the reference's bits. The types of
 // 32-weight blocks (impl/matmul_q8_32.inl) stream 8 weight rows at a time for up to 12 x rows and pack
 // panels of 8 rows for more, in 256-bit registers with VPDPBUSD where the CPU has VNNI, else VPMADDUBSW.
-// q8_0 and q4_0 matrices may have 8 rows interleaved (weight_layout::interleaved8, interleave.hpp):
-// decode then reads them in order, a row's sums in a lane of their own; the same bits.
+// q8_0, q4_0 and the k-quants' matrices may have 8 rows interleaved (weight_layout::interleaved8,
+// interleave.hpp): decode then reads them in order, a row's sums in a lane of their own; the same bits.
 #include <algorithm>
 #include <cstddef>
 #include <string>
@@ -64,10 +64,11 @@ inline void matmul(thread_pool& pool, const float* x, const weight_view& w, floa
                    accumulate acc = accumulate::no, products p = products::exact) {
   (void)row_bytes(w.type, w.cols);  // throws unless a row is a whole number of blocks
   require(w.layout == weight_layout::rows || interleavable(w.type), errc::invalid_argument,
-          "matmul: only q8_0 and q4_0 matrices have interleaved rows, not " + std::string(to_string(w.type)));
+          "matmul: only q8_0, q4_0, q4_k, q5_k and q6_k matrices have interleaved rows, not " +
+              std::string(to_string(w.type)));
   if (m == 0 || w.rows == 0) return;
   // Interleaved rows (interleave.hpp): the int8 products stream them (decode), else as stored.
-  if (w.layout == weight_layout::interleaved8 && !(p == products::int8 && int8_products_32(w.type)))
+  if (w.layout == weight_layout::interleaved8 && !(p == products::int8 && int8_products(w.type)))
     return matmul(pool, x, detail::as_stored(pool, w), y, m, acc, p);
   if (p == products::int8 && int8_products_32(w.type)) {
     const std::size_t nb = w.cols / 32;

@@ -30,9 +30,9 @@ class transformer<kernels::host> {
 
   // `products`: how the matrix products multiply (kernels::products; int8 changes the logits within
   // the rounding of the activations to 8 bits, and the KV they leave). With int8 products and
-  // `layout` interleaved8 (the default), the q8_0 and q4_0 matrices are read from copies of them with 8
-  // rows interleaved (kernels/interleave.hpp), made here: the same bits, decode several times fewer
-  // instructions (on an Intel Xeon 1.3-1.8x the speed of the rows as stored), at the cost of those
+  // `layout` interleaved8 (the default), the q8_0, q4_0, q4_k, q5_k and q6_k matrices are read from
+  // copies of them with 8 rows interleaved (kernels/interleave.hpp), made here: the same bits, decode
+  // in fewer instructions (on an Intel Xeon 1.1-1.8x the speed of the rows as stored), at the cost of those
   // matrices' bytes in memory of the process's own beside the file's (which are then not read again).
   explicit transformer(const weights& w, kernels::products products = kernels::products::exact,
                        kernels::weight_layout layout = kernels::weight_layout::interleaved8)
@@ -187,7 +187,7 @@ class transformer<kernels::host> {
     slots_.resize(n);
   }
 
-  // The interleaved copies: w_ then points at `w`, a copy of the weights whose q8_0 and q4_0 matrices
+  // The interleaved copies: w_ then points at `w`, a copy of the weights whose interleavable matrices
   // are views of `held` (on the heap, so that a moved transformer's w_ stays valid; shared by copies).
   struct interleaved {
     weights w;

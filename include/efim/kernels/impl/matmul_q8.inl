@@ -198,10 +198,11 @@ inline int8_panel int8_pack(const weight_view& w, std::size_t p0, std::size_t nc
   // Lane l of int8_weights(blk, z) (weights 64 z + 4 l ..) goes to quad 16 z + l of the row.
   const __m512i quad_at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                              _mm512_set1_epi32(static_cast<int>(4 * int8_nr)));
+  alignas(32) std::byte tmp[info(T).bytes];  // a block of interleaved rows, gathered
   for (std::size_t r = 0; r < int8_nr; ++r) {
-    const std::byte* row = w.data + (p0 + std::min(r, nc - 1)) * rb;  // past nc: repeat, not stored
+    const std::size_t row = p0 + std::min(r, nc - 1);  // past nc: repeat, not stored
     for (std::size_t b = 0; b < nsb; ++b) {
-      const std::byte* blk = row + b * info(T).bytes;
+      const std::byte* blk = block_as_stored<T>(w, rb, row, b, tmp);
       std::uint8_t* dst = p.q + b * qk_k * int8_nr + 4 * r;
       #pragma GCC unroll 8
       for (std::size_t z = 0; z < 4; ++z)
@@ -593,9 +594,10 @@ inline void int8_pack256(const weight_view& w, std::size_t p0, std::size_t nc, s
     p.d = reinterpret_cast<float*>(p.mn + pairs);
     p.dmin = p.d + floats;
     for (std::size_t r = 0; r < R; ++r) {
-      const std::byte* row = w.data + (p0 + std::min(k * R + r, nc - 1)) * rb;
+      const std::size_t row = p0 + std::min(k * R + r, nc - 1);
       for (std::size_t b = 0; b < nsb; ++b) {
-        const std::byte* blk = row + b * info(T).bytes;
+        alignas(32) std::byte tmp[info(T).bytes];  // a block of interleaved rows, gathered
+        const std::byte* blk = block_as_stored<T>(w, rb, row, b, tmp);
         std::uint8_t* dst = p.q + b * qk_k * R + 4 * r;
         #pragma GCC unroll 8
         for (std::size_t t = 0; t < 8; ++t) {
@@ -734,6 +736,257 @@ inline void int8_panels256(const kquant::block_q8_k* xq, std::size_t m, const we
   }
 }
 
+// Decode on 8 rows interleaved (kernels/interleave.hpp; the types of 32-weight blocks in
+// matmul_q8_32.inl, the k-quants below): each 256-bit load holds 4 quant bytes of every row, one row a
+// lane, multiplied by 4 of x's bytes broadcast, so the rows' integer sums need no sum across lanes and
+// their scales are a few loads for 8 rows. The same integers and float steps as the rows as stored.
+
+// Bytes ahead of the block being read that each block prefetches into L2 (the matrix is read in
+// order; on an Intel Xeon the hardware prefetchers alone kept a thread to about 8 GB/s; 4 and 16 KB
+// were slower than 8 there).
+inline constexpr std::size_t il8_prefetch_ahead = 8192;
+
+// Prefetches the lines from `ahead` for a block of `bytes` into L2, up to `end`.
+[[gnu::always_inline]] inline void il8_prefetch(std::uintptr_t& ahead, std::size_t bytes, std::uintptr_t end) noexcept {
+  for (std::size_t o = 0; o < bytes && ahead < end; o += 64, ahead += 64)
+    __builtin_prefetch(reinterpret_cast<const void*>(ahead), 0, 2);
+}
+
+// Rows [r0, r1) (r0 a multiple of 8) of y = x w^T for w interleaved8 and m x rows rounded to blocks (nb
+// a row): Kernel::run<MR>(group, nb, xs, out, end) multiplies a group of 8 rows by MR <= Kernel::tile x
+// rows, prefetching up to `end` (the first x tile only: the others find the group in L1 or L2); the
+// rows past the last whole group, stored as rows, go to Kernel::tail.
+template <typename Kernel, typename Block>
+inline void il8_rows(const Block* xq, std::size_t m, const weight_view& w, std::size_t nb, std::size_t r0,
+                     std::size_t r1, float* y, accumulate acc) {
+  constexpr std::size_t tile = Kernel::tile;
+  const std::size_t rb = row_bytes(w.type, w.cols), whole = w.rows / 8 * 8;
+  const std::uintptr_t end = reinterpret_cast<std::uintptr_t>(w.data + whole * rb);
+  for (std::size_t r = r0; r < std::min(r1, whole); r += 8) {
+    const std::byte* const g = w.data + r * rb;
+    for (std::size_t i0 = 0; i0 < m; i0 += tile) {
+      const std::size_t mr = std::min(tile, m - i0);
+      const Block* xs[tile];
+      for (std::size_t i = 0; i < tile; ++i) xs[i] = xq + std::min(i0 + i, m - 1) * nb;
+      const std::uintptr_t pf_end = i0 == 0 ? end : 0;
+      alignas(32) float out[tile * 8];
+      if (tile >= 4 && mr == 4)
+        Kernel::template run<tile >= 4 ? 4 : 1>(g, nb, xs, out, pf_end);
+      else if (tile >= 3 && mr == 3)
+        Kernel::template run<tile >= 3 ? 3 : 1>(g, nb, xs, out, pf_end);
+      else if (mr == 2)
+        Kernel::template run<2>(g, nb, xs, out, pf_end);
+      else
+        Kernel::template run<1>(g, nb, xs, out, pf_end);
+      store_tile(out, 8, y + i0 * w.rows + r, w.rows, mr, 8, acc);
+    }
+  }
+  if (r1 > whole) Kernel::tail(xq, m, w, std::max(r0, whole), r1, y, acc);
+}
+
+// A VPSHUFB of each 32-bit lane's bytes: byte k of the result is byte b_k of the same lane, or zero
+// where b_k < 0.
+constexpr int lane_pick_dword(int lane, int b0, int b1, int b2, int b3) noexcept {
+  const auto at = [lane](int b) { return b < 0 ? 0x80u : static_cast<unsigned>(4 * lane + b); };
+  return static_cast<int>(at(b0) | at(b1) << 8 | at(b2) << 16 | at(b3) << 24);
+}
+[[gnu::always_inline]] inline __m256i lane_pick(__m256i v, int b0, int b1, int b2, int b3) noexcept {
+  const int l0 = lane_pick_dword(0, b0, b1, b2, b3), l1 = lane_pick_dword(1, b0, b1, b2, b3),
+            l2 = lane_pick_dword(2, b0, b1, b2, b3), l3 = lane_pick_dword(3, b0, b1, b2, b3);
+  return _mm256_shuffle_epi8(v, _mm256_setr_epi32(l0, l1, l2, l3, l0, l1, l2, l3));
+}
+
+// The k-quants: per super-block of the 8 rows, each scale group's quants through VPDPBUSD into 32-bit
+// sums and one VPMULLD by the group's scale (without VNNI: VPMADDUBSW pair sums added in 16 bits over
+// int16_run quads, then one VPMADDWD by the scale in both halves of the lane), the subtrahends as one
+// VPMADDWD per two of x's bsums. Layout (interleave.hpp), per super-block of the 8 rows:
+//   q4_k, q5_k: d [0, 16), dmin [16, 32), the 12 scale bytes as 3 dwords [32, 128), (q5_k: the fifth
+//               bits [128, 384)), the nibbles (quad q: bytes 4 q .. 4 q + 3 of each row) from 128 (384);
+//   q6_k:       the low nibbles [0, 1024), the top bits [1024, 1536), the 16 scales as 4 dwords
+//               [1536, 1664), d [1664, 1680).
+template <dtype T, std::size_t MR, int8_dot D>
+[[gnu::always_inline]] inline void kq_il8(const std::byte* g, std::size_t nsb, const kquant::block_q8_k* const* xs,
+                                          float* out, std::uintptr_t end) noexcept {
+  constexpr std::size_t bytes = 8 * info(T).bytes;
+  constexpr bool vnni = uses_vpdpbusd(D);
+  const __m256i low4 = _mm256_set1_epi8(15), top = _mm256_set1_epi8(0x30);
+  __m256 acc[MR];
+  #pragma GCC unroll 8
+  for (std::size_t i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
+  std::uintptr_t ahead = reinterpret_cast<std::uintptr_t>(g) + il8_prefetch_ahead;
+  for (std::size_t b = 0; b < nsb; ++b, g += bytes) {
+    il8_prefetch(ahead, bytes, end);
+    __m256i isum[MR], msum[MR];
+    #pragma GCC unroll 8
+    for (std::size_t i = 0; i < MR; ++i) isum[i] = msum[i] = _mm256_setzero_si256();
+    if constexpr (T == dtype::q6_k) {
+      __m256i sc[4];  // byte j of a lane of sc[k]: the row's scale 4 k + j
+      #pragma GCC unroll 4
+      for (std::size_t k = 0; k < 4; ++k) sc[k] = load(g + 1536 + 32 * k);
+      // msum: the quants are stored plus 32, so sum_g 32 sc[g] bsums[g] (two groups a VPMADDWD)
+      #pragma GCC unroll 8
+      for (int p = 0; p < 8; ++p) {
+        const __m256i pair = _mm256_srai_epi16(lane_pick(sc[p / 2], -1, 2 * p % 4, -1, 2 * p % 4 + 1), 3);
+        #pragma GCC unroll 8
+        for (std::size_t i = 0; i < MR; ++i)
+          msum[i] = _mm256_add_epi32(msum[i], _mm256_madd_epi16(pair, broadcast4(xs[i][b].bsums + 2 * p)));
+      }
+      // Weights 128 h + 32 s + 4 u .. + 3 (s = 0..3): nibble s / 2 of ql byte 64 h + 32 (s % 2) + 4 u,
+      // bits 2 s, 2 s + 1 of qh byte 32 h + 4 u; group 8 h + 2 s + u / 4.
+      #pragma GCC unroll 2
+      for (std::size_t h = 0; h < 2; ++h) {
+        #pragma GCC unroll 2
+        for (std::size_t half = 0; half < 2; ++half) {
+          __m256i s32[4][MR];
+          #pragma GCC unroll 8
+          for (std::size_t s = 0; s < 4; ++s)
+            #pragma GCC unroll 8
+            for (std::size_t i = 0; i < MR; ++i) s32[s][i] = _mm256_setzero_si256();
+          #pragma GCC unroll 4
+          for (std::size_t u = 4 * half; u < 4 * half + 4; ++u) {
+            const __m256i qa = load(g + 32 * (16 * h + u)), qb = load(g + 32 * (16 * h + 8 + u));
+            const __m256i qh = load(g + 1024 + 32 * (8 * h + u));
+            const __m256i wq[4] = {
+                _mm256_or_si256(_mm256_and_si256(qa, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), top)),
+                _mm256_or_si256(_mm256_and_si256(qb, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), top)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qa, 4), low4), _mm256_and_si256(qh, top)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qb, 4), low4),
+                                _mm256_and_si256(_mm256_srli_epi16(qh, 2), top))};
+            #pragma GCC unroll 4
+            for (std::size_t s = 0; s < 4; ++s)
+              #pragma GCC unroll 8
+              for (std::size_t i = 0; i < MR; ++i) {
+                const __m256i a = broadcast4(xs[i][b].qs + 128 * h + 32 * s + 4 * u);
+                if constexpr (vnni)
+                  s32[s][i] = dpbusd<D>(s32[s][i], wq[s], a);
+                else
+                  s32[s][i] = _mm256_add_epi16(s32[s][i], _mm256_maddubs_epi16(wq[s], a));
+              }
+            if constexpr (!vnni) {
+              if (u % 2 == 0) continue;  // int16_run<q6_k> = 2 quads, then scaled
+              #pragma GCC unroll 4
+              for (std::size_t s = 0; s < 4; ++s) {
+                const int grp = static_cast<int>(8 * h + 2 * s + half);
+                const __m256i scale = _mm256_srai_epi16(lane_pick(sc[grp / 4], -1, grp % 4, -1, grp % 4), 8);
+                #pragma GCC unroll 8
+                for (std::size_t i = 0; i < MR; ++i) {
+                  isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(s32[s][i], scale));
+                  s32[s][i] = _mm256_setzero_si256();
+                }
+              }
+            }
+          }
+          if constexpr (vnni) {
+            #pragma GCC unroll 4
+            for (std::size_t s = 0; s < 4; ++s) {
+              const int grp = static_cast<int>(8 * h + 2 * s + half);
+              const __m256i scale = _mm256_srai_epi32(lane_pick(sc[grp / 4], -1, -1, -1, grp % 4), 24);
+              #pragma GCC unroll 8
+              for (std::size_t i = 0; i < MR; ++i) isum[i] = _mm256_add_epi32(isum[i], _mm256_mullo_epi32(s32[s][i], scale));
+            }
+          }
+        }
+      }
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + 1664)));
+      #pragma GCC unroll 8
+      for (std::size_t i = 0; i < MR; ++i)
+        acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(xs[i][b].d)),
+                                 _mm256_cvtepi32_ps(_mm256_sub_epi32(isum[i], msum[i])), acc[i]);
+    } else {
+      constexpr std::size_t qs = T == dtype::q4_k ? 128 : 384, run = int16_run<T>;
+      // The 6-bit scales and mins of groups 0-3 and 4-7, a byte each (kquant::scale_min's layout: the
+      // low 6 bits of dwords 0 and 1; the nibbles of dword 2 under the top 2 bits of dwords 0 and 1).
+      const __m256i u0 = load(g + 32), u1 = load(g + 64), u2 = load(g + 96), low6 = _mm256_set1_epi8(0x3f);
+      const __m256i sc[2] = {_mm256_and_si256(u0, low6), _mm256_or_si256(_mm256_and_si256(u2, low4),
+                                                                        _mm256_and_si256(_mm256_srli_epi16(u0, 2), top))};
+      const __m256i mn[2] = {_mm256_and_si256(u1, low6),
+                             _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(u2, 4), low4),
+                                             _mm256_and_si256(_mm256_srli_epi16(u1, 2), top))};
+      // msum = sum_g mn[g] (bsums[2 g] + bsums[2 g + 1])
+      #pragma GCC unroll 8
+      for (int grp = 0; grp < 8; ++grp) {
+        const __m256i pair = lane_pick(mn[grp / 4], grp % 4, -1, grp % 4, -1);
+        #pragma GCC unroll 8
+        for (std::size_t i = 0; i < MR; ++i)
+          msum[i] = _mm256_add_epi32(msum[i], _mm256_madd_epi16(pair, broadcast4(xs[i][b].bsums + 2 * grp)));
+      }
+      // Weights 64 k + 4 q .. + 3 (low nibbles, group 2 k) and 64 k + 32 + 4 q .. (high, group 2 k + 1).
+      #pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) {
+        const int lo_g = 2 * k, hi_g = 2 * k + 1;
+        __m256i slo[MR], shi[MR];
+        #pragma GCC unroll 8
+        for (std::size_t i = 0; i < MR; ++i) slo[i] = shi[i] = _mm256_setzero_si256();
+        #pragma GCC unroll 8
+        for (std::size_t q = 0; q < 8; ++q) {
+          const __m256i v = load(g + qs + 32 * (8 * static_cast<std::size_t>(k) + q));
+          __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+          if constexpr (T == dtype::q5_k) {  // bit g of qh byte l: the fifth bit of weight l of group g
+            const __m256i qh = load(g + 128 + 32 * q), bit4 = _mm256_set1_epi8(0x10);
+            lo = _mm256_or_si256(lo, to_bit4(qh, lo_g, bit4));
+            hi = _mm256_or_si256(hi, to_bit4(qh, hi_g, bit4));
+          }
+          #pragma GCC unroll 8
+          for (std::size_t i = 0; i < MR; ++i) {
+            const __m256i alo = broadcast4(xs[i][b].qs + 64 * k + 4 * q), ahi = broadcast4(xs[i][b].qs + 64 * k + 32 + 4 * q);
+            if constexpr (vnni) {
+              slo[i] = dpbusd<D>(slo[i], lo, alo);
+              shi[i] = dpbusd<D>(shi[i], hi, ahi);
+            } else {
+              slo[i] = _mm256_add_epi16(slo[i], _mm256_maddubs_epi16(lo, alo));
+              shi[i] = _mm256_add_epi16(shi[i], _mm256_maddubs_epi16(hi, ahi));
+            }
+          }
+          if constexpr (!vnni) {
+            if ((q + 1) % run != 0) continue;
+            const __m256i slo16 = lane_pick(sc[lo_g / 4], lo_g % 4, -1, lo_g % 4, -1);
+            const __m256i shi16 = lane_pick(sc[hi_g / 4], hi_g % 4, -1, hi_g % 4, -1);
+            #pragma GCC unroll 8
+            for (std::size_t i = 0; i < MR; ++i) {
+              isum[i] = _mm256_add_epi32(isum[i], _mm256_add_epi32(_mm256_madd_epi16(slo[i], slo16),
+                                                                   _mm256_madd_epi16(shi[i], shi16)));
+              slo[i] = shi[i] = _mm256_setzero_si256();
+            }
+          }
+        }
+        if constexpr (vnni) {
+          const __m256i slo32 = lane_pick(sc[lo_g / 4], lo_g % 4, -1, -1, -1);
+          const __m256i shi32 = lane_pick(sc[hi_g / 4], hi_g % 4, -1, -1, -1);
+          #pragma GCC unroll 8
+          for (std::size_t i = 0; i < MR; ++i)
+            isum[i] = _mm256_add_epi32(isum[i], _mm256_add_epi32(_mm256_mullo_epi32(slo[i], slo32),
+                                                                 _mm256_mullo_epi32(shi[i], shi32)));
+        }
+      }
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g)));
+      const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + 16)));
+      #pragma GCC unroll 8
+      for (std::size_t i = 0; i < MR; ++i) {
+        const __m256 da = _mm256_set1_ps(xs[i][b].d);
+        acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(isum[i]), acc[i]);
+        acc[i] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, da), _mm256_cvtepi32_ps(msum[i]), acc[i]);
+      }
+    }
+  }
+  #pragma GCC unroll 8
+  for (std::size_t i = 0; i < MR; ++i) _mm256_store_ps(out + 8 * i, acc[i]);
+}
+
+template <dtype T, int8_dot D>
+struct kq_il8_kernel {
+  // x rows a call: q6_k's four runs of sums per x row fill the 16 registers of the AVX2 path sooner
+  static constexpr std::size_t tile = T == dtype::q6_k ? 2 : 4;
+  template <std::size_t MR>
+  static void run(const std::byte* g, std::size_t nsb, const kquant::block_q8_k* const* xs, float* out,
+                  std::uintptr_t end) noexcept {
+    kq_il8<T, MR, D>(g, nsb, xs, out, end);
+  }
+  static void tail(const kquant::block_q8_k* xq, std::size_t m, const weight_view& w, std::size_t r0, std::size_t r1,
+                   float* y, accumulate acc) {
+    kq_rows<T, D>(xq, m, w, r0, r1, y, acc);
+  }
+};
+
 #endif
 
 // x[0 .. 256 n) rounded to 8 bits into out[0 .. n): kquant::quantize's bytes (the AVX-512 path takes the
@@ -780,11 +1033,18 @@ inline void matmul_int8_typed(thread_pool& pool, const kquant::block_q8_k* xq, c
   if (d == int8_dot::amx) d = int8_dot::evex;  // the k-quants' tiles are VNNI's (matmul_amx.inl)
 #if EFIM_K_AVX512 || EFIM_K_AVX2
   if (m <= int8_stream_rows) {
-    const std::size_t units = (w.rows + 15) / 16;
+    // (rows as stored: units of 16 rows; interleaved: groups of 8, il8_rows)
+    const bool il = w.layout == weight_layout::interleaved8;
+    const std::size_t per = il ? 8 : 16, units = (w.rows + per - 1) / per;
     const auto rows = [&]<int8_dot D>() {
       pool.parallel_for(
           units,
-          [&](std::size_t b, std::size_t e) { kq_rows<T, D>(xq, m, w, b * 16, std::min(e * 16, w.rows), y, acc); },
+          [&](std::size_t b, std::size_t e) {
+            if (il)
+              il8_rows<kq_il8_kernel<T, D>>(xq, m, w, w.cols / qk_k, b * 8, std::min(e * 8, w.rows), y, acc);
+            else
+              kq_rows<T, D>(xq, m, w, b * 16, std::min(e * 16, w.rows), y, acc);
+          },
           (units + pool.size() - 1) / pool.size());
     };
 #if EFIM_K_AVX2
@@ -823,8 +1083,13 @@ inline void matmul_int8_typed(thread_pool& pool, const kquant::block_q8_k* xq, c
   });
 }
 
+// Interleaved rows (interleave.hpp) as they are on the AVX2 and AVX-512 paths (decode streams them,
+// the panels' packing gathers their blocks); on the others as stored, in a buffer of the calling
+// thread's.
 EFIM_K_ENTRY void matmul_int8(thread_pool& pool, const kquant::block_q8_k* xq, const weight_view& w, float* y,
                               std::size_t m, accumulate acc, int8_dot d) {
+  if (w.layout == weight_layout::interleaved8 && !(EFIM_K_AVX512 || EFIM_K_AVX2))
+    return matmul_int8(pool, xq, as_stored(pool, w), y, m, acc, d);
   switch (w.type) {
     case dtype::q4_k:
       return matmul_int8_typed<dtype::q4_k>(pool, xq, w, y, m, acc, d);

@@ -246,14 +246,9 @@ inline void q32_rows(const kquant::block_q8_32* xq, std::size_t m, const weight_
   stream_rows<q32_kernel<T, D>>(xq, m, w, w.cols / 32, r0, r1, y, acc);
 }
 
-// Decode on 8 rows interleaved (kernels/interleave.hpp: a block of the 8 rows is their 8 scales, then
-// their quants 4 bytes a row in turn): each 256-bit load holds 4 quant bytes of every row, one row a
-// lane, multiplied by 4 of x's bytes broadcast, so a block's 8 integer sums need no sum across lanes
-// and its 8 scales are one load. The same integers and float steps (q32_steps) as q32_stream8.
-
-// Bytes ahead of the block being read that each block prefetches into L2 (the matrix is read in
-// order; on an Intel Xeon the hardware prefetchers alone kept a thread to about 8 GB/s).
-inline constexpr std::size_t il8_prefetch_ahead = 8192;
+// Decode on 8 rows interleaved (kernels/interleave.hpp, il8_rows in matmul_q8.inl): a block of the 8
+// rows is their 8 scales, then their quants 4 bytes a row in turn; the same integers and float steps
+// (q32_steps) as q32_stream8.
 
 // out[i * 8 + r] for x rows xs[0 .. MR) and the group of 8 rows at g (nb blocks), prefetching from
 // g + il8_prefetch_ahead up to `end`.
@@ -267,8 +262,7 @@ template <dtype T, std::size_t MR, int8_dot D>
   for (std::size_t i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
   std::uintptr_t ahead = reinterpret_cast<std::uintptr_t>(g) + il8_prefetch_ahead;
   for (std::size_t b = 0; b < nb; ++b, g += bytes) {
-    for (std::size_t o = 0; o < bytes && ahead < end; o += 64, ahead += 64)
-      __builtin_prefetch(reinterpret_cast<const void*>(ahead), 0, 2);
+    il8_prefetch(ahead, bytes, end);
     __m256i dot[MR];
     #pragma GCC unroll 8
     for (std::size_t i = 0; i < MR; ++i) dot[i] = _mm256_setzero_si256();
@@ -311,35 +305,19 @@ template <dtype T, std::size_t MR, int8_dot D>
   for (std::size_t i = 0; i < MR; ++i) _mm256_store_ps(out + 8 * i, acc[i]);
 }
 
-// Rows [r0, r1) (r0 a multiple of 8) of y = x w^T for w interleaved8 and m x rows rounded per 32: the
-// whole groups as above, 4 x rows at a time, and the rows past the last whole group, stored as rows,
-// by q32_rows.
 template <dtype T, int8_dot D>
-inline void q32_il8_rows(const kquant::block_q8_32* xq, std::size_t m, const weight_view& w, std::size_t r0,
-                         std::size_t r1, float* y, accumulate acc) {
-  const std::size_t nb = w.cols / 32, rb = row_bytes(T, w.cols), whole = w.rows / 8 * 8;
-  const std::uintptr_t end = reinterpret_cast<std::uintptr_t>(w.data + whole * rb);
-  for (std::size_t r = r0; r < std::min(r1, whole); r += 8) {
-    const std::byte* const g = w.data + r * rb;
-    for (std::size_t i0 = 0; i0 < m; i0 += 4) {
-      const std::size_t mr = std::min<std::size_t>(4, m - i0);
-      const kquant::block_q8_32* xs[4];
-      for (std::size_t i = 0; i < 4; ++i) xs[i] = xq + std::min(i0 + i, m - 1) * nb;
-      const std::uintptr_t pf_end = i0 == 0 ? end : 0;  // the first x tile prefetches; the others hit L1/L2
-      alignas(32) float out[4 * 8];
-      if (mr == 4)
-        q32_il8<T, 4, D>(g, nb, xs, out, pf_end);
-      else if (mr == 3)
-        q32_il8<T, 3, D>(g, nb, xs, out, pf_end);
-      else if (mr == 2)
-        q32_il8<T, 2, D>(g, nb, xs, out, pf_end);
-      else
-        q32_il8<T, 1, D>(g, nb, xs, out, pf_end);
-      store_tile(out, 8, y + i0 * w.rows + r, w.rows, mr, 8, acc);
-    }
+struct q32_il8_kernel {
+  static constexpr std::size_t tile = 4;
+  template <std::size_t MR>
+  static void run(const std::byte* g, std::size_t nb, const kquant::block_q8_32* const* xs, float* out,
+                  std::uintptr_t end) noexcept {
+    q32_il8<T, MR, D>(g, nb, xs, out, end);
   }
-  if (r1 > whole) q32_rows<T, D>(xq, m, w, std::max(r0, whole), r1, y, acc);
-}
+  static void tail(const kquant::block_q8_32* xq, std::size_t m, const weight_view& w, std::size_t r0, std::size_t r1,
+                   float* y, accumulate acc) {
+    q32_rows<T, D>(xq, m, w, r0, r1, y, acc);
+  }
+};
 
 // A panel slice: R rows' u, [block][quad][row][4 bytes], and their scales (and q5_1's mins) [block][row]
 // (R = 8: a 256-bit register's lanes; 16: an AMX B tile, matmul_amx.inl).
@@ -348,19 +326,6 @@ struct q32_slice {
   float* d;
   float* mn;
 };
-
-// Block b of row r of w as stored: where it is, or (interleaved8, kernels/interleave.hpp) gathered
-// into tmp.
-template <dtype T>
-[[gnu::always_inline]] inline const std::byte* q32_block(const weight_view& w, std::size_t rb, std::size_t r,
-                                                         std::size_t b, std::byte* tmp) noexcept {
-  constexpr std::size_t bytes = info(T).bytes;
-  if (w.layout == weight_layout::rows || r >= w.rows / 8 * 8) return w.data + r * rb + b * bytes;
-  const std::byte* const at = w.data + (r / 8 * 8) * rb + 8 * b * bytes;  // the 8 rows' block b
-  std::memcpy(tmp, at + il8_scale_at(r % 8), 2);
-  for (std::size_t c = 0; c < bytes - 2; c += 4) std::memcpy(tmp + 2 + c, at + il8_quants_at(c, r % 8), 4);
-  return tmp;
-}
 
 // Rows p0 .. p0 + nc of w (nc <= R * slices; past nc the last row repeats, not stored) into slices of R
 // rows.
@@ -378,7 +343,7 @@ inline void q32_pack(const weight_view& w, std::size_t p0, std::size_t nc, std::
     for (std::size_t r = 0; r < R; ++r) {
       const std::size_t row = p0 + std::min(k * R + r, nc - 1);
       for (std::size_t b = 0; b < nb; ++b) {
-        const std::byte* blk = q32_block<T>(w, rb, row, b, tmp);
+        const std::byte* blk = block_as_stored<T>(w, rb, row, b, tmp);
         alignas(32) std::uint8_t u[32];
         _mm256_store_si256(reinterpret_cast<__m256i*>(u), q32_weights<T, Vnni>(blk));
         for (std::size_t quad = 0; quad < 8; ++quad) std::memcpy(p.q + ((b * 8 + quad) * R + r) * 4, u + 4 * quad, 4);
@@ -484,7 +449,9 @@ inline void matmul_q32_simd(thread_pool& pool, const kquant::block_q8_32* xq, co
       const std::size_t units = (w.rows + 7) / 8;
       pool.parallel_for(
           units,
-          [&](std::size_t b, std::size_t e) { q32_il8_rows<T, D>(xq, m, w, b * 8, std::min(e * 8, w.rows), y, acc); },
+          [&](std::size_t b, std::size_t e) {
+            il8_rows<q32_il8_kernel<T, D>>(xq, m, w, w.cols / 32, b * 8, std::min(e * 8, w.rows), y, acc);
+          },
           (units + pool.size() - 1) / pool.size());
       return;
     }
