@@ -831,12 +831,18 @@ template <dtype T, std::size_t MR, int8_dot D>
         for (std::size_t i = 0; i < MR; ++i)
           msum[i] = _mm256_add_epi32(msum[i], _mm256_madd_epi16(pair, broadcast4(xs[i][b].bsums + 2 * p)));
       }
+      // Each group's scale in each row's lane: 32 bits (VPMULLD), or in both 16-bit halves (VPMADDWD).
+      __m256i scale[16];
+      #pragma GCC unroll 16
+      for (int grp = 0; grp < 16; ++grp)
+        scale[grp] = vnni ? _mm256_srai_epi32(lane_pick(sc[grp / 4], -1, -1, -1, grp % 4), 24)
+                          : _mm256_srai_epi16(lane_pick(sc[grp / 4], -1, grp % 4, -1, grp % 4), 8);
       // Weights 128 h + 32 s + 4 u .. + 3 (s = 0..3): nibble s / 2 of ql byte 64 h + 32 (s % 2) + 4 u,
       // bits 2 s, 2 s + 1 of qh byte 32 h + 4 u; group 8 h + 2 s + u / 4.
-      #pragma GCC unroll 2
-      for (std::size_t h = 0; h < 2; ++h) {
-        #pragma GCC unroll 2
-        for (std::size_t half = 0; half < 2; ++half) {
+      #pragma GCC unroll 4
+      for (std::size_t hh = 0; hh < 4; ++hh) {
+        const std::size_t h = hh / 2, half = hh % 2;
+        {
           __m256i s32[4][MR];
           #pragma GCC unroll 8
           for (std::size_t s = 0; s < 4; ++s)
@@ -866,11 +872,10 @@ template <dtype T, std::size_t MR, int8_dot D>
               if (u % 2 == 0) continue;  // int16_run<q6_k> = 2 quads, then scaled
               #pragma GCC unroll 4
               for (std::size_t s = 0; s < 4; ++s) {
-                const int grp = static_cast<int>(8 * h + 2 * s + half);
-                const __m256i scale = _mm256_srai_epi16(lane_pick(sc[grp / 4], -1, grp % 4, -1, grp % 4), 8);
+                const __m256i f = scale[8 * h + 2 * s + half];
                 #pragma GCC unroll 8
                 for (std::size_t i = 0; i < MR; ++i) {
-                  isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(s32[s][i], scale));
+                  isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(s32[s][i], f));
                   s32[s][i] = _mm256_setzero_si256();
                 }
               }
@@ -879,10 +884,9 @@ template <dtype T, std::size_t MR, int8_dot D>
           if constexpr (vnni) {
             #pragma GCC unroll 4
             for (std::size_t s = 0; s < 4; ++s) {
-              const int grp = static_cast<int>(8 * h + 2 * s + half);
-              const __m256i scale = _mm256_srai_epi32(lane_pick(sc[grp / 4], -1, -1, -1, grp % 4), 24);
+              const __m256i f = scale[8 * h + 2 * s + half];
               #pragma GCC unroll 8
-              for (std::size_t i = 0; i < MR; ++i) isum[i] = _mm256_add_epi32(isum[i], _mm256_mullo_epi32(s32[s][i], scale));
+              for (std::size_t i = 0; i < MR; ++i) isum[i] = _mm256_add_epi32(isum[i], _mm256_mullo_epi32(s32[s][i], f));
             }
           }
         }
@@ -910,8 +914,15 @@ template <dtype T, std::size_t MR, int8_dot D>
         for (std::size_t i = 0; i < MR; ++i)
           msum[i] = _mm256_add_epi32(msum[i], _mm256_madd_epi16(pair, broadcast4(xs[i][b].bsums + 2 * grp)));
       }
+      // Each group's scale in each row's lane: 32 bits (VPMULLD), or in both 16-bit halves (VPMADDWD).
+      __m256i scale[8];
+      #pragma GCC unroll 8
+      for (int grp = 0; grp < 8; ++grp)
+        scale[grp] = vnni ? lane_pick(sc[grp / 4], grp % 4, -1, -1, -1) : lane_pick(sc[grp / 4], grp % 4, -1, grp % 4, -1);
       // Weights 64 k + 4 q .. + 3 (low nibbles, group 2 k) and 64 k + 32 + 4 q .. (high, group 2 k + 1).
-      #pragma GCC unroll 4
+      // (Unrolled by 2, not 4: fully unrolled, a file with every kernel path compiled in 158 s with g++
+      // -O3, 99 s so; by 2 q4_k decoded as fast on an Intel Xeon, rolled its VPMADDUBSW form lost a third.)
+      #pragma GCC unroll 2
       for (int k = 0; k < 4; ++k) {
         const int lo_g = 2 * k, hi_g = 2 * k + 1;
         __m256i slo[MR], shi[MR];
@@ -939,23 +950,19 @@ template <dtype T, std::size_t MR, int8_dot D>
           }
           if constexpr (!vnni) {
             if ((q + 1) % run != 0) continue;
-            const __m256i slo16 = lane_pick(sc[lo_g / 4], lo_g % 4, -1, lo_g % 4, -1);
-            const __m256i shi16 = lane_pick(sc[hi_g / 4], hi_g % 4, -1, hi_g % 4, -1);
             #pragma GCC unroll 8
             for (std::size_t i = 0; i < MR; ++i) {
-              isum[i] = _mm256_add_epi32(isum[i], _mm256_add_epi32(_mm256_madd_epi16(slo[i], slo16),
-                                                                   _mm256_madd_epi16(shi[i], shi16)));
+              isum[i] = _mm256_add_epi32(isum[i], _mm256_add_epi32(_mm256_madd_epi16(slo[i], scale[lo_g]),
+                                                                   _mm256_madd_epi16(shi[i], scale[hi_g])));
               slo[i] = shi[i] = _mm256_setzero_si256();
             }
           }
         }
         if constexpr (vnni) {
-          const __m256i slo32 = lane_pick(sc[lo_g / 4], lo_g % 4, -1, -1, -1);
-          const __m256i shi32 = lane_pick(sc[hi_g / 4], hi_g % 4, -1, -1, -1);
           #pragma GCC unroll 8
           for (std::size_t i = 0; i < MR; ++i)
-            isum[i] = _mm256_add_epi32(isum[i], _mm256_add_epi32(_mm256_mullo_epi32(slo[i], slo32),
-                                                                 _mm256_mullo_epi32(shi[i], shi32)));
+            isum[i] = _mm256_add_epi32(isum[i], _mm256_add_epi32(_mm256_mullo_epi32(slo[i], scale[lo_g]),
+                                                                 _mm256_mullo_epi32(shi[i], scale[hi_g])));
         }
       }
       const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g)));
