@@ -63,6 +63,9 @@ constexpr il8_fields il8_layout(dtype t) noexcept {
   }
 }
 
+// Where a block of 8 interleaved rows starts field k of t's layout (the kernels read them there).
+constexpr std::size_t il8_field_at(dtype t, std::size_t k) noexcept { return 8 * il8_layout(t).field[k].at; }
+
 // Where a block of 8 interleaved rows keeps byte c of field f of row r (c a multiple of f.chunk).
 constexpr std::size_t il8_at(const il8_field& f, std::size_t c, std::size_t r) noexcept {
   return 8 * f.at + 8 * c + f.chunk * r;  // 8 * f.chunk * (c / f.chunk) = 8 * c

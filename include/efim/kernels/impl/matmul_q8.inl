@@ -820,9 +820,11 @@ template <dtype T, std::size_t MR, int8_dot D>
     #pragma GCC unroll 8
     for (std::size_t i = 0; i < MR; ++i) isum[i] = msum[i] = _mm256_setzero_si256();
     if constexpr (T == dtype::q6_k) {
+      // The fields (interleave.hpp): low nibbles, top bits, scales, d.
+      constexpr std::size_t qh_at = il8_field_at(T, 1), sc_at = il8_field_at(T, 2), d_at = il8_field_at(T, 3);
       __m256i sc[4];  // byte j of a lane of sc[k]: the row's scale 4 k + j
       #pragma GCC unroll 4
-      for (std::size_t k = 0; k < 4; ++k) sc[k] = load(g + 1536 + 32 * k);
+      for (std::size_t k = 0; k < 4; ++k) sc[k] = load(g + sc_at + 32 * k);
       // msum: the quants are stored plus 32, so sum_g 32 sc[g] bsums[g] (two groups a VPMADDWD)
       #pragma GCC unroll 8
       for (int p = 0; p < 8; ++p) {
@@ -842,65 +844,66 @@ template <dtype T, std::size_t MR, int8_dot D>
       #pragma GCC unroll 4
       for (std::size_t hh = 0; hh < 4; ++hh) {
         const std::size_t h = hh / 2, half = hh % 2;
-        {
-          __m256i s32[4][MR];
+        __m256i s32[4][MR];
+        #pragma GCC unroll 8
+        for (std::size_t s = 0; s < 4; ++s)
           #pragma GCC unroll 8
+          for (std::size_t i = 0; i < MR; ++i) s32[s][i] = _mm256_setzero_si256();
+        #pragma GCC unroll 4
+        for (std::size_t u = 4 * half; u < 4 * half + 4; ++u) {
+          const __m256i qa = load(g + 32 * (16 * h + u)), qb = load(g + 32 * (16 * h + 8 + u));
+          const __m256i qh = load(g + qh_at + 32 * (8 * h + u));
+          const __m256i wq[4] = {
+              _mm256_or_si256(_mm256_and_si256(qa, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), top)),
+              _mm256_or_si256(_mm256_and_si256(qb, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), top)),
+              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qa, 4), low4), _mm256_and_si256(qh, top)),
+              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qb, 4), low4),
+                              _mm256_and_si256(_mm256_srli_epi16(qh, 2), top))};
+          #pragma GCC unroll 4
           for (std::size_t s = 0; s < 4; ++s)
             #pragma GCC unroll 8
-            for (std::size_t i = 0; i < MR; ++i) s32[s][i] = _mm256_setzero_si256();
-          #pragma GCC unroll 4
-          for (std::size_t u = 4 * half; u < 4 * half + 4; ++u) {
-            const __m256i qa = load(g + 32 * (16 * h + u)), qb = load(g + 32 * (16 * h + 8 + u));
-            const __m256i qh = load(g + 1024 + 32 * (8 * h + u));
-            const __m256i wq[4] = {
-                _mm256_or_si256(_mm256_and_si256(qa, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), top)),
-                _mm256_or_si256(_mm256_and_si256(qb, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), top)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qa, 4), low4), _mm256_and_si256(qh, top)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qb, 4), low4),
-                                _mm256_and_si256(_mm256_srli_epi16(qh, 2), top))};
-            #pragma GCC unroll 4
-            for (std::size_t s = 0; s < 4; ++s)
-              #pragma GCC unroll 8
-              for (std::size_t i = 0; i < MR; ++i) {
-                const __m256i a = broadcast4(xs[i][b].qs + 128 * h + 32 * s + 4 * u);
-                if constexpr (vnni)
-                  s32[s][i] = dpbusd<D>(s32[s][i], wq[s], a);
-                else
-                  s32[s][i] = _mm256_add_epi16(s32[s][i], _mm256_maddubs_epi16(wq[s], a));
-              }
-            if constexpr (!vnni) {
-              if (u % 2 == 0) continue;  // int16_run<q6_k> = 2 quads, then scaled
-              #pragma GCC unroll 4
-              for (std::size_t s = 0; s < 4; ++s) {
-                const __m256i f = scale[8 * h + 2 * s + half];
-                #pragma GCC unroll 8
-                for (std::size_t i = 0; i < MR; ++i) {
-                  isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(s32[s][i], f));
-                  s32[s][i] = _mm256_setzero_si256();
-                }
-              }
+            for (std::size_t i = 0; i < MR; ++i) {
+              const __m256i a = broadcast4(xs[i][b].qs + 128 * h + 32 * s + 4 * u);
+              if constexpr (vnni)
+                s32[s][i] = dpbusd<D>(s32[s][i], wq[s], a);
+              else
+                s32[s][i] = _mm256_add_epi16(s32[s][i], _mm256_maddubs_epi16(wq[s], a));
             }
-          }
-          if constexpr (vnni) {
+          if constexpr (!vnni) {
+            if (u % 2 == 0) continue;  // int16_run<q6_k> = 2 quads, then scaled
             #pragma GCC unroll 4
             for (std::size_t s = 0; s < 4; ++s) {
               const __m256i f = scale[8 * h + 2 * s + half];
               #pragma GCC unroll 8
-              for (std::size_t i = 0; i < MR; ++i) isum[i] = _mm256_add_epi32(isum[i], _mm256_mullo_epi32(s32[s][i], f));
+              for (std::size_t i = 0; i < MR; ++i) {
+                isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(s32[s][i], f));
+                s32[s][i] = _mm256_setzero_si256();
+              }
             }
           }
         }
+        if constexpr (vnni) {
+          #pragma GCC unroll 4
+          for (std::size_t s = 0; s < 4; ++s) {
+            const __m256i f = scale[8 * h + 2 * s + half];
+            #pragma GCC unroll 8
+            for (std::size_t i = 0; i < MR; ++i) isum[i] = _mm256_add_epi32(isum[i], _mm256_mullo_epi32(s32[s][i], f));
+          }
+        }
       }
-      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + 1664)));
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + d_at)));
       #pragma GCC unroll 8
       for (std::size_t i = 0; i < MR; ++i)
         acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(xs[i][b].d)),
                                  _mm256_cvtepi32_ps(_mm256_sub_epi32(isum[i], msum[i])), acc[i]);
     } else {
-      constexpr std::size_t qs = T == dtype::q4_k ? 128 : 384, run = int16_run<T>;
+      // The fields (interleave.hpp): d, dmin, scales, (q5_k: fifth bits,) nibbles.
+      constexpr std::size_t dmin_at = il8_field_at(T, 1), sc_at = il8_field_at(T, 2), qh_at = il8_field_at(T, 3),
+                            qs = il8_field_at(T, il8_layout(T).n - 1), run = int16_run<T>;
       // The 6-bit scales and mins of groups 0-3 and 4-7, a byte each (kquant::scale_min's layout: the
       // low 6 bits of dwords 0 and 1; the nibbles of dword 2 under the top 2 bits of dwords 0 and 1).
-      const __m256i u0 = load(g + 32), u1 = load(g + 64), u2 = load(g + 96), low6 = _mm256_set1_epi8(0x3f);
+      const __m256i u0 = load(g + sc_at), u1 = load(g + sc_at + 32), u2 = load(g + sc_at + 64);
+      const __m256i low6 = _mm256_set1_epi8(0x3f);
       const __m256i sc[2] = {_mm256_and_si256(u0, low6), _mm256_or_si256(_mm256_and_si256(u2, low4),
                                                                         _mm256_and_si256(_mm256_srli_epi16(u0, 2), top))};
       const __m256i mn[2] = {_mm256_and_si256(u1, low6),
@@ -933,7 +936,7 @@ template <dtype T, std::size_t MR, int8_dot D>
           const __m256i v = load(g + qs + 32 * (8 * static_cast<std::size_t>(k) + q));
           __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
           if constexpr (T == dtype::q5_k) {  // bit g of qh byte l: the fifth bit of weight l of group g
-            const __m256i qh = load(g + 128 + 32 * q), bit4 = _mm256_set1_epi8(0x10);
+            const __m256i qh = load(g + qh_at + 32 * q), bit4 = _mm256_set1_epi8(0x10);
             lo = _mm256_or_si256(lo, to_bit4(qh, lo_g, bit4));
             hi = _mm256_or_si256(hi, to_bit4(qh, hi_g, bit4));
           }
@@ -966,7 +969,7 @@ template <dtype T, std::size_t MR, int8_dot D>
         }
       }
       const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g)));
-      const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + 16)));
+      const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + dmin_at)));
       #pragma GCC unroll 8
       for (std::size_t i = 0; i < MR; ++i) {
         const __m256 da = _mm256_set1_ps(xs[i][b].d);
