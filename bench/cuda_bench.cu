@@ -38,6 +38,9 @@ const char* const usage = R"(usage: efim-cuda-bench [options]
   --batch N           sequences decoded together (default 1)
   --prefill N         tokens of the timed prefill chunk (default 512)
   --steps N           decode steps timed (default 64)
+  --products P        exact, int8 or both (default): how quantized weights multiply a decode step
+                      (kernels::products); both times each in turn on the same file and prints the
+                      decode ratio int8 / exact (models with no quantized matrix run exact only)
 )";
 
 [[noreturn]] void fail(const std::string& why) {
@@ -208,14 +211,24 @@ struct options {
   std::string type = "f16";
   dtype kv = dtype::f16;
   std::size_t context = 1024, batch = 1, prefill = 512, steps = 64;
+  std::vector<kernels::products> products{kernels::products::exact, kernels::products::int8};
 };
 
-// One model's rows: `name` and `type` label them, `w` are its host weights (made in memory or a file's).
-void run(const options& o, const std::string& name, const std::string& type, const model::weights& w,
-         double copy_bps) {
+bool any_quantized(const model::weights& w) {
+  if (kernels::quant::kept_quantized(w.output.type)) return true;
+  for (const auto& l : w.layers)
+    for (const auto* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
+      if (kernels::quant::kept_quantized(m->type)) return true;
+  return false;
+}
+
+// One model's row with one kind of products: `name` and `type` label it, `w` are its host weights
+// (made in memory or a file's). Returns the decode step's milliseconds.
+double run(const options& o, const std::string& name, const std::string& type, const model::weights& w,
+           double copy_bps, kernels::products p) {
   const auto& c = w.cfg;
   kernels::cuda::context ctx;
-  model::transformer<kernels::cuda> m(w);
+  model::transformer<kernels::cuda> m(w, p);
   if (m.uploaded().bytes() != model::device_weight_bytes(w))
     fail("device weights take " + std::to_string(m.uploaded().bytes()) + " bytes, not the planned " +
          std::to_string(model::device_weight_bytes(w)));
@@ -296,12 +309,28 @@ void run(const options& o, const std::string& name, const std::string& type, con
                           static_cast<double>(c.kv_dim()) * (static_cast<double>(o.context) + o.steps / 2.0) * kv_elem;
   const double read = static_cast<double>(dw.bytes()) + kv_bytes;
   const double bps = read / (step_ms / 1e3);
-  std::printf("%-5s %-6s KV %-3s | weights %.2f GB | decode batch %zu at %zu: %.3f ms/step, %.1f tok/s, %.0f GB/s "
+  std::printf("%-5s %-6s %-5s KV %-3s | weights %.2f GB | decode batch %zu at %zu: %.3f ms/step, %.1f tok/s, %.0f GB/s "
               "= %.1f%% of copy | prefill %zu: %.1f ms, %.0f tok/s; products alone %.1f ms (%.1f%% of prefill)\n",
-              name.c_str(), type.c_str(), std::string(to_string(o.kv)).c_str(),
+              name.c_str(), type.c_str(), p == kernels::products::int8 ? "int8" : "exact",
+              std::string(to_string(o.kv)).c_str(),
               static_cast<double>(dw.bytes()) / 1e9, o.batch, o.context, step_ms,
               static_cast<double>(o.batch) * 1e3 / step_ms, bps / 1e9, 100.0 * bps / copy_bps, o.prefill, prefill_ms,
               static_cast<double>(o.prefill) * 1e3 / prefill_ms, products_ms, 100.0 * products_ms / prefill_ms);
+  std::fflush(stdout);
+  return step_ms;
+}
+
+// A model's rows for each kind of products asked for (exact alone where no matrix is quantized),
+// then the decode ratio int8 / exact where both ran.
+void run_all(const options& o, const std::string& name, const std::string& type, const model::weights& w,
+             double copy_bps) {
+  double exact = 0, int8 = 0;
+  for (const kernels::products p : o.products) {
+    if (p == kernels::products::int8 && !any_quantized(w)) continue;
+    (p == kernels::products::int8 ? int8 : exact) = run(o, name, type, w, copy_bps, p);
+  }
+  if (exact > 0 && int8 > 0)
+    std::printf("%-5s %-6s decode int8 / exact: %.2fx tokens/s\n", name.c_str(), type.c_str(), exact / int8);
 }
 
 }  // namespace
@@ -334,6 +363,11 @@ int main(int argc, char** argv) try {
       o.prefill = count(argv[i - 1], v);
     } else if (flag == "--steps") {
       o.steps = count(argv[i - 1], v);
+    } else if (flag == "--products") {
+      if (std::string_view(v) == "both")
+        o.products = {kernels::products::exact, kernels::products::int8};
+      else
+        o.products = {kernels::parse_products(v)};
     } else {
       fail("unknown option " + std::string(flag) + " (see --help)");
     }
@@ -346,11 +380,11 @@ int main(int argc, char** argv) try {
               copy / 1e9);
   for (const auto& size : o.models) {
     const shaped_weights sw(qwen2_shape(size), o.type, size == "0.5b");
-    run(o, size, o.type, sw.w, copy);
+    run_all(o, size, o.type, sw.w, copy);
   }
   for (const auto& path : o.files) {
     const auto file = model::open_model(path);
-    run(o, path.substr(path.find_last_of('/') + 1), "file", file.bind(), copy);
+    run_all(o, path.substr(path.find_last_of('/') + 1), "file", file.bind(), copy);
   }
   return 0;
 } catch (const std::exception& e) {  // efim::error: a bad option value, a CUDA or cuBLAS failure

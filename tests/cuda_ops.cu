@@ -169,7 +169,8 @@ static_assert(kd::plan_attention_split(4, 100000, 16, 264).splits == 66 &&
 static_assert(kd::plan_attention_split(1, 0, 16, 264).splits == 1);
 
 std::vector<float> matmul(dtype type, const std::vector<std::byte>& w, std::size_t rows, std::size_t cols,
-                          const std::vector<float>& x, std::size_t m, std::vector<float> y, bool accumulate) {
+                          const std::vector<float>& x, std::size_t m, std::vector<float> y, bool accumulate,
+                          kernels::products products) {
   stream st;
   kernels::device::blas blas(st.s);
   auto dw = upload(w, st.s);
@@ -178,8 +179,29 @@ std::vector<float> matmul(dtype type, const std::vector<std::byte>& w, std::size
   const kernels::device::matrix mat{type, rows, cols, dw.data()};
   buffer<std::byte> workspace(kernels::device::matmul_workspace(mat, m));
   kernels::device::matmul(blas, dx.data(), mat, dy.data(), m, workspace.data(), st.s,
-                          accumulate ? kernels::accumulate::yes : kernels::accumulate::no);
+                          accumulate ? kernels::accumulate::yes : kernels::accumulate::no, products);
   return download(dy, y.size(), st.s);
+}
+
+kernels::quant::x8_host quantize_x8(dtype t, const std::vector<float>& x, std::size_t m, std::size_t cols) {
+  stream st;
+  auto dx = upload(x, st.s);
+  buffer<std::byte> workspace(kernels::quant::x8_bytes(m, cols));
+  const kernels::quant::x8_rows v = kernels::device::quantize_x8(t, dx.data(), m, cols, workspace.data(), st.s);
+  const auto bytes = download(workspace, workspace.size(), st.s);
+  const auto* base = reinterpret_cast<const std::byte*>(workspace.data());
+  kernels::quant::x8_host out;
+  out.cols = cols;
+  const std::size_t scales = m * (cols / kernels::quant::x8_span(t)), sums = m * (cols / 16);
+  out.q.resize(m * cols);
+  out.d.resize(scales);
+  out.sums.assign(sums, 0);
+  std::memcpy(out.q.data(), bytes.data() + (reinterpret_cast<const std::byte*>(v.q) - base), m * cols);
+  std::memcpy(out.d.data(), bytes.data() + (reinterpret_cast<const std::byte*>(v.d) - base), scales * sizeof(float));
+  if (kernels::quant::x8_span(t) == 256)
+    std::memcpy(out.sums.data(), bytes.data() + (reinterpret_cast<const std::byte*>(v.sums) - base),
+                sums * sizeof(std::int32_t));
+  return out;
 }
 
 std::vector<token_id> argmax(const std::vector<float>& logits, std::size_t rows, std::size_t n) {
@@ -204,9 +226,10 @@ std::vector<token_id> sample(const std::vector<float>& logits, std::size_t rows,
 
 std::vector<std::vector<float>> forward(const model::weights& w, dtype kv_type, std::size_t blocks,
                                         std::size_t block_size,
-                                        const std::vector<std::vector<model::batch_item>>& passes) {
+                                        const std::vector<std::vector<model::batch_item>>& passes,
+                                        kernels::products products) {
   kernels::cuda::context ctx;
-  model::transformer<kernels::cuda> m(w);
+  model::transformer<kernels::cuda> m(w, products);
   kv::device_storage kv(w.cfg.layers, m.kv_layout(blocks, block_size), kv_type);
   std::vector<std::vector<float>> out;
   for (const auto& items : passes) m.forward(ctx, kv, items, out.emplace_back());

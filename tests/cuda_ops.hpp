@@ -8,6 +8,7 @@
 #include "efim/core/dtype.hpp"
 #include "efim/engine/pipeline.hpp"
 #include "efim/kernels/common.hpp"
+#include "efim/kernels/cuda/quant_int8.hpp"
 #include "efim/kernels/sampling.hpp"
 #include "efim/kv/layout.hpp"
 #include "efim/model/batch.hpp"
@@ -43,9 +44,14 @@ std::vector<float> paged_attention(const kv::paged_layout& l, const std::vector<
                                    const std::vector<E>& v_cache, const std::vector<float>& q,
                                    const std::vector<kernels::token_slot>& tokens, std::size_t heads, float scale,
                                    std::size_t target_blocks, std::size_t& splits);
-// y (m, rows) = [y +] x (m, cols) w^T through cuBLAS, w a (rows, cols) matrix of f32, f16 or bf16.
+// y (m, rows) = [y +] x (m, cols) w^T (kernels::device::matmul), w a (rows, cols) matrix of any type
+// the device multiplies.
 std::vector<float> matmul(dtype type, const std::vector<std::byte>& w, std::size_t rows, std::size_t cols,
-                          const std::vector<float>& x, std::size_t m, std::vector<float> y, bool accumulate);
+                          const std::vector<float>& x, std::size_t m, std::vector<float> y, bool accumulate,
+                          kernels::products products = kernels::products::exact);
+// x (m, cols) rounded to 8 bits on the device for weights of type t (kernels::device::quantize_x8),
+// downloaded into the arrays quant::make_x8 fills on the host (the sums for the k-quants only).
+kernels::quant::x8_host quantize_x8(dtype t, const std::vector<float>& x, std::size_t m, std::size_t cols);
 std::vector<token_id> argmax(const std::vector<float>& logits, std::size_t rows, std::size_t n);
 std::vector<token_id> sample(const std::vector<float>& logits, std::size_t rows, std::size_t n,
                              const std::vector<kernels::sample_params>& params);
@@ -54,7 +60,8 @@ std::vector<token_id> sample(const std::vector<float>& logits, std::size_t rows,
 // `block_size` tokens, in order: the logits of each pass.
 std::vector<std::vector<float>> forward(const model::weights& w, dtype kv_type, std::size_t blocks,
                                         std::size_t block_size,
-                                        const std::vector<std::vector<model::batch_item>>& passes);
+                                        const std::vector<std::vector<model::batch_item>>& passes,
+                                        kernels::products products = kernels::products::exact);
 
 // engine::pipeline<efim, xxh3_128_chain, lru, at_boundaries, kernels::cuda> with the byte tokenizer
 // and Qwen2.5-Coder's FIM tokens: each request submitted and run to completion in turn.

@@ -471,6 +471,68 @@ TEST_CASE("cuda: quantized weights kept as stored: decode equals its host emulat
       }
 }
 
+// The int8 decode product: x rounded to 8 bits on the device as the host's int8 products round it
+// (kquant::quantize into q8_0 / q8_K blocks), byte for byte: per 32 and per 256, with an all-zero
+// block, magnitudes tied between signs (the first one sets the sign of a q8_K scale) and a wide range.
+TEST_CASE("cuda: activations rounded to 8 bits on the device are the host's bytes", "[cuda][gpu]") {
+  EFIM_NEED_DEVICE();
+  for (const dtype type : {dtype::q8_0, dtype::q4_k})
+    for (const std::size_t m : {1, 3, 8}) {
+      const std::size_t cols = 1024;
+      INFO(to_string(type) << " m " << m);
+      rng r(m + 90);
+      auto x = random_floats(r, m * cols, 3.0f);
+      for (std::size_t k = 0; k < 256; ++k) x[k] = 0.0f;  // a zero block of either span
+      x[300] = 7.5f, x[301] = -7.5f, x[520] = -7.5f, x[600] = 7.5f;
+      for (std::size_t k = 768; k < cols; ++k) x[k] *= 1e-6f;
+      const auto device = test_cuda::quantize_x8(type, x, m, cols);
+      const auto host = kernels::quant::make_x8(type, x.data(), m, cols);
+      CHECK(device.q == host.q);
+      CHECK(std::memcmp(device.d.data(), host.d.data(), host.d.size() * sizeof(float)) == 0);
+      CHECK(device.sums == host.sums);
+    }
+}
+
+// The int8 decode product (products::int8, up to 8 x rows) is the lanes' sums of quant::lane_idots
+// added as a warp adds them, which the host emulates bit for bit (and test_model bounds against the
+// host's int8 products).
+TEST_CASE("cuda: the int8 decode product equals its host emulation bit for bit", "[cuda][gpu]") {
+  EFIM_NEED_DEVICE();
+  for (const dtype type : {dtype::q8_0, dtype::q4_0, dtype::q5_0, dtype::q5_1, dtype::q4_k, dtype::q5_k, dtype::q6_k})
+    for (const auto& [m, rows, cols] : std::vector<std::tuple<std::size_t, std::size_t, std::size_t>>{
+             {1, 1, 256}, {1, 896, 1024}, {2, 37, 768}, {3, 300, 512}, {5, 64, 256}, {8, 130, 1536}, {7, 9, 9216}})
+      for (const bool acc : {false, true}) {
+        INFO(to_string(type) << " " << m << " x " << rows << " x " << cols << (acc ? ", accumulating" : ""));
+        rng r(m * 5 + rows + cols);
+        const auto values = random_floats(r, rows * cols);
+        const std::size_t rb = row_bytes(type, cols);
+        std::vector<std::byte> w(rows * rb);
+        for (std::size_t i = 0; i < rows; ++i) quantize_row(type, values.data() + i * cols, w.data() + i * rb, cols);
+        const auto x = random_floats(r, m * cols, 2.0f);
+        const auto y0 = random_floats(r, m * rows);
+        const auto device = test_cuda::matmul(type, w, rows, cols, x, m, y0, acc, kernels::products::int8);
+        const auto xq = kernels::quant::make_x8(type, x.data(), m, cols);
+        std::size_t differ = 0;
+        for (std::size_t j = 0; j < rows; ++j) {
+          float lanes[8][32] = {};
+          for (int lane = 0; lane < 32; ++lane) {
+            float sums[8] = {};
+            kernels::quant::visit_kept(type, [&](auto t) {
+              kernels::quant::lane_idots<decltype(t)::value, 8>(reinterpret_cast<const std::uint8_t*>(w.data() + j * rb),
+                                                                xq.view(), static_cast<int>(m), lane, 32, sums);
+            });
+            for (std::size_t i = 0; i < m; ++i) lanes[i][lane] = sums[i];
+          }
+          for (std::size_t i = 0; i < m; ++i) {
+            const float v = kernels::quant::warp_sum(lanes[i]);
+            const float want = acc ? y0[i * rows + j] + v : v;
+            if (std::memcmp(&want, &device[i * rows + j], sizeof want) != 0) ++differ;
+          }
+        }
+        CHECK(differ == 0);
+      }
+}
+
 namespace {
 
 // Owned tokens and tables for the passes the decoder tests run: sequence s has `lengths[s]` tokens,
@@ -503,10 +565,11 @@ struct passes_spec {
 
 std::vector<std::vector<float>> host_forward(const model::weights& w, dtype kv_type, std::size_t blocks,
                                              std::size_t block_size,
-                                             const std::vector<std::vector<model::batch_item>>& passes) {
+                                             const std::vector<std::vector<model::batch_item>>& passes,
+                                             kernels::products products = kernels::products::exact) {
   thread_pool pool(2);
   kernels::host::context ctx{pool};
-  model::transformer<kernels::host> m(w);
+  model::transformer<kernels::host> m(w, products);
   kv::host_storage kv(w.cfg.layers, m.kv_layout(blocks, block_size), kv_type);
   std::vector<std::vector<float>> out;
   for (const auto& items : passes) m.forward(ctx, kv, items, out.emplace_back());
@@ -563,6 +626,30 @@ TEST_CASE("cuda: the decoder's logits equal the host's (every architecture, weig
           CHECK(logit_error(device[i], host[i]) < logit_bound(type));
         }
       }
+}
+
+// With int8 products the device rounds the activations of every product of up to 8 rows to 8 bits
+// (prefill stays on f16 slices), the host those of every product. Over passes of decode steps alone
+// both multiply the same integers: the logits differ from the exact ones', and agree with the host's
+// int8 logits within the bound of the exact products (a quant that rounds the other way on one side).
+TEST_CASE("cuda: the decoder with int8 products: decode logits equal the host's int8 logits", "[cuda][gpu][model]") {
+  EFIM_NEED_DEVICE();
+  for (const auto type : {dtype::q8_0, dtype::q4_0, dtype::q5_0, dtype::q5_1, dtype::q4_k, dtype::q5_k, dtype::q6_k}) {
+    INFO(to_string(type) << " weights");
+    const auto c = decoder_config(model::architecture::qwen2, type);
+    const auto w = model::random_weights(c, 7, {type, true});
+    rng r(13);
+    passes_spec spec(c, {6, 6}, 16, r);
+    for (std::size_t i = 0; i < 6; ++i) spec.add({{i, i + 1}, {i, i + 1}});  // decode steps of two rows
+    const auto int8 = test_cuda::forward(w, dtype::f32, 64, 16, spec.passes, kernels::products::int8);
+    const auto exact = test_cuda::forward(w, dtype::f32, 64, 16, spec.passes);
+    const auto host = host_forward(w, dtype::f32, 64, 16, spec.passes, kernels::products::int8);
+    for (std::size_t i = 0; i < host.size(); ++i) {
+      INFO("pass " << i);
+      CHECK(int8[i] != exact[i]);  // the integer products ran
+      CHECK(logit_error(int8[i], host[i]) < logit_bound(type));
+    }
+  }
 }
 
 TEST_CASE("cuda: chunked prefill equals one pass, a batch equals each sequence alone", "[cuda][gpu][model]") {

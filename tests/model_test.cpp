@@ -21,6 +21,7 @@
 #include "efim/core/random.hpp"
 #include "efim/core/thread_pool.hpp"
 #include "efim/kernels/cuda/quant_groups.hpp"
+#include "efim/kernels/cuda/quant_int8.hpp"
 #include "efim/kernels/host.hpp"
 #include "efim/kernels/isa.hpp"
 #include "efim/kv/host_storage.hpp"
@@ -304,6 +305,92 @@ TEST_CASE("CUDA quantized groups decode as dequantize_row, and a warp's lanes co
       }
     }
   }
+}
+
+namespace {
+
+// The magnitude of the offset a quantized weight's value carries apart from its quant (q5_1's m, the
+// k-quants' dmin * min of its sub-block; 0 for the others): the int8 products multiply it separately.
+double weight_offset(dtype t, const std::byte* row, std::size_t k) {
+  const auto f16 = [&](std::size_t at) {
+    std::uint16_t h;
+    std::memcpy(&h, row + at, sizeof h);
+    return std::fabs(static_cast<double>(f16_to_f32(h)));
+  };
+  if (t == dtype::q5_1) return f16(k / 32 * 24 + 2);
+  if (t != dtype::q4_k && t != dtype::q5_k) return 0.0;
+  const std::size_t at = k / 256 * (t == dtype::q4_k ? 144 : 176);
+  std::uint8_t scales[12], sc, mn;
+  std::memcpy(scales, row + at + 4, sizeof scales);
+  kquant::scale_min(scales, k % 256 / 32, sc, mn);
+  return f16(at + 2) * mn;
+}
+
+}  // namespace
+
+// The CUDA backend's int8 decode product (kernels/cuda/quant_int8.hpp, host and device code), emulated
+// with the device's split over lanes and order of sums: the activations rounded as the host's int8
+// products round them, the same integers, so the result is the host's int8 product (kernels::matmul,
+// products::int8) within the f32 rounding of both orders of float steps; and a row's result does not
+// depend on how many x rows share the product.
+TEST_CASE("CUDA int8 decode product, emulated: the host's int8 products within f32 rounding", "[kernels][cuda]") {
+  thread_pool pool(2);
+  rng r(33);
+  const dtype kept[] = {dtype::q8_0, dtype::q4_0, dtype::q5_0, dtype::q5_1, dtype::q4_k, dtype::q5_k, dtype::q6_k};
+  for (const dtype t : kept)
+    for (const std::size_t cols : info(t).block == 32 ? std::vector<std::size_t>{96, 1056} : std::vector<std::size_t>{768, 9216})
+      for (const bool raw : {false, true}) {
+        INFO(to_string(t) << " cols " << cols << (raw ? " raw bits" : " quantized floats"));
+        const std::size_t rows = 5, rb = row_bytes(t, cols);
+        typed_weights w = make_weights(r, t, rows, cols);
+        if (raw) random_finite_bits(r, t, w.bytes);
+        const std::size_t m = 8;
+        const auto x = random_vector(r, m * cols);
+        const kernels::quant::x8_host xq = kernels::quant::make_x8(t, x.data(), m, cols);
+        std::vector<float> host(m * rows);
+        kernels::matmul(pool, x.data(), kernels::weight_view{t, rows, cols, w.bytes.data()}, host.data(), m,
+                        kernels::accumulate::no, kernels::products::int8);
+        // Float steps a lane takes (two per chunk at most) and the host (two per block at most).
+        const std::size_t chunk = kernels::quant::x8_span(t) == 256 && t != dtype::q6_k ? 32 : 8;
+        const double steps = 2.0 * (cols / chunk / 32 + 1) + 2.0 * (cols / info(t).block) + 8;
+        std::size_t outside = 0, batch_dependent = 0;
+        for (std::size_t j = 0; j < rows; ++j) {
+          const auto* row = reinterpret_cast<const std::uint8_t*>(w.bytes.data() + j * rb);
+          const auto emulate = [&](const kernels::quant::x8_rows& v, int rows_of_x, float (&out)[8]) {
+            float lanes[8][32] = {};
+            for (int lane = 0; lane < 32; ++lane) {
+              float acc[8] = {};
+              kernels::quant::visit_kept(t, [&](auto type) {
+                kernels::quant::lane_idots<decltype(type)::value, 8>(row, v, rows_of_x, lane, 32, acc);
+              });
+              for (int i = 0; i < rows_of_x; ++i) lanes[i][lane] = acc[i];
+            }
+            for (int i = 0; i < rows_of_x; ++i) out[i] = kernels::quant::warp_sum(lanes[i]);
+          };
+          float got[8];
+          emulate(xq.view(), static_cast<int>(m), got);
+          std::vector<float> dq(cols);
+          dequantize_row(t, w.bytes.data() + j * rb, dq.data(), cols);
+          for (std::size_t i = 0; i < m; ++i) {
+            // Each step's product is at most (|weight| + its offset, twice) times the rounded activation.
+            double magnitude = 0;
+            for (std::size_t k = 0; k < cols; ++k) {
+              const double a = std::fabs(static_cast<double>(xq.d[(i * cols + k) / kernels::quant::x8_span(t)]) *
+                                         xq.q[i * cols + k]);
+              magnitude += (std::fabs(static_cast<double>(dq[k])) + 2 * weight_offset(t, w.bytes.data() + j * rb, k)) * a;
+            }
+            if (!(std::fabs(static_cast<double>(got[i]) - host[i * rows + j]) <= steps * 0x1p-24 * magnitude)) ++outside;
+            // The same row alone: the same bits.
+            const kernels::quant::x8_rows one{xq.q.data() + i * cols, xq.d.data() + i * (cols / kernels::quant::x8_span(t)),
+                                              xq.sums.data() + i * (cols / 16), cols};
+            float alone[8];
+            emulate(one, 1, alone);
+            if (std::memcmp(&alone[0], &got[i], sizeof(float)) != 0) ++batch_dependent;
+          }
+        }
+        CHECK(outside == 0);
+        CHECK(batch_dependent == 0);
+      }
 }
 
 TEST_CASE("typed matmul matches a double-precision triple loop, and accumulates", "[kernels][matmul]") {

@@ -76,9 +76,9 @@ struct pipeline_options {
   // The host backend's compute threads, the driving thread included (0: all cores); a backend whose
   // context takes no thread pool (CUDA) starts none.
   std::size_t threads = 0;
-  // How the host backend's matrix products multiply (kernels::products: int8 rounds activations to 8
-  // bits for quantized weights, as llama.cpp does; efim-server and efim-cli default to it); another
-  // backend takes exact only.
+  // How the matrix products multiply quantized weights (kernels::products: int8 rounds activations to
+  // 8 bits, as llama.cpp does; efim-server and efim-cli default to it): on the host every product, on
+  // the CUDA backend the decode steps' (up to 8 rows). A backend without the option takes exact only.
   kernels::products products = kernels::products::exact;
   // Called with what a stream's on_done threw (or its on_token, once its request had ended already):
   // the request is over, so nothing else can carry it. Called on the thread that ran the callback (the

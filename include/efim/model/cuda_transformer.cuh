@@ -32,10 +32,16 @@ class transformer<kernels::cuda> {
   using storage = kv::device_storage;
   using attention_policy = kernels::device::policy::attention;
 
-  // Uploads the weights (once; `w` may be released afterwards).
-  explicit transformer(const weights& w) : w_(w) { validate(w.cfg); }
+  // Uploads the weights (once; `w` may be released afterwards). `products`: how quantized weights
+  // multiply a decode step's rows (kernels::device::matmul): exactly in f32, or in integers against
+  // the rows rounded to 8 bits as the host's int8 products round them.
+  explicit transformer(const weights& w, kernels::products products = kernels::products::exact)
+      : w_(w), products_(products) {
+    validate(w.cfg);
+  }
 
   [[nodiscard]] const config& cfg() const noexcept { return w_.cfg; }
+  [[nodiscard]] kernels::products products() const noexcept { return products_; }
   [[nodiscard]] const device_weights& uploaded() const noexcept { return w_; }
 
   [[nodiscard]] kv::paged_layout kv_layout(std::size_t blocks, std::size_t block_size) const noexcept {
@@ -140,7 +146,8 @@ class transformer<kernels::cuda> {
   // y (rows, w.rows) = x w^T + bias.
   void linear(const kernels::cuda::context& ctx, const float* x, const kernels::device::matrix& w, const float* bias,
               float* y, std::size_t rows) {
-    kernels::device::matmul(ctx.blas(), x, w, y, rows, convert_.data(), ctx.stream());
+    kernels::device::matmul(ctx.blas(), x, w, y, rows, convert_.data(), ctx.stream(), kernels::accumulate::no,
+                            products_);
     if (bias != nullptr) kernels::device::add_bias(y, bias, rows, w.rows, ctx.stream());
   }
 
@@ -148,7 +155,7 @@ class transformer<kernels::cuda> {
   void residual(const kernels::cuda::context& ctx, const float* h, const kernels::device::matrix& w, const float* bias,
                 std::size_t rows) {
     kernels::device::matmul(ctx.blas(), h, w, x_.data(), rows, convert_.data(), ctx.stream(),
-                            kernels::accumulate::yes);
+                            kernels::accumulate::yes, products_);
     if (bias != nullptr) kernels::device::add_bias(x_.data(), bias, rows, w.rows, ctx.stream());
   }
 
@@ -187,6 +194,7 @@ class transformer<kernels::cuda> {
   }
 
   device_weights w_;
+  kernels::products products_;
   device::buffer<float> x_, xb_, q_, att_, k_, v_, gate_, up_, logits_, d_cos_, d_sin_;
   device::buffer<std::byte> convert_, attention_ws_;
   device::buffer<token_id> d_ids_;

@@ -5,7 +5,8 @@
 // convert the x rows to the weights' type in a caller-owned workspace and accumulate in f32
 // (cublasGemmEx, CUBLAS_COMPUTE_32F); f32 products stay f32 (no TF32: the math mode is the default).
 // Results agree with the host's canonical dot products within the rounding of x to 16 bits (none in
-// the quantized decode product) and of f32 sums in another order, not bit for bit.
+// the quantized decode product; 8 bits with products::int8, the host's int8 products' rounding) and of
+// f32 sums in another order, not bit for bit.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -79,10 +80,12 @@ inline std::size_t matmul_workspace(const matrix& w, std::size_t m) noexcept {
 }
 
 // y (m, w.rows) = [y +] x (m, w.cols) * w^T, on the handle's stream; `workspace` holds at least
-// matmul_workspace(w, m) bytes.
+// matmul_workspace(w, m) bytes. products::int8 changes the quantized decode product (up to
+// policy::quant_matmul::decode_rows x rows) to integers against x rounded to 8 bits
+// (quant_decode_int8); prefill and the other types multiply as with products::exact.
 template <class Policy = policy::convert>
 void matmul(const blas& h, const float* x, const matrix& w, float* y, std::size_t m, void* workspace,
-            cudaStream_t stream, accumulate acc = accumulate::no) {
+            cudaStream_t stream, accumulate acc = accumulate::no, products p = products::exact) {
   if (m == 0 || w.rows == 0) return;
   const bool quantized = quant::kept_quantized(w.type);
   if (w.type != dtype::f32 && w.type != dtype::f16 && w.type != dtype::bf16 && !quantized)
@@ -91,7 +94,10 @@ void matmul(const blas& h, const float* x, const matrix& w, float* y, std::size_
   require(m <= 0x7FFFFFFFu && w.rows <= 0x7FFFFFFFu && w.cols <= 0x7FFFFFFFu, errc::invalid_argument,
           "device::matmul: a dimension above 2^31 - 1");
   if (quantized && m <= policy::quant_matmul::decode_rows) {
-    quant_decode(w.type, w.data, w.rows, w.cols, x, m, y, stream, acc);
+    if (p == products::int8)
+      quant_decode_int8(w.type, w.data, w.rows, w.cols, x, m, y, workspace, stream, acc);
+    else
+      quant_decode(w.type, w.data, w.rows, w.cols, x, m, y, stream, acc);
     return;
   }
   const int n = static_cast<int>(w.rows), k = static_cast<int>(w.cols), rows = static_cast<int>(m);

@@ -7,6 +7,9 @@
 //     __shfl_xor_sync rounds). A result is quant::lane_dots over the 32 lanes summed as quant::warp_sum
 //     sums them: the host tests emulate it, and test_cuda checks the device against that emulation bit
 //     for bit.
+//   with products::int8, the decode product rounds the x rows to 8 bits first (quantize_x8: the
+//     host's int8 rounding, byte for byte) and multiplies them by DP4A (quant::lane_idots,
+//     quant_int8.hpp), the warp adding its lanes' sums as above; the host tests emulate it too.
 //   prefill (more rows): a slice of weight rows at a time dequantized to f16 in the workspace (each
 //     weight as dequantize_row gives it, rounded once to f16: what the f16 upload of these types
 //     gave), then cuBLAS multiplies the x rows (converted to f16 once) by it into y's columns.
@@ -24,6 +27,7 @@
 #include "efim/kernels/common.hpp"
 #include "efim/kernels/cuda/ops.cuh"
 #include "efim/kernels/cuda/quant_groups.hpp"
+#include "efim/kernels/cuda/quant_int8.hpp"
 #include "efim/kernels/cuda/runtime.cuh"
 
 namespace efim::kernels::device {
@@ -62,6 +66,94 @@ __global__ void __launch_bounds__(Policy::warps * 32)
   }
 }
 
+// The int8 decode product: as quant_decode_kernel, each lane's sums from quant::lane_idots.
+template <class Policy, dtype T, int M>
+__global__ void __launch_bounds__(Policy::warps * 32)
+    quant_decode_int8_kernel(const std::uint8_t* w, std::size_t rows, std::size_t row_bytes, quant::x8_rows x,
+                             int m, float* y, bool acc) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const std::size_t r = static_cast<std::size_t>(blockIdx.x) * Policy::warps + threadIdx.x / 32;
+  if (r >= rows) return;  // a whole warp at once
+  float sums[M] = {};
+  quant::lane_idots<T, M>(w + r * row_bytes, x, m, lane, 32, sums);
+#pragma unroll
+  for (int i = 0; i < M; ++i) {
+    if (i >= m) break;
+    float v = sums[i];
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, off);
+    if (lane == 0) {
+      float* out = y + static_cast<std::size_t>(i) * rows + r;
+      *out = acc ? *out + v : v;
+    }
+  }
+}
+
+// x rounded per 32 as kquant::quantize(block_q8_32) rounds it: a warp per block, a lane per value.
+// (Every operation is the host's, one rounding each: the scale through the same f16 conversion.)
+template <class Policy>
+__global__ void __launch_bounds__(Policy::threads)
+    quantize_x8_32_kernel(const float* x, std::size_t blocks, std::int8_t* q, float* d) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const std::size_t warps = static_cast<std::size_t>(gridDim.x) * (Policy::threads / 32);
+  for (std::size_t b = (blockIdx.x * static_cast<std::size_t>(Policy::threads) + threadIdx.x) / 32; b < blocks;
+       b += warps) {
+    const float v = x[32 * b + lane];
+    float amax = v == v ? fabsf(v) : 0.0f;  // NaN left out, as the host's `ax > amax` leaves it
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+    const float id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
+    float t = __fmul_rn(v, id);
+    t = t == t ? fminf(127.0f, fmaxf(-127.0f, t)) : 0.0f;
+    q[32 * b + lane] = static_cast<std::int8_t>(__float2int_rn(t));
+    if (lane == 0) d[b] = f16_to_f32(f32_to_f16(__fdiv_rn(amax, 127.0f)));
+  }
+}
+
+// x rounded per 256 as kquant::quantize(block_q8_k) rounds it (finite x): a warp per super-block,
+// lane l holding values 8 l .. 8 l + 7; the value of largest magnitude is the first of them (the
+// lowest index on a tie), as the host's scan finds it. sums: each 16 quants' sum.
+template <class Policy>
+__global__ void __launch_bounds__(Policy::threads)
+    quantize_x8_256_kernel(const float* x, std::size_t blocks, std::int8_t* q, float* d, std::int32_t* sums) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const std::size_t warps = static_cast<std::size_t>(gridDim.x) * (Policy::threads / 32);
+  for (std::size_t b = (blockIdx.x * static_cast<std::size_t>(Policy::threads) + threadIdx.x) / 32; b < blocks;
+       b += warps) {
+    const float4* src = reinterpret_cast<const float4*>(x + 256 * b + 8 * lane);
+    const float4 lo = src[0], hi = src[1];
+    const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    float amax = 0.0f, max = 0.0f;
+    int at = 8 * lane;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      if (fabsf(v[j]) > amax) amax = fabsf(v[j]), max = v[j], at = 8 * lane + j;
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) {
+      const float a = __shfl_xor_sync(0xFFFFFFFFu, amax, off), mx = __shfl_xor_sync(0xFFFFFFFFu, max, off);
+      const int i = __shfl_xor_sync(0xFFFFFFFFu, at, off);
+      if (a > amax || (a == amax && i < at)) amax = a, max = mx, at = i;
+    }
+    std::uint32_t packed[2] = {0, 0};
+    int sum = 0;
+    if (amax != 0.0f) {
+      const float iscale = __fdiv_rn(-127.0f, max);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int n = min(127, __float2int_rn(__fmul_rn(iscale, v[j])));
+        sum += n;
+        packed[j / 4] |= (static_cast<std::uint32_t>(n) & 0xFFu) << (8 * (j % 4));
+      }
+      if (lane == 0) d[b] = __frcp_rn(iscale);
+    } else if (lane == 0) {
+      d[b] = 0.0f;
+    }
+    *reinterpret_cast<uint2*>(q + 256 * b + 8 * lane) = make_uint2(packed[0], packed[1]);
+    sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 1);
+    if (lane % 2 == 0) sums[16 * b + lane / 2] = sum;
+  }
+}
+
 // Rows first .. first + count of w as f16, row-major (count, cols), into out: one thread per group.
 template <class Policy, dtype T>
 __global__ void __launch_bounds__(Policy::threads)
@@ -91,11 +183,12 @@ std::size_t quant_slice_rows(std::size_t rows, std::size_t cols) noexcept {
   return fit >= rows ? rows : std::max<std::size_t>(256, fit / 256 * 256);
 }
 
-// Workspace bytes a product of m x rows with quantized weights (rows, cols) needs: none for decode;
-// for prefill, the x rows in f16 and one slice of f16 weights.
+// Workspace bytes a product of m x rows with quantized weights (rows, cols) needs: for decode, the x
+// rows rounded to 8 bits (used by the int8 products only); for prefill, the x rows in f16 and one
+// slice of f16 weights.
 template <class Policy = policy::quant_matmul>
 std::size_t quant_matmul_workspace(std::size_t rows, std::size_t cols, std::size_t m) noexcept {
-  if (m <= Policy::decode_rows) return 0;
+  if (m <= Policy::decode_rows) return quant::x8_bytes(m, cols);
   return m * cols * 2 + quant_slice_rows<Policy>(rows, cols) * cols * 2;
 }
 
@@ -125,6 +218,57 @@ void quant_decode(dtype type, const void* w, std::size_t rows, std::size_t cols,
       detail::quant_decode_kernel<Policy, T, 8><<<blocks, Policy::warps * 32, 0, stream>>>(wb, rows, rb, cols, x, xm, y, add);
   });
   check(cudaGetLastError(), "quant_decode launch");
+}
+
+// x (m, cols) rounded to 8 bits for weights of type t (quant::x8_span(t) values a scale), into the
+// planar arrays of `workspace` (quant::x8_bytes(m, cols) bytes, 16-byte aligned); the view of them.
+template <class Policy = policy::quant_matmul>
+quant::x8_rows quantize_x8(dtype t, const float* x, std::size_t m, std::size_t cols, void* workspace,
+                           cudaStream_t stream) {
+  require(cols % 32 == 0 && cols % quant::x8_span(t) == 0, errc::invalid_argument,
+          "device::quantize_x8: a row must be whole blocks of the weights' activation scale");
+  auto* const base = static_cast<std::byte*>(workspace);
+  auto* const q = reinterpret_cast<std::int8_t*>(base);
+  auto* const d = reinterpret_cast<float*>(base + quant::x8_scales_at(m, cols));
+  auto* const sums = reinterpret_cast<std::int32_t*>(base + quant::x8_sums_at(m, cols));
+  const std::size_t span = quant::x8_span(t), blocks = m * cols / span;
+  const unsigned grid = detail::grid_for<Policy>(blocks * 32);
+  if (span == 256)
+    detail::quantize_x8_256_kernel<Policy><<<grid, Policy::threads, 0, stream>>>(x, blocks, q, d, sums);
+  else
+    detail::quantize_x8_32_kernel<Policy><<<grid, Policy::threads, 0, stream>>>(x, blocks, q, d);
+  check(cudaGetLastError(), "quantize_x8 launch");
+  return {q, d, sums, cols};
+}
+
+// The int8 decode product: y (m, rows) = [y +] x (m, cols) * w^T with x rounded to 8 bits
+// (quantize_x8, into `workspace`: quant::x8_bytes(m, cols) bytes) and multiplied in integers, for m
+// <= Policy::decode_rows.
+template <class Policy = policy::quant_matmul>
+void quant_decode_int8(dtype type, const void* w, std::size_t rows, std::size_t cols, const float* x, std::size_t m,
+                       float* y, void* workspace, cudaStream_t stream, accumulate acc = accumulate::no) {
+  static_assert(Policy::decode_rows <= 8, "the decode kernel is instantiated for up to 8 x rows");
+  require(m >= 1 && m <= Policy::decode_rows, errc::invalid_argument, "device::quant_decode_int8: 1 to 8 x rows");
+  require(rows <= 0xFFFFFFFFull * Policy::warps, errc::invalid_argument,
+          "device::quant_decode_int8: too many rows for the grid");
+  const quant::x8_rows xq = quantize_x8<Policy>(type, x, m, cols, workspace, stream);
+  const std::size_t rb = row_bytes(type, cols);
+  const auto* wb = static_cast<const std::uint8_t*>(w);
+  const unsigned blocks = static_cast<unsigned>((rows + Policy::warps - 1) / Policy::warps);
+  const int xm = static_cast<int>(m);
+  const bool add = acc == accumulate::yes;
+  quant::visit_kept(type, [&](auto t) {
+    constexpr dtype T = decltype(t)::value;
+    if (m == 1)
+      detail::quant_decode_int8_kernel<Policy, T, 1><<<blocks, Policy::warps * 32, 0, stream>>>(wb, rows, rb, xq, xm, y, add);
+    else if (m == 2)
+      detail::quant_decode_int8_kernel<Policy, T, 2><<<blocks, Policy::warps * 32, 0, stream>>>(wb, rows, rb, xq, xm, y, add);
+    else if (m <= 4)
+      detail::quant_decode_int8_kernel<Policy, T, 4><<<blocks, Policy::warps * 32, 0, stream>>>(wb, rows, rb, xq, xm, y, add);
+    else
+      detail::quant_decode_int8_kernel<Policy, T, 8><<<blocks, Policy::warps * 32, 0, stream>>>(wb, rows, rb, xq, xm, y, add);
+  });
+  check(cudaGetLastError(), "quant_decode_int8 launch");
 }
 
 // Rows first .. first + count of quantized w as f16 (count, cols) into out (16-byte aligned).
