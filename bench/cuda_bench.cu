@@ -41,6 +41,9 @@ const char* const usage = R"(usage: efim-cuda-bench [options]
   --products P        exact, int8 or both (default): how quantized weights multiply a decode step
                       (kernels::products); both times each in turn on the same file and prints the
                       decode ratio int8 / exact (models with no quantized matrix run exact only)
+  --graphs G          on, off or both (default): decode steps run as CUDA graphs (captured once per
+                      step shape, replayed after) or launched kernel by kernel; both times each and
+                      prints the decode ratio graphs / launches
 )";
 
 [[noreturn]] void fail(const std::string& why) {
@@ -212,6 +215,7 @@ struct options {
   dtype kv = dtype::f16;
   std::size_t context = 1024, batch = 1, prefill = 512, steps = 64;
   std::vector<kernels::products> products{kernels::products::exact, kernels::products::int8};
+  std::vector<bool> graphs{true, false};
 };
 
 bool any_quantized(const model::weights& w) {
@@ -225,10 +229,11 @@ bool any_quantized(const model::weights& w) {
 // One model's row with one kind of products: `name` and `type` label it, `w` are its host weights
 // (made in memory or a file's). Returns the decode step's milliseconds.
 double run(const options& o, const std::string& name, const std::string& type, const model::weights& w,
-           double copy_bps, kernels::products p) {
+           double copy_bps, kernels::products p, bool graphs) {
   const auto& c = w.cfg;
   kernels::cuda::context ctx;
   model::transformer<kernels::cuda> m(w, p);
+  m.set_graphs(graphs);
   if (m.uploaded().bytes() != model::device_weight_bytes(w))
     fail("device weights take " + std::to_string(m.uploaded().bytes()) + " bytes, not the planned " +
          std::to_string(model::device_weight_bytes(w)));
@@ -309,9 +314,10 @@ double run(const options& o, const std::string& name, const std::string& type, c
                           static_cast<double>(c.kv_dim()) * (static_cast<double>(o.context) + o.steps / 2.0) * kv_elem;
   const double read = static_cast<double>(dw.bytes()) + kv_bytes;
   const double bps = read / (step_ms / 1e3);
-  std::printf("%-5s %-6s %-5s KV %-3s | weights %.2f GB | decode batch %zu at %zu: %.3f ms/step, %.1f tok/s, %.0f GB/s "
+  std::printf("%-5s %-6s %-5s %-8s KV %-3s | weights %.2f GB | decode batch %zu at %zu: %.3f ms/step, %.1f tok/s, %.0f GB/s "
               "= %.1f%% of copy | prefill %zu: %.1f ms, %.0f tok/s; products alone %.1f ms (%.1f%% of prefill)\n",
               name.c_str(), type.c_str(), p == kernels::products::int8 ? "int8" : "exact",
+              graphs ? "graphs" : "launches",
               std::string(to_string(o.kv)).c_str(),
               static_cast<double>(dw.bytes()) / 1e9, o.batch, o.context, step_ms,
               static_cast<double>(o.batch) * 1e3 / step_ms, bps / 1e9, 100.0 * bps / copy_bps, o.prefill, prefill_ms,
@@ -320,17 +326,23 @@ double run(const options& o, const std::string& name, const std::string& type, c
   return step_ms;
 }
 
-// A model's rows for each kind of products asked for (exact alone where no matrix is quantized),
-// then the decode ratio int8 / exact where both ran.
+// A model's rows for each kind of products asked for (exact alone where no matrix is quantized) and
+// each way of launching a step, then the decode ratios (tokens/s) where both of a pair ran.
 void run_all(const options& o, const std::string& name, const std::string& type, const model::weights& w,
              double copy_bps) {
-  double exact = 0, int8 = 0;
+  double ms[2][2] = {};  // [int8][graphs]
   for (const kernels::products p : o.products) {
     if (p == kernels::products::int8 && !any_quantized(w)) continue;
-    (p == kernels::products::int8 ? int8 : exact) = run(o, name, type, w, copy_bps, p);
+    for (const bool g : o.graphs) ms[p == kernels::products::int8][g] = run(o, name, type, w, copy_bps, p, g);
   }
-  if (exact > 0 && int8 > 0)
-    std::printf("%-5s %-6s decode int8 / exact: %.2fx tokens/s\n", name.c_str(), type.c_str(), exact / int8);
+  for (const int i : {0, 1})
+    if (ms[i][0] > 0 && ms[i][1] > 0)
+      std::printf("%-5s %-6s %-5s decode graphs / launches: %.2fx tokens/s\n", name.c_str(), type.c_str(),
+                  i == 1 ? "int8" : "exact", ms[i][0] / ms[i][1]);
+  for (const int g : {1, 0})
+    if (ms[0][g] > 0 && ms[1][g] > 0)
+      std::printf("%-5s %-6s %-8s decode int8 / exact: %.2fx tokens/s\n", name.c_str(), type.c_str(),
+                  g == 1 ? "graphs" : "launches", ms[0][g] / ms[1][g]);
 }
 
 }  // namespace
@@ -368,6 +380,10 @@ int main(int argc, char** argv) try {
         o.products = {kernels::products::exact, kernels::products::int8};
       else
         o.products = {kernels::parse_products(v)};
+    } else if (flag == "--graphs") {
+      const std::string_view g = v;
+      if (g != "on" && g != "off" && g != "both") fail("--graphs is on, off or both, not '" + std::string(g) + "'");
+      o.graphs = g == "both" ? std::vector<bool>{true, false} : std::vector<bool>{g == "on"};
     } else {
       fail("unknown option " + std::string(flag) + " (see --help)");
     }

@@ -227,12 +227,14 @@ std::vector<token_id> sample(const std::vector<float>& logits, std::size_t rows,
 std::vector<std::vector<float>> forward(const model::weights& w, dtype kv_type, std::size_t blocks,
                                         std::size_t block_size,
                                         const std::vector<std::vector<model::batch_item>>& passes,
-                                        kernels::products products) {
+                                        kernels::products products, bool graphs, graph_stats* stats) {
   kernels::cuda::context ctx;
   model::transformer<kernels::cuda> m(w, products);
+  m.set_graphs(graphs);
   kv::device_storage kv(w.cfg.layers, m.kv_layout(blocks, block_size), kv_type);
   std::vector<std::vector<float>> out;
   for (const auto& items : passes) m.forward(ctx, kv, items, out.emplace_back());
+  if (stats != nullptr) *stats = {m.graph_captures(), m.graph_replays()};
   return out;
 }
 

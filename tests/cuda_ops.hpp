@@ -58,10 +58,16 @@ std::vector<token_id> sample(const std::vector<float>& logits, std::size_t rows,
 
 // Forward passes of transformer<kernels::cuda> over one device KV storage of `blocks` blocks of
 // `block_size` tokens, in order: the logits of each pass.
+// Decode steps run as CUDA graphs unless `graphs` is false; `stats` (if given) receives how many steps
+// were captured and how many replayed.
+struct graph_stats {
+  std::size_t captures = 0, replays = 0;
+};
 std::vector<std::vector<float>> forward(const model::weights& w, dtype kv_type, std::size_t blocks,
                                         std::size_t block_size,
                                         const std::vector<std::vector<model::batch_item>>& passes,
-                                        kernels::products products = kernels::products::exact);
+                                        kernels::products products = kernels::products::exact, bool graphs = true,
+                                        graph_stats* stats = nullptr);
 
 // engine::pipeline<efim, xxh3_128_chain, lru, at_boundaries, kernels::cuda> with the byte tokenizer
 // and Qwen2.5-Coder's FIM tokens: each request submitted and run to completion in turn.

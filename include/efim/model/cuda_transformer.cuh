@@ -7,11 +7,17 @@
 // back to host memory, where the pipeline samples them, and the call returns once they are there.
 //
 // Scratch lives in device buffers that grow to the largest batch seen and are then reused: after the
-// first step of a size, a step allocates nothing.
+// first step of a size, a step allocates nothing. A decode step (up to graph_rows tokens) runs as a
+// CUDA graph once its shape has been seen: the host still plans and uploads, then one launch replays
+// the step's ~10 kernels a layer, which read everything that changes (ids, angles, tables, slots,
+// tiles) from those buffers.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <vector>
 
@@ -19,6 +25,7 @@
 #include "efim/core/dtype.hpp"
 #include "efim/kernels/attention_plan.hpp"
 #include "efim/kernels/cuda/backend.cuh"
+#include "efim/kernels/cuda/graph.cuh"
 #include "efim/kernels/rope_table.hpp"
 #include "efim/model/batch.hpp"
 #include "efim/model/device_weights.cuh"
@@ -42,6 +49,17 @@ class transformer<kernels::cuda> {
 
   [[nodiscard]] const config& cfg() const noexcept { return w_.cfg; }
   [[nodiscard]] kernels::products products() const noexcept { return products_; }
+
+  // Steps of up to graph_rows tokens (decode steps) run as CUDA graphs, one per step shape
+  // (kernels::device::graph_cache: the tokens, the attention plan's tiles and split, the KV storage,
+  // the rows that want logits), captured the first time a shape is seen and replayed after; the same
+  // kernels with the same arguments, so the same bits as launching them one by one (set_graphs(false)).
+  static constexpr std::size_t graph_rows = 8;
+  void set_graphs(bool on) noexcept { use_graphs_ = on; }
+  [[nodiscard]] bool graphs() const noexcept { return use_graphs_; }
+  // How many steps were captured, and replayed, so far.
+  [[nodiscard]] std::size_t graph_captures() const noexcept { return graphs_.captures(); }
+  [[nodiscard]] std::size_t graph_replays() const noexcept { return graphs_.replays(); }
   [[nodiscard]] const device_weights& uploaded() const noexcept { return w_; }
 
   [[nodiscard]] kv::paged_layout kv_layout(std::size_t blocks, std::size_t block_size) const noexcept {
@@ -87,49 +105,70 @@ class transformer<kernels::cuda> {
     put(d_slots_, step_.slots, s);
     put(d_tiles_, step_.tiles, s);
 
-    kernels::device::embedding(w_.token_embd.type, w_.token_embd.data, c.hidden, d_ids_.data(), n, x_.data(), s);
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    for (std::size_t l = 0; l < c.layers; ++l) {
-      const device_layer_weights& lw = w_.layers[l];
-      norm(x_.data(), lw.attn_norm, lw.attn_norm_b, xb_.data(), n, s);
-      linear(ctx, xb_.data(), lw.wq, lw.bq, q_.data(), n);
-      linear(ctx, xb_.data(), lw.wk, lw.bk, k_.data(), n);
-      linear(ctx, xb_.data(), lw.wv, lw.bv, v_.data(), n);
-      kernels::device::rope(q_.data(), n, c.heads, hd, d_cos_.data(), d_sin_.data(), c.rope, s);
-      kernels::device::rope(k_.data(), n, c.kv_heads, hd, d_cos_.data(), d_sin_.data(), c.rope, s);
-      if (kv.type() == dtype::f16)
-        attend<half>(kv, l, scale, s);
-      else
-        attend<float>(kv, l, scale, s);
-      residual(ctx, att_.data(), lw.wo, lw.bo, n);
+    // The step's device work. A step of up to graph_rows tokens (decode) runs as a CUDA graph: captured
+    // the first time its shape is seen, replayed after (one launch instead of ~10 per layer).
+    const auto work = [&] {
+      kernels::device::embedding(w_.token_embd.type, w_.token_embd.data, c.hidden, d_ids_.data(), n, x_.data(), s);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+      for (std::size_t l = 0; l < c.layers; ++l) {
+        const device_layer_weights& lw = w_.layers[l];
+        norm(x_.data(), lw.attn_norm, lw.attn_norm_b, xb_.data(), n, s);
+        linear(ctx, xb_.data(), lw.wq, lw.bq, q_.data(), n);
+        linear(ctx, xb_.data(), lw.wk, lw.bk, k_.data(), n);
+        linear(ctx, xb_.data(), lw.wv, lw.bv, v_.data(), n);
+        kernels::device::rope(q_.data(), n, c.heads, hd, d_cos_.data(), d_sin_.data(), c.rope, s);
+        kernels::device::rope(k_.data(), n, c.kv_heads, hd, d_cos_.data(), d_sin_.data(), c.rope, s);
+        if (kv.type() == dtype::f16)
+          attend<half>(kv, l, scale, s);
+        else
+          attend<float>(kv, l, scale, s);
+        residual(ctx, att_.data(), lw.wo, lw.bo, n);
 
-      norm(x_.data(), lw.ffn_norm, lw.ffn_norm_b, xb_.data(), n, s);
-      if (c.mlp == mlp_kind::swiglu) {
-        linear(ctx, xb_.data(), lw.w_gate, nullptr, gate_.data(), n);
-        linear(ctx, xb_.data(), lw.w_up, lw.b_up, up_.data(), n);
-        kernels::device::swiglu(gate_.data(), up_.data(), gate_.data(), n * c.ffn, s);
-      } else {
-        linear(ctx, xb_.data(), lw.w_up, lw.b_up, gate_.data(), n);
-        kernels::device::gelu(gate_.data(), gate_.data(), n * c.ffn, s);
+        norm(x_.data(), lw.ffn_norm, lw.ffn_norm_b, xb_.data(), n, s);
+        if (c.mlp == mlp_kind::swiglu) {
+          linear(ctx, xb_.data(), lw.w_gate, nullptr, gate_.data(), n);
+          linear(ctx, xb_.data(), lw.w_up, lw.b_up, up_.data(), n);
+          kernels::device::swiglu(gate_.data(), up_.data(), gate_.data(), n * c.ffn, s);
+        } else {
+          linear(ctx, xb_.data(), lw.w_up, lw.b_up, gate_.data(), n);
+          kernels::device::gelu(gate_.data(), gate_.data(), n * c.ffn, s);
+        }
+        residual(ctx, gate_.data(), lw.w_down, lw.b_down, n);
       }
-      residual(ctx, gate_.data(), lw.w_down, lw.b_down, n);
-    }
 
-    // The last row of each item that wants logits, normed, through the output matrix, to the host.
-    std::size_t row = 0, out_row = 0;
+      // The last row of each item that wants logits, normed, through the output matrix.
+      for (std::size_t i = 0; i < logit_rows_.size(); ++i)
+        device::check(cudaMemcpyAsync(xb_.data() + i * c.hidden, x_.data() + logit_rows_[i] * c.hidden,
+                                      c.hidden * sizeof(float), cudaMemcpyDeviceToDevice, s),
+                      "cudaMemcpyAsync");
+      if (n_logits > 0) {
+        norm(xb_.data(), w_.output_norm, w_.output_norm_b, xb_.data(), n_logits, s);
+        linear(ctx, xb_.data(), w_.output, w_.output_b, logits_.data(), n_logits);
+      }
+    };
+    logit_rows_.clear();
+    std::size_t row = 0;
     for (const auto& it : items) {
       row += it.tokens.size();
-      if (!it.want_logits || it.tokens.empty()) continue;
-      device::check(cudaMemcpyAsync(xb_.data() + out_row * c.hidden, x_.data() + (row - 1) * c.hidden,
-                                    c.hidden * sizeof(float), cudaMemcpyDeviceToDevice, s),
-                    "cudaMemcpyAsync");
-      ++out_row;
+      if (it.want_logits && !it.tokens.empty()) logit_rows_.push_back(static_cast<std::uint32_t>(row - 1));
     }
-    if (n_logits > 0) {
-      norm(xb_.data(), w_.output_norm, w_.output_norm_b, xb_.data(), n_logits, s);
-      linear(ctx, xb_.data(), w_.output, w_.output_b, logits_.data(), n_logits);
-      logits_.download(logits.data(), n_logits * c.vocab, s);
+    if (use_graphs_ && n <= graph_rows) {
+      step_key key;
+      key.tokens = n;
+      key.tiles = step_.tiles.size();
+      key.splits = split_.splits;
+      key.pages = split_.pages;
+      key.generation = generation_;
+      key.kv = kv.type() == dtype::f16 ? static_cast<const void*>(kv.keys<half>(0)) : kv.keys<float>(0);
+      key.kv_blocks = kv.layout().blocks;
+      key.block_size = kv.layout().block_size;
+      key.logits = logit_rows_.size();
+      std::copy(logit_rows_.begin(), logit_rows_.end(), key.logit_rows.begin());
+      graphs_.run(key, s, work);
+    } else {
+      work();
     }
+    if (n_logits > 0) logits_.download(logits.data(), n_logits * c.vocab, s);
     ctx.synchronize();
   }
 
@@ -183,18 +222,34 @@ class transformer<kernels::cuda> {
     grow(convert_, w_.workspace(n));
     grow(attention_ws_, kernels::device::attention_workspace_bytes(step_.tiles.size(), split_, c.head_dim()));
   }
+  // A buffer reallocated moves: the graphs captured before hold its old address (generation_ keys them).
   template <class T>
-  static void grow(device::buffer<T>& b, std::size_t count) {
-    if (b.size() < count) b = device::buffer<T>(count + count / 4);
+  void grow(device::buffer<T>& b, std::size_t count) {
+    if (b.size() >= count) return;
+    b = device::buffer<T>(count + count / 4);
+    ++generation_;
   }
   template <class T>
-  static void put(device::buffer<T>& b, const std::vector<T>& v, cudaStream_t s) {
+  void put(device::buffer<T>& b, const std::vector<T>& v, cudaStream_t s) {
     grow(b, v.size());
     if (!v.empty()) b.upload(v.data(), v.size(), s);
   }
 
+  // What a step run as a graph depends on besides device memory's contents.
+  struct step_key {
+    std::size_t tokens = 0, tiles = 0, splits = 0, pages = 0, generation = 0;
+    const void* kv = nullptr;
+    std::size_t kv_blocks = 0, block_size = 0, logits = 0;
+    std::array<std::uint32_t, graph_rows> logit_rows{};
+    bool operator==(const step_key&) const = default;
+  };
+
   device_weights w_;
   kernels::products products_;
+  bool use_graphs_ = true;
+  std::size_t generation_ = 0;
+  kernels::device::graph_cache<step_key> graphs_;
+  std::vector<std::uint32_t> logit_rows_;
   device::buffer<float> x_, xb_, q_, att_, k_, v_, gate_, up_, logits_, d_cos_, d_sin_;
   device::buffer<std::byte> convert_, attention_ws_;
   device::buffer<token_id> d_ids_;

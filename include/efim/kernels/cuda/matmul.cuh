@@ -29,12 +29,16 @@ inline void check_blas(cublasStatus_t status, const char* what) {
     throw error(errc::unavailable, std::string("cuBLAS: ") + what + ": " + cublasGetStatusString(status));
 }
 
-// A cuBLAS handle whose work is ordered on one stream.
+// A cuBLAS handle whose work is ordered on one stream, with a workspace of its own (set after the
+// stream, which resets it): cuBLAS then allocates nothing while a CUDA graph captures its calls.
 class blas {
  public:
-  explicit blas(cudaStream_t stream) {
+  static constexpr std::size_t workspace_bytes = 32u << 20;  // what cuBLAS asks for on Hopper
+
+  explicit blas(cudaStream_t stream) : workspace_(workspace_bytes) {
     check_blas(cublasCreate(&handle_), "cublasCreate");
     check_blas(cublasSetStream(handle_, stream), "cublasSetStream");
+    check_blas(cublasSetWorkspace(handle_, workspace_.data(), workspace_bytes), "cublasSetWorkspace");
     check_blas(cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
   }
   blas(const blas&) = delete;
@@ -43,6 +47,7 @@ class blas {
   [[nodiscard]] cublasHandle_t get() const noexcept { return handle_; }
 
  private:
+  buffer<std::byte> workspace_;
   cublasHandle_t handle_ = nullptr;
 };
 
