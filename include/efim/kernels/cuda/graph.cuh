@@ -25,6 +25,18 @@ class graph_cache {
   explicit graph_cache(std::size_t capacity = 8) : capacity_(capacity < 1 ? 1 : capacity) {}
   graph_cache(const graph_cache&) = delete;
   graph_cache& operator=(const graph_cache&) = delete;
+  graph_cache(graph_cache&& o) noexcept
+      : capacity_(o.capacity_), slots_(std::exchange(o.slots_, {})), clock_(o.clock_), captures_(o.captures_),
+        replays_(o.replays_), updates_(o.updates_) {}
+  graph_cache& operator=(graph_cache&& o) noexcept {
+    if (this != &o) {
+      clear();
+      capacity_ = o.capacity_;
+      slots_ = std::exchange(o.slots_, {});
+      clock_ = o.clock_, captures_ = o.captures_, replays_ = o.replays_, updates_ = o.updates_;
+    }
+    return *this;
+  }
   ~graph_cache() { clear(); }
 
   // Enqueues work's operations on `stream`: a replay of the graph captured for `key`, or a capture now
