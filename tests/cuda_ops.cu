@@ -170,16 +170,18 @@ static_assert(kd::plan_attention_split(1, 0, 16, 264).splits == 1);
 
 std::vector<float> matmul(dtype type, const std::vector<std::byte>& w, std::size_t rows, std::size_t cols,
                           const std::vector<float>& x, std::size_t m, std::vector<float> y, bool accumulate,
-                          kernels::products products) {
+                          kernels::products products, const std::vector<float>& bias) {
   stream st;
   kernels::device::blas blas(st.s);
   auto dw = upload(w, st.s);
   auto dx = upload(x, st.s);
   auto dy = upload(y, st.s);
+  auto db = upload(bias, st.s);
   const kernels::device::matrix mat{type, rows, cols, dw.data()};
   buffer<std::byte> workspace(kernels::device::matmul_workspace(mat, m));
   kernels::device::matmul(blas, dx.data(), mat, dy.data(), m, workspace.data(), st.s,
-                          accumulate ? kernels::accumulate::yes : kernels::accumulate::no, products);
+                          accumulate ? kernels::accumulate::yes : kernels::accumulate::no, products,
+                          bias.empty() ? nullptr : db.data());
   return download(dy, y.size(), st.s);
 }
 
@@ -234,8 +236,34 @@ std::vector<std::vector<float>> forward(const model::weights& w, dtype kv_type, 
   kv::device_storage kv(w.cfg.layers, m.kv_layout(blocks, block_size), kv_type);
   std::vector<std::vector<float>> out;
   for (const auto& items : passes) m.forward(ctx, kv, items, out.emplace_back());
-  if (stats != nullptr) *stats = {m.graph_captures(), m.graph_replays()};
+  if (stats != nullptr) *stats = {m.graph_direct(), m.graph_captures(), m.graph_replays(), 0};
   return out;
+}
+
+void graph_cache_steps(std::size_t capacity, const std::vector<std::size_t>& sizes,
+                       std::vector<std::vector<float>>& graphed, std::vector<std::vector<float>>& eager,
+                       graph_stats& stats) {
+  stream st;
+  const std::size_t most = *std::max_element(sizes.begin(), sizes.end());
+  std::vector<float> x(most), b(most);
+  for (std::size_t i = 0; i < most; ++i) x[i] = 0.01f * static_cast<float>(i % 97) - 0.4f, b[i] = 0.003f * static_cast<float>(i % 13);
+  auto dx = upload(x, st.s), db = upload(b, st.s);
+  buffer<float> dy(most);
+  kernels::device::graph_cache<std::size_t> cache(capacity);
+  for (const bool graphs : {true, false})
+    for (const std::size_t n : sizes) {
+      dy.upload(x.data(), n, st.s);
+      const auto work = [&] {
+        kernels::device::add_bias(dy.data(), db.data(), 1, n, st.s);
+        kernels::device::swiglu(dy.data(), dx.data(), dy.data(), n, st.s);
+      };
+      if (graphs)
+        cache.run(n, st.s, work);
+      else
+        work();
+      (graphs ? graphed : eager).push_back(download(dy, n, st.s));
+    }
+  stats = {cache.direct(), cache.captures(), cache.replays(), cache.updates()};
 }
 
 std::vector<engine::completion> complete_each(const model::weights& w, const engine::pipeline_options& options,

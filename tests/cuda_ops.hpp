@@ -44,11 +44,12 @@ std::vector<float> paged_attention(const kv::paged_layout& l, const std::vector<
                                    const std::vector<E>& v_cache, const std::vector<float>& q,
                                    const std::vector<kernels::token_slot>& tokens, std::size_t heads, float scale,
                                    std::size_t target_blocks, std::size_t& splits);
-// y (m, rows) = [y +] x (m, cols) w^T (kernels::device::matmul), w a (rows, cols) matrix of any type
-// the device multiplies.
+// y (m, rows) = [y +] x (m, cols) w^T [+ bias] (kernels::device::matmul), w a (rows, cols) matrix of any
+// type the device multiplies; an empty bias adds none.
 std::vector<float> matmul(dtype type, const std::vector<std::byte>& w, std::size_t rows, std::size_t cols,
                           const std::vector<float>& x, std::size_t m, std::vector<float> y, bool accumulate,
-                          kernels::products products = kernels::products::exact);
+                          kernels::products products = kernels::products::exact,
+                          const std::vector<float>& bias = {});
 // x (m, cols) rounded to 8 bits on the device for weights of type t (kernels::device::quantize_x8),
 // downloaded into the arrays quant::make_x8 fills on the host (the sums for the k-quants only).
 kernels::quant::x8_host quantize_x8(dtype t, const std::vector<float>& x, std::size_t m, std::size_t cols);
@@ -61,13 +62,20 @@ std::vector<token_id> sample(const std::vector<float>& logits, std::size_t rows,
 // Decode steps run as CUDA graphs unless `graphs` is false; `stats` (if given) receives how many steps
 // were captured and how many replayed.
 struct graph_stats {
-  std::size_t captures = 0, replays = 0;
+  std::size_t direct = 0, captures = 0, replays = 0, updates = 0;
 };
 std::vector<std::vector<float>> forward(const model::weights& w, dtype kv_type, std::size_t blocks,
                                         std::size_t block_size,
                                         const std::vector<std::vector<model::batch_item>>& passes,
                                         kernels::products products = kernels::products::exact, bool graphs = true,
                                         graph_stats* stats = nullptr);
+
+// kernels::device::graph_cache of `capacity` graphs over steps of `sizes[i]` elements in turn (a
+// bias added to y, then SwiGLU of y and x, on buffers sized for the largest), each step's key its
+// size; `graphed` gets each step's y through the cache, `eager` the same ops launched directly.
+void graph_cache_steps(std::size_t capacity, const std::vector<std::size_t>& sizes,
+                       std::vector<std::vector<float>>& graphed, std::vector<std::vector<float>>& eager,
+                       graph_stats& stats);
 
 // engine::pipeline<efim, xxh3_128_chain, lru, at_boundaries, kernels::cuda> with the byte tokenizer
 // and Qwen2.5-Coder's FIM tokens: each request submitted and run to completion in turn.

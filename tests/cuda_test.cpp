@@ -495,7 +495,7 @@ TEST_CASE("cuda: activations rounded to 8 bits on the device are the host's byte
 
 // The int8 decode product (products::int8, up to 8 x rows) is the lanes' sums of quant::lane_idots
 // added as a warp adds them, which the host emulates bit for bit (and test_model bounds against the
-// host's int8 products).
+// host's int8 products); a bias is added after, as add_bias adds it.
 TEST_CASE("cuda: the int8 decode product equals its host emulation bit for bit", "[cuda][gpu]") {
   EFIM_NEED_DEVICE();
   for (const dtype type : {dtype::q8_0, dtype::q4_0, dtype::q5_0, dtype::q5_1, dtype::q4_k, dtype::q5_k, dtype::q6_k})
@@ -510,7 +510,8 @@ TEST_CASE("cuda: the int8 decode product equals its host emulation bit for bit",
         for (std::size_t i = 0; i < rows; ++i) quantize_row(type, values.data() + i * cols, w.data() + i * rb, cols);
         const auto x = random_floats(r, m * cols, 2.0f);
         const auto y0 = random_floats(r, m * rows);
-        const auto device = test_cuda::matmul(type, w, rows, cols, x, m, y0, acc, kernels::products::int8);
+        const auto bias = acc ? random_floats(r, rows) : std::vector<float>{};  // added as add_bias adds it
+        const auto device = test_cuda::matmul(type, w, rows, cols, x, m, y0, acc, kernels::products::int8, bias);
         const auto xq = kernels::quant::make_x8(type, x.data(), m, cols);
         std::size_t differ = 0;
         for (std::size_t j = 0; j < rows; ++j) {
@@ -525,7 +526,8 @@ TEST_CASE("cuda: the int8 decode product equals its host emulation bit for bit",
           }
           for (std::size_t i = 0; i < m; ++i) {
             const float v = kernels::quant::warp_sum(lanes[i]);
-            const float want = acc ? y0[i * rows + j] + v : v;
+            float want = acc ? y0[i * rows + j] + v : v;
+            if (!bias.empty()) want += bias[j];
             if (std::memcmp(&want, &device[i * rows + j], sizeof want) != 0) ++differ;
           }
         }
@@ -680,9 +682,32 @@ TEST_CASE("cuda: decode steps replayed as CUDA graphs give the bits of eager lau
               std::memcmp(graphed[i].data(), eager[i].data(), eager[i].size() * sizeof(float)) != 0)
             ++differ;
         CHECK(differ == 0);
-        CHECK(stats.captures + stats.replays == 60);  // every decode step, none of the prefill
-        CHECK(stats.replays > stats.captures);
+        CHECK(stats.direct + stats.captures + stats.replays == 60);  // every decode step, none of the prefill
+        CHECK(stats.replays > stats.captures + stats.direct);
       }
+}
+
+// The graph cache itself, with room for one graph over steps of changing sizes: a size's first step
+// runs directly, its second is captured (into the one slot, updated in place from the graph of another
+// size), its later ones replay; every step's bits are those of launching the same ops directly.
+TEST_CASE("cuda: a graph cache replays, captures and updates with the bits of direct launches", "[cuda][gpu]") {
+  EFIM_NEED_DEVICE();
+  const std::vector<std::size_t> sizes{1000, 1000, 1000, 5000, 5000, 1000, 1000, 5000, 70000, 70000, 70000};
+  std::vector<std::vector<float>> graphed, eager;
+  test_cuda::graph_stats stats;
+  test_cuda::graph_cache_steps(1, sizes, graphed, eager, stats);
+  REQUIRE(graphed.size() == sizes.size());
+  REQUIRE(eager.size() == sizes.size());
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < sizes.size(); ++i)
+    if (std::memcmp(graphed[i].data(), eager[i].data(), sizes[i] * sizeof(float)) != 0) ++differ;
+  CHECK(differ == 0);
+  // 1000: direct, captured, replayed; 5000: direct, captured (the slot updated); 1000: captured again
+  // (updated), replayed; 5000: captured (updated); 70000: direct, captured (updated), replayed.
+  CHECK(stats.direct == 3);
+  CHECK(stats.captures == 5);
+  CHECK(stats.replays == 3);
+  CHECK(stats.updates == 4);
 }
 
 TEST_CASE("cuda: chunked prefill equals one pass, a batch equals each sequence alone", "[cuda][gpu][model]") {

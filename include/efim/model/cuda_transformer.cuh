@@ -52,12 +52,15 @@ class transformer<kernels::cuda> {
 
   // Steps of up to graph_rows tokens (decode steps) run as CUDA graphs, one per step shape
   // (kernels::device::graph_cache: the tokens, the attention plan's tiles and split, the KV storage,
-  // the rows that want logits), captured the first time a shape is seen and replayed after; the same
-  // kernels with the same arguments, so the same bits as launching them one by one (set_graphs(false)).
+  // the context, the rows that want logits), launched directly the first time a shape is seen,
+  // captured the second, replayed after; the same kernels with the same arguments, so the same bits as
+  // launching them one by one (set_graphs(false)).
   static constexpr std::size_t graph_rows = 8;
   void set_graphs(bool on) noexcept { use_graphs_ = on; }
   [[nodiscard]] bool graphs() const noexcept { return use_graphs_; }
-  // How many steps were captured, and replayed, so far.
+  // Steps so far of up to graph_rows tokens: launched directly (a shape's first step), captured,
+  // replayed; with graphs off, none.
+  [[nodiscard]] std::size_t graph_direct() const noexcept { return graphs_.direct(); }
   [[nodiscard]] std::size_t graph_captures() const noexcept { return graphs_.captures(); }
   [[nodiscard]] std::size_t graph_replays() const noexcept { return graphs_.replays(); }
   [[nodiscard]] const device_weights& uploaded() const noexcept { return w_; }
@@ -94,10 +97,17 @@ class transformer<kernels::cuda> {
     step_.plan(slots_, kv.layout().block_size, c.heads, c.kv_heads, attention_policy::rows);
     // Split-K where the step's tiles alone would not fill the GPU (decode): about two blocks per
     // multiprocessor.
+    const std::size_t target_blocks = 2 * ctx.multiprocessors();
     split_ = kernels::device::plan_attention_split(step_.tiles.size(), kernels::device::longest_tile(step_.tiles),
-                                                   kv.layout().block_size, 2 * ctx.multiprocessors());
+                                                   kv.layout().block_size, target_blocks);
+    // (Sized for the most ranges any context can be cut into: a sequence's decode steps then never
+    // reallocate it, which would end their graphs.)
+    grow(attention_ws_, kernels::device::attention_workspace_bound(step_.tiles.size(), target_blocks, hd));
 
     reserve(n);
+    // Block tables as long as the context can make them: a sequence's growing table then never
+    // reallocates the buffer (which would end the step graphs holding its address).
+    grow(d_tables_, items.size() * ((c.max_context + kv.layout().block_size - 1) / kv.layout().block_size));
     put(d_ids_, ids_, s);
     put(d_cos_, cos_, s);
     put(d_sin_, sin_, s);
@@ -105,8 +115,8 @@ class transformer<kernels::cuda> {
     put(d_slots_, step_.slots, s);
     put(d_tiles_, step_.tiles, s);
 
-    // The step's device work. A step of up to graph_rows tokens (decode) runs as a CUDA graph: captured
-    // the first time its shape is seen, replayed after (one launch instead of ~10 per layer).
+    // The step's device work. A step of up to graph_rows tokens (decode) runs as a CUDA graph once its
+    // shape has been seen (one launch instead of ~10 per layer).
     const auto work = [&] {
       kernels::device::embedding(w_.token_embd.type, w_.token_embd.data, c.hidden, d_ids_.data(), n, x_.data(), s);
       const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -157,11 +167,14 @@ class transformer<kernels::cuda> {
       key.tokens = n;
       key.tiles = step_.tiles.size();
       key.splits = split_.splits;
-      key.pages = split_.pages;
+      key.pages = split_.splits > 1 ? split_.pages : 0;  // (read only where a tile is cut)
       key.generation = generation_;
       key.kv = kv.type() == dtype::f16 ? static_cast<const void*>(kv.keys<half>(0)) : kv.keys<float>(0);
+      key.kv_type = kv.type();
+      key.kv_layers = kv.layers();
       key.kv_blocks = kv.layout().blocks;
       key.block_size = kv.layout().block_size;
+      key.blas = ctx.blas().get();  // (cuBLAS's nodes hold the handle's workspace)
       key.logits = logit_rows_.size();
       std::copy(logit_rows_.begin(), logit_rows_.end(), key.logit_rows.begin());
       graphs_.run(key, s, work);
@@ -173,9 +186,9 @@ class transformer<kernels::cuda> {
   }
 
  private:
-  void norm(const float* x, const float* weight, const float* bias, float* y, std::size_t rows,
-            cudaStream_t s) const {
+  void norm(const float* x, const float* weight, const float* bias, float* y, std::size_t rows, cudaStream_t s) {
     const config& c = cfg();
+    if (y == xb_.data()) x8_fresh_ = {};  // xb_ changes: its 8-bit copies are stale
     if (c.norm == norm_kind::rms)
       kernels::device::rmsnorm(x, weight, y, rows, c.hidden, c.norm_eps, s);
     else
@@ -186,16 +199,29 @@ class transformer<kernels::cuda> {
   void linear(const kernels::cuda::context& ctx, const float* x, const kernels::device::matrix& w, const float* bias,
               float* y, std::size_t rows) {
     kernels::device::matmul(ctx.blas(), x, w, y, rows, convert_.data(), ctx.stream(), kernels::accumulate::no,
-                            products_);
-    if (bias != nullptr) kernels::device::add_bias(y, bias, rows, w.rows, ctx.stream());
+                            products_, bias, x == xb_.data() ? rounded_xb(w, rows, ctx.stream()) : nullptr);
   }
 
   // x += h w^T + bias, the residual stream.
   void residual(const kernels::cuda::context& ctx, const float* h, const kernels::device::matrix& w, const float* bias,
                 std::size_t rows) {
     kernels::device::matmul(ctx.blas(), h, w, x_.data(), rows, convert_.data(), ctx.stream(),
-                            kernels::accumulate::yes, products_);
-    if (bias != nullptr) kernels::device::add_bias(x_.data(), bias, rows, w.rows, ctx.stream());
+                            kernels::accumulate::yes, products_, bias);
+  }
+
+  // With int8 products, the normed rows (xb_) rounded to 8 bits once for all the decode products that
+  // read them (q, k and v; gate and up; the output), per activation span (32 or 256 values a scale):
+  // the bytes each product would round them to itself. nullptr where w's product rounds nothing.
+  const kernels::quant::x8_rows* rounded_xb(const kernels::device::matrix& w, std::size_t rows, cudaStream_t s) {
+    if (products_ != kernels::products::int8 || rows > kernels::device::policy::quant_matmul::decode_rows ||
+        !kernels::quant::kept_quantized(w.type))
+      return nullptr;
+    const std::size_t i = kernels::quant::x8_span(w.type) == 256 ? 1 : 0;
+    if (!x8_fresh_[i]) {
+      x8_[i] = kernels::device::quantize_x8(w.type, xb_.data(), rows, w.cols, x8_ws_[i].data(), s);
+      x8_fresh_[i] = true;
+    }
+    return &x8_[i];
   }
 
   template <class E>
@@ -220,7 +246,8 @@ class transformer<kernels::cuda> {
     grow(up_, n * c.ffn);
     grow(logits_, n * c.vocab);
     grow(convert_, w_.workspace(n));
-    grow(attention_ws_, kernels::device::attention_workspace_bytes(step_.tiles.size(), split_, c.head_dim()));
+    for (auto& ws : x8_ws_)
+      grow(ws, kernels::quant::x8_bytes(std::min(n, kernels::device::policy::quant_matmul::decode_rows), c.hidden));
   }
   // A buffer reallocated moves: the graphs captured before hold its old address (generation_ keys them).
   template <class T>
@@ -239,7 +266,9 @@ class transformer<kernels::cuda> {
   struct step_key {
     std::size_t tokens = 0, tiles = 0, splits = 0, pages = 0, generation = 0;
     const void* kv = nullptr;
-    std::size_t kv_blocks = 0, block_size = 0, logits = 0;
+    dtype kv_type = dtype::f32;
+    std::size_t kv_layers = 0, kv_blocks = 0, block_size = 0, logits = 0;
+    const void* blas = nullptr;
     std::array<std::uint32_t, graph_rows> logit_rows{};
     bool operator==(const step_key&) const = default;
   };
@@ -250,6 +279,10 @@ class transformer<kernels::cuda> {
   std::size_t generation_ = 0;
   kernels::device::graph_cache<step_key> graphs_;
   std::vector<std::uint32_t> logit_rows_;
+  // xb_ rounded to 8 bits per 32 [0] and per 256 [1] values (rounded_xb), and whether that is current.
+  std::array<device::buffer<std::byte>, 2> x8_ws_;
+  std::array<kernels::quant::x8_rows, 2> x8_{};
+  std::array<bool, 2> x8_fresh_{};
   device::buffer<float> x_, xb_, q_, att_, k_, v_, gate_, up_, logits_, d_cos_, d_sin_;
   device::buffer<std::byte> convert_, attention_ws_;
   device::buffer<token_id> d_ids_;

@@ -298,6 +298,16 @@ constexpr std::size_t attention_workspace_bytes(std::size_t n_tiles, const atten
   return split.splits <= 1 ? 0 : n_tiles * split.splits * Policy::rows * (head_dim + 2) * sizeof(float);
 }
 
+// The most bytes attention_workspace_bytes can ask for `n_tiles` tiles planned by plan_attention_split
+// for `target_blocks`, at any context length (it never cuts a tile into more ranges than
+// ceil(target_blocks / n_tiles)): a workspace this size needs no growing as a sequence's context does.
+template <class Policy = policy::attention>
+constexpr std::size_t attention_workspace_bound(std::size_t n_tiles, std::size_t target_blocks,
+                                                std::size_t head_dim) noexcept {
+  if (n_tiles == 0 || 2 * n_tiles >= target_blocks) return 0;
+  return attention_workspace_bytes<Policy>(n_tiles, {(target_blocks + n_tiles - 1) / n_tiles, 0}, head_dim);
+}
+
 // q, out: (tokens, heads, head_dim) device rows; tables and tiles: an attention_step's, planned with
 // Policy::rows rows per tile at most. Query head h reads KV head h / (heads / kv_heads). E is float or half.
 // `split` (plan_attention_split) cuts each tile's pages into ranges; with more than one range,

@@ -84,27 +84,12 @@ inline std::size_t matmul_workspace(const matrix& w, std::size_t m) noexcept {
   return w.type == dtype::f32 ? 0 : m * w.cols * 2;
 }
 
-// y (m, w.rows) = [y +] x (m, w.cols) * w^T, on the handle's stream; `workspace` holds at least
-// matmul_workspace(w, m) bytes. products::int8 changes the quantized decode product (up to
-// policy::quant_matmul::decode_rows x rows) to integers against x rounded to 8 bits
-// (quant_decode_int8); prefill and the other types multiply as with products::exact.
-template <class Policy = policy::convert>
-void matmul(const blas& h, const float* x, const matrix& w, float* y, std::size_t m, void* workspace,
-            cudaStream_t stream, accumulate acc = accumulate::no, products p = products::exact) {
-  if (m == 0 || w.rows == 0) return;
+namespace detail {
+// matmul's cuBLAS products (f32, f16, bf16 weights; quantized ones in f16 slices).
+template <class Policy>
+void cublas_product(const blas& h, const float* x, const matrix& w, float* y, std::size_t m, void* workspace,
+                    cudaStream_t stream, accumulate acc) {
   const bool quantized = quant::kept_quantized(w.type);
-  if (w.type != dtype::f32 && w.type != dtype::f16 && w.type != dtype::bf16 && !quantized)
-    throw error(errc::invalid_argument, "device::matmul: weights in " + std::string(to_string(w.type)) +
-                                            " (f32, f16, bf16, q8_0, q4_0, q5_0, q5_1, q4_k, q5_k or q6_k on the device)");
-  require(m <= 0x7FFFFFFFu && w.rows <= 0x7FFFFFFFu && w.cols <= 0x7FFFFFFFu, errc::invalid_argument,
-          "device::matmul: a dimension above 2^31 - 1");
-  if (quantized && m <= policy::quant_matmul::decode_rows) {
-    if (p == products::int8)
-      quant_decode_int8(w.type, w.data, w.rows, w.cols, x, m, y, workspace, stream, acc);
-    else
-      quant_decode(w.type, w.data, w.rows, w.cols, x, m, y, stream, acc);
-    return;
-  }
   const int n = static_cast<int>(w.rows), k = static_cast<int>(w.cols), rows = static_cast<int>(m);
   const float alpha = 1.0f, beta = acc == accumulate::yes ? 1.0f : 0.0f;
   // Column-major view: y^T (n, m) = w (k, n)^T * x^T (k, m).
@@ -138,6 +123,36 @@ void matmul(const blas& h, const float* x, const matrix& w, float* y, std::size_
   check_blas(cublasGemmEx(h.get(), CUBLAS_OP_T, CUBLAS_OP_N, n, rows, k, &alpha, w.data, type, k, workspace, type, k,
                           &beta, y, CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
              bf16 ? "cublasGemmEx (bf16)" : "cublasGemmEx (f16)");
+}
+}  // namespace detail
+
+// y (m, w.rows) = [y +] x (m, w.cols) * w^T [+ bias (w.rows), added to each row after the product], on
+// the handle's stream; `workspace` holds at least matmul_workspace(w, m) bytes. products::int8 changes
+// the quantized decode product (up to policy::quant_matmul::decode_rows x rows) to integers against x
+// rounded to 8 bits (quant_decode_int8; `rounded`, if given, is x rounded already for w's type's
+// span, quantize_x8); prefill and the other types multiply as with products::exact. The decode
+// products add the bias as they store y (one launch fewer, the same bits); cuBLAS's are followed by
+// add_bias.
+template <class Policy = policy::convert>
+void matmul(const blas& h, const float* x, const matrix& w, float* y, std::size_t m, void* workspace,
+            cudaStream_t stream, accumulate acc = accumulate::no, products p = products::exact,
+            const float* bias = nullptr, const quant::x8_rows* rounded = nullptr) {
+  if (m == 0 || w.rows == 0) return;
+  const bool quantized = quant::kept_quantized(w.type);
+  if (w.type != dtype::f32 && w.type != dtype::f16 && w.type != dtype::bf16 && !quantized)
+    throw error(errc::invalid_argument, "device::matmul: weights in " + std::string(to_string(w.type)) +
+                                            " (f32, f16, bf16, q8_0, q4_0, q5_0, q5_1, q4_k, q5_k or q6_k on the device)");
+  require(m <= 0x7FFFFFFFu && w.rows <= 0x7FFFFFFFu && w.cols <= 0x7FFFFFFFu, errc::invalid_argument,
+          "device::matmul: a dimension above 2^31 - 1");
+  if (quantized && m <= policy::quant_matmul::decode_rows) {
+    if (p == products::int8)
+      quant_decode_int8(w.type, w.data, w.rows, w.cols, x, m, y, workspace, stream, acc, bias, rounded);
+    else
+      quant_decode(w.type, w.data, w.rows, w.cols, x, m, y, stream, acc, bias);
+    return;
+  }
+  detail::cublas_product<Policy>(h, x, w, y, m, workspace, stream, acc);
+  if (bias != nullptr) add_bias(y, bias, m, w.rows, stream);
 }
 
 }  // namespace efim::kernels::device

@@ -44,10 +44,17 @@ struct quant_matmul {
 
 namespace detail {
 
+// y's element, then the bias where there is one: the same two roundings as the product, then add_bias.
+__device__ inline void decode_store(float* out, float v, bool acc, const float* bias, std::size_t r) {
+  float o = acc ? *out + v : v;
+  if (bias != nullptr) o += bias[r];
+  *out = o;
+}
+
 template <class Policy, dtype T, int M>
 __global__ void __launch_bounds__(Policy::warps * 32)
     quant_decode_kernel(const std::uint8_t* w, std::size_t rows, std::size_t row_bytes, std::size_t cols,
-                        const float* x, int m, float* y, bool acc) {
+                        const float* x, int m, float* y, bool acc, const float* bias) {
   const int lane = static_cast<int>(threadIdx.x % 32);
   const std::size_t r = static_cast<std::size_t>(blockIdx.x) * Policy::warps + threadIdx.x / 32;
   if (r >= rows) return;  // a whole warp at once
@@ -59,10 +66,7 @@ __global__ void __launch_bounds__(Policy::warps * 32)
     float v = sums[i];
 #pragma unroll
     for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, off);
-    if (lane == 0) {
-      float* out = y + static_cast<std::size_t>(i) * rows + r;
-      *out = acc ? *out + v : v;
-    }
+    if (lane == 0) decode_store(y + static_cast<std::size_t>(i) * rows + r, v, acc, bias, r);
   }
 }
 
@@ -70,7 +74,7 @@ __global__ void __launch_bounds__(Policy::warps * 32)
 template <class Policy, dtype T, int M>
 __global__ void __launch_bounds__(Policy::warps * 32)
     quant_decode_int8_kernel(const std::uint8_t* w, std::size_t rows, std::size_t row_bytes, quant::x8_rows x,
-                             int m, float* y, bool acc) {
+                             int m, float* y, bool acc, const float* bias) {
   const int lane = static_cast<int>(threadIdx.x % 32);
   const std::size_t r = static_cast<std::size_t>(blockIdx.x) * Policy::warps + threadIdx.x / 32;
   if (r >= rows) return;  // a whole warp at once
@@ -82,10 +86,7 @@ __global__ void __launch_bounds__(Policy::warps * 32)
     float v = sums[i];
 #pragma unroll
     for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, off);
-    if (lane == 0) {
-      float* out = y + static_cast<std::size_t>(i) * rows + r;
-      *out = acc ? *out + v : v;
-    }
+    if (lane == 0) decode_store(y + static_cast<std::size_t>(i) * rows + r, v, acc, bias, r);
   }
 }
 
@@ -192,11 +193,12 @@ std::size_t quant_matmul_workspace(std::size_t rows, std::size_t cols, std::size
   return m * cols * 2 + quant_slice_rows<Policy>(rows, cols) * cols * 2;
 }
 
-// The decode product: y (m, rows) = [y +] x (m, cols) * dequantize(w)^T for m <= Policy::decode_rows.
-// w: rows of row_bytes(type, cols) bytes from a 16-byte aligned address; x 16-byte aligned.
+// The decode product: y (m, rows) = [y +] x (m, cols) * dequantize(w)^T [+ bias (rows)] for m <=
+// Policy::decode_rows. w: rows of row_bytes(type, cols) bytes from a 16-byte aligned address; x 16-byte
+// aligned.
 template <class Policy = policy::quant_matmul>
 void quant_decode(dtype type, const void* w, std::size_t rows, std::size_t cols, const float* x, std::size_t m,
-                  float* y, cudaStream_t stream, accumulate acc = accumulate::no) {
+                  float* y, cudaStream_t stream, accumulate acc = accumulate::no, const float* bias = nullptr) {
   static_assert(Policy::decode_rows <= 8, "the decode kernel is instantiated for up to 8 x rows");
   require(m >= 1 && m <= Policy::decode_rows, errc::invalid_argument, "device::quant_decode: 1 to 8 x rows");
   require(cols % 32 == 0 && rows <= 0xFFFFFFFFull * Policy::warps, errc::invalid_argument,
@@ -209,13 +211,13 @@ void quant_decode(dtype type, const void* w, std::size_t rows, std::size_t cols,
   quant::visit_kept(type, [&](auto t) {
     constexpr dtype T = decltype(t)::value;
     if (m == 1)
-      detail::quant_decode_kernel<Policy, T, 1><<<blocks, Policy::warps * 32, 0, stream>>>(wb, rows, rb, cols, x, xm, y, add);
+      detail::quant_decode_kernel<Policy, T, 1><<<blocks, Policy::warps * 32, 0, stream>>>(wb, rows, rb, cols, x, xm, y, add, bias);
     else if (m == 2)
-      detail::quant_decode_kernel<Policy, T, 2><<<blocks, Policy::warps * 32, 0, stream>>>(wb, rows, rb, cols, x, xm, y, add);
+      detail::quant_decode_kernel<Policy, T, 2><<<blocks, Policy::warps * 32, 0, stream>>>(wb, rows, rb, cols, x, xm, y, add, bias);
     else if (m <= 4)
-      detail::quant_decode_kernel<Policy, T, 4><<<blocks, Policy::warps * 32, 0, stream>>>(wb, rows, rb, cols, x, xm, y, add);
+      detail::quant_decode_kernel<Policy, T, 4><<<blocks, Policy::warps * 32, 0, stream>>>(wb, rows, rb, cols, x, xm, y, add, bias);
     else
-      detail::quant_decode_kernel<Policy, T, 8><<<blocks, Policy::warps * 32, 0, stream>>>(wb, rows, rb, cols, x, xm, y, add);
+      detail::quant_decode_kernel<Policy, T, 8><<<blocks, Policy::warps * 32, 0, stream>>>(wb, rows, rb, cols, x, xm, y, add, bias);
   });
   check(cudaGetLastError(), "quant_decode launch");
 }
@@ -241,17 +243,21 @@ quant::x8_rows quantize_x8(dtype t, const float* x, std::size_t m, std::size_t c
   return {q, d, sums, cols};
 }
 
-// The int8 decode product: y (m, rows) = [y +] x (m, cols) * w^T with x rounded to 8 bits
+// The int8 decode product: y (m, rows) = [y +] x (m, cols) * w^T [+ bias] with x rounded to 8 bits
 // (quantize_x8, into `workspace`: quant::x8_bytes(m, cols) bytes) and multiplied in integers, for m
-// <= Policy::decode_rows.
+// <= Policy::decode_rows. `rounded`: x already rounded for weights of this type's span (quantize_x8
+// of the same rows), which is then used instead (x and workspace unread).
 template <class Policy = policy::quant_matmul>
 void quant_decode_int8(dtype type, const void* w, std::size_t rows, std::size_t cols, const float* x, std::size_t m,
-                       float* y, void* workspace, cudaStream_t stream, accumulate acc = accumulate::no) {
+                       float* y, void* workspace, cudaStream_t stream, accumulate acc = accumulate::no,
+                       const float* bias = nullptr, const quant::x8_rows* rounded = nullptr) {
   static_assert(Policy::decode_rows <= 8, "the decode kernel is instantiated for up to 8 x rows");
   require(m >= 1 && m <= Policy::decode_rows, errc::invalid_argument, "device::quant_decode_int8: 1 to 8 x rows");
   require(rows <= 0xFFFFFFFFull * Policy::warps, errc::invalid_argument,
           "device::quant_decode_int8: too many rows for the grid");
-  const quant::x8_rows xq = quantize_x8<Policy>(type, x, m, cols, workspace, stream);
+  require(rounded == nullptr || rounded->cols == cols, errc::invalid_argument,
+          "device::quant_decode_int8: rounded rows of another width");
+  const quant::x8_rows xq = rounded != nullptr ? *rounded : quantize_x8<Policy>(type, x, m, cols, workspace, stream);
   const std::size_t rb = row_bytes(type, cols);
   const auto* wb = static_cast<const std::uint8_t*>(w);
   const unsigned blocks = static_cast<unsigned>((rows + Policy::warps - 1) / Policy::warps);
@@ -260,13 +266,13 @@ void quant_decode_int8(dtype type, const void* w, std::size_t rows, std::size_t 
   quant::visit_kept(type, [&](auto t) {
     constexpr dtype T = decltype(t)::value;
     if (m == 1)
-      detail::quant_decode_int8_kernel<Policy, T, 1><<<blocks, Policy::warps * 32, 0, stream>>>(wb, rows, rb, xq, xm, y, add);
+      detail::quant_decode_int8_kernel<Policy, T, 1><<<blocks, Policy::warps * 32, 0, stream>>>(wb, rows, rb, xq, xm, y, add, bias);
     else if (m == 2)
-      detail::quant_decode_int8_kernel<Policy, T, 2><<<blocks, Policy::warps * 32, 0, stream>>>(wb, rows, rb, xq, xm, y, add);
+      detail::quant_decode_int8_kernel<Policy, T, 2><<<blocks, Policy::warps * 32, 0, stream>>>(wb, rows, rb, xq, xm, y, add, bias);
     else if (m <= 4)
-      detail::quant_decode_int8_kernel<Policy, T, 4><<<blocks, Policy::warps * 32, 0, stream>>>(wb, rows, rb, xq, xm, y, add);
+      detail::quant_decode_int8_kernel<Policy, T, 4><<<blocks, Policy::warps * 32, 0, stream>>>(wb, rows, rb, xq, xm, y, add, bias);
     else
-      detail::quant_decode_int8_kernel<Policy, T, 8><<<blocks, Policy::warps * 32, 0, stream>>>(wb, rows, rb, xq, xm, y, add);
+      detail::quant_decode_int8_kernel<Policy, T, 8><<<blocks, Policy::warps * 32, 0, stream>>>(wb, rows, rb, xq, xm, y, add, bias);
   });
   check(cudaGetLastError(), "quant_decode_int8 launch");
 }
