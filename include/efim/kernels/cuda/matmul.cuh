@@ -37,9 +37,14 @@ class blas {
 
   explicit blas(cudaStream_t stream) : workspace_(workspace_bytes) {
     check_blas(cublasCreate(&handle_), "cublasCreate");
-    check_blas(cublasSetStream(handle_, stream), "cublasSetStream");
-    check_blas(cublasSetWorkspace(handle_, workspace_.data(), workspace_bytes), "cublasSetWorkspace");
-    check_blas(cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+    try {
+      check_blas(cublasSetStream(handle_, stream), "cublasSetStream");
+      check_blas(cublasSetWorkspace(handle_, workspace_.data(), workspace_bytes), "cublasSetWorkspace");
+      check_blas(cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+    } catch (...) {
+      (void)cublasDestroy(handle_);  // (no destructor runs for an object whose constructor throws)
+      throw;
+    }
   }
   blas(const blas&) = delete;
   blas& operator=(const blas&) = delete;
