@@ -3,7 +3,8 @@
 // - decode: the time of one step (transformer<kernels::cuda>::forward of one token per sequence, the
 //   step's uploads, the logits' download and the synchronization included) at a given context, against
 //   the bytes it must read (every weight once, each sequence's K and V) as a share of the copy bandwidth;
-// - prefill: tokens/s of a chunk from an empty cache, against the same chunk's matrix products alone
+// - prefill: tokens/s of a chunk from an empty cache (attention on tensor cores, and on the scalar
+//   kernel, side by side), against the same chunk's matrix products alone
 //   (kernels::device::matmul on the same device weights and shapes: cuBLAS and the 16-bit conversion
 //   of its input), the share of prefill time they take.
 // Models are Qwen2-shaped (0.5B: hidden 896, 24 layers, 14/2 heads, ffn 4864, tied embeddings; 7B:
@@ -262,13 +263,21 @@ double run(const options& o, const std::string& name, const std::string& type, c
                                  tables[0], true};
     m.forward(ctx, kv, std::span(&item, 1), logits);
   };
-  chunk(0, o.prefill);
-  double prefill_ms = 1e30;
-  for (int i = 0; i < 3; ++i) {
-    const auto t0 = now();
+  // Prefill with the attention on tensor cores where the step fills the GPU (the default), then on
+  // the scalar kernel, in turn.
+  using decoder = model::transformer<kernels::cuda>;
+  double prefill_ms = 1e30, scalar_ms = 1e30;
+  for (const auto tc : {decoder::tensor_cores::when_filled, decoder::tensor_cores::never}) {
+    m.set_tensor_core_attention(tc);
     chunk(0, o.prefill);
-    prefill_ms = std::min(prefill_ms, ms_since(t0));
+    double& best = tc == decoder::tensor_cores::never ? scalar_ms : prefill_ms;
+    for (int i = 0; i < 3; ++i) {
+      const auto t0 = now();
+      chunk(0, o.prefill);
+      best = std::min(best, ms_since(t0));
+    }
   }
+  m.set_tensor_core_attention(decoder::tensor_cores::when_filled);
 
   // The same chunk's matrix products alone, on the same device weights.
   const auto& dw = m.uploaded();
@@ -315,13 +324,15 @@ double run(const options& o, const std::string& name, const std::string& type, c
   const double read = static_cast<double>(dw.bytes()) + kv_bytes;
   const double bps = read / (step_ms / 1e3);
   std::printf("%-5s %-6s %-5s %-8s KV %-3s | weights %.2f GB | decode batch %zu at %zu: %.3f ms/step, %.1f tok/s, %.0f GB/s "
-              "= %.1f%% of copy | prefill %zu: %.1f ms, %.0f tok/s; products alone %.1f ms (%.1f%% of prefill)\n",
+              "= %.1f%% of copy | prefill %zu: %.1f ms, %.0f tok/s (scalar attention %.1f ms: tensor cores %.2fx); "
+              "products alone %.1f ms (%.1f%% of prefill)\n",
               name.c_str(), type.c_str(), p == kernels::products::int8 ? "int8" : "exact",
               graphs ? "graphs" : "launches",
               std::string(to_string(o.kv)).c_str(),
               static_cast<double>(dw.bytes()) / 1e9, o.batch, o.context, step_ms,
               static_cast<double>(o.batch) * 1e3 / step_ms, bps / 1e9, 100.0 * bps / copy_bps, o.prefill, prefill_ms,
-              static_cast<double>(o.prefill) * 1e3 / prefill_ms, products_ms, 100.0 * products_ms / prefill_ms);
+              static_cast<double>(o.prefill) * 1e3 / prefill_ms, scalar_ms, scalar_ms / prefill_ms, products_ms,
+              100.0 * products_ms / prefill_ms);
   std::fflush(stdout);
   return step_ms;
 }

@@ -151,6 +151,25 @@ template std::vector<float> paged_attention<half>(const kv::paged_layout&, const
                                                   const std::vector<kernels::token_slot>&, std::size_t, float,
                                                   std::size_t, std::size_t&);
 
+bool attention_mma_fits(const kv::paged_layout& l) { return kernels::device::attention_mma_fits(l); }
+
+std::vector<float> paged_attention_mma(const kv::paged_layout& l, const std::vector<half>& k_cache,
+                                       const std::vector<half>& v_cache, const std::vector<float>& q,
+                                       const std::vector<kernels::token_slot>& tokens, std::size_t heads, float scale) {
+  namespace kd = kernels::device;
+  kernels::attention_step step;
+  step.plan(tokens, l.block_size, heads, l.kv_heads, kd::policy::attention_mma::rows);
+  stream st;
+  auto dk = upload(k_cache, st.s), dv = upload(v_cache, st.s);
+  auto dq = upload(q, st.s);
+  auto dtables = upload(step.tables, st.s);
+  auto dtiles = upload(step.tiles, st.s);
+  buffer<float> out(q.size());
+  kd::paged_attention_mma(l, dk.data(), dv.data(), dq.data(), out.data(), dtables.data(), dtiles.data(),
+                          step.tiles.size(), heads, scale, st.s);
+  return download(out, q.size(), st.s);
+}
+
 // The split plan: not split where the tiles fill the target or the context is one page per warp;
 // else ranges of whole pages, at least one per warp, covering the longest tile.
 namespace kd = kernels::device;
@@ -229,14 +248,16 @@ std::vector<token_id> sample(const std::vector<float>& logits, std::size_t rows,
 std::vector<std::vector<float>> forward(const model::weights& w, dtype kv_type, std::size_t blocks,
                                         std::size_t block_size,
                                         const std::vector<std::vector<model::batch_item>>& passes,
-                                        kernels::products products, bool graphs, graph_stats* stats) {
+                                        const forward_options& options) {
+  using decoder = model::transformer<kernels::cuda>;
   kernels::cuda::context ctx;
-  model::transformer<kernels::cuda> m(w, products);
-  m.set_graphs(graphs);
+  decoder m(w, options.products);
+  m.set_graphs(options.graphs);
+  if (options.tensor_cores_always) m.set_tensor_core_attention(decoder::tensor_cores::always);
   kv::device_storage kv(w.cfg.layers, m.kv_layout(blocks, block_size), kv_type);
   std::vector<std::vector<float>> out;
   for (const auto& items : passes) m.forward(ctx, kv, items, out.emplace_back());
-  if (stats != nullptr) *stats = {m.graph_direct(), m.graph_captures(), m.graph_replays(), 0};
+  if (options.stats != nullptr) *options.stats = {m.graph_direct(), m.graph_captures(), m.graph_replays(), 0};
   return out;
 }
 

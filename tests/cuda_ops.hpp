@@ -44,6 +44,12 @@ std::vector<float> paged_attention(const kv::paged_layout& l, const std::vector<
                                    const std::vector<E>& v_cache, const std::vector<float>& q,
                                    const std::vector<kernels::token_slot>& tokens, std::size_t heads, float scale,
                                    std::size_t target_blocks, std::size_t& splits);
+// Whether paged_attention_mma takes caches of this layout; it (tensor cores) over f16 caches, planned
+// as a prefill step on them is.
+bool attention_mma_fits(const kv::paged_layout& l);
+std::vector<float> paged_attention_mma(const kv::paged_layout& l, const std::vector<half>& k_cache,
+                                       const std::vector<half>& v_cache, const std::vector<float>& q,
+                                       const std::vector<kernels::token_slot>& tokens, std::size_t heads, float scale);
 // y (m, rows) = [y +] x (m, cols) w^T [+ bias] (kernels::device::matmul), w a (rows, cols) matrix of any
 // type the device multiplies; an empty bias adds none.
 std::vector<float> matmul(dtype type, const std::vector<std::byte>& w, std::size_t rows, std::size_t cols,
@@ -59,16 +65,22 @@ std::vector<token_id> sample(const std::vector<float>& logits, std::size_t rows,
 
 // Forward passes of transformer<kernels::cuda> over one device KV storage of `blocks` blocks of
 // `block_size` tokens, in order: the logits of each pass.
-// Decode steps run as CUDA graphs unless `graphs` is false; `stats` (if given) receives how many steps
-// were captured and how many replayed.
+// How the decoder runs: its products; decode steps as CUDA graphs or not (`stats`, if given, receives
+// how many steps ran directly, were captured, were replayed); prefill attention on tensor cores
+// whenever it fits (f16 KV), not only where its tiles fill the GPU.
 struct graph_stats {
   std::size_t direct = 0, captures = 0, replays = 0, updates = 0;
+};
+struct forward_options {
+  kernels::products products = kernels::products::exact;
+  bool graphs = true;
+  bool tensor_cores_always = false;
+  graph_stats* stats = nullptr;
 };
 std::vector<std::vector<float>> forward(const model::weights& w, dtype kv_type, std::size_t blocks,
                                         std::size_t block_size,
                                         const std::vector<std::vector<model::batch_item>>& passes,
-                                        kernels::products products = kernels::products::exact, bool graphs = true,
-                                        graph_stats* stats = nullptr);
+                                        const forward_options& options = {});
 
 // kernels::device::graph_cache of `capacity` graphs over steps of `sizes[i]` elements in turn (a
 // bias added to y, then SwiGLU of y and x, on buffers sized for the largest), each step's key its

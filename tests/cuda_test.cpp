@@ -327,6 +327,14 @@ void attention_on_both(const kv::paged_layout& l, std::size_t heads, const std::
     if (target == 1) CHECK(splits == 1);
     if (target > 1 && fresh == 1) CHECK(splits > 1);  // a decode step over 517 keys: 9 pages or more
   }
+  // On tensor cores (f16 caches whose block and head sizes are multiples of 16): the queries and the
+  // probabilities rounded to f16 (a host emulation of those roundings put these shapes within 3e-5).
+  if constexpr (std::is_same_v<E, half>) {
+    if (test_cuda::attention_mma_fits(l)) {
+      const auto mma = test_cuda::paged_attention_mma(l, k, v, q, tokens, heads, scale);
+      CHECK(max_relative_error(mma, host, 1.0f) < 5e-4f);
+    }
+  }
 }
 }  // namespace
 
@@ -627,6 +635,13 @@ TEST_CASE("cuda: the decoder's logits equal the host's (every architecture, weig
           INFO("pass " << i);
           CHECK(logit_error(device[i], host[i]) < logit_bound(type));
         }
+        if (kv_type == dtype::f16) {  // prefill attention on tensor cores too (these steps are too small to take it)
+          const auto tensor = test_cuda::forward(w, kv_type, 64, 16, spec.passes, {.tensor_cores_always = true});
+          for (std::size_t i = 0; i < host.size(); ++i) {
+            INFO("pass " << i << ", tensor-core attention");
+            CHECK(logit_error(tensor[i], host[i]) < logit_bound(type));
+          }
+        }
       }
 }
 
@@ -643,7 +658,7 @@ TEST_CASE("cuda: the decoder with int8 products: decode logits equal the host's 
     rng r(13);
     passes_spec spec(c, {6, 6}, 16, r);
     for (std::size_t i = 0; i < 6; ++i) spec.add({{i, i + 1}, {i, i + 1}});  // decode steps of two rows
-    const auto int8 = test_cuda::forward(w, dtype::f32, 64, 16, spec.passes, kernels::products::int8);
+    const auto int8 = test_cuda::forward(w, dtype::f32, 64, 16, spec.passes, {.products = kernels::products::int8});
     const auto exact = test_cuda::forward(w, dtype::f32, 64, 16, spec.passes);
     const auto host = host_forward(w, dtype::f32, 64, 16, spec.passes, kernels::products::int8);
     for (std::size_t i = 0; i < host.size(); ++i) {
@@ -674,8 +689,8 @@ TEST_CASE("cuda: decode steps replayed as CUDA graphs give the bits of eager lau
         for (std::size_t i = 40; i < 100; ++i)
           spec.add({{i, i + 1}, i < 60 ? std::pair<std::size_t, std::size_t>{i, i + 1} : std::pair<std::size_t, std::size_t>{}});
         test_cuda::graph_stats stats;
-        const auto graphed = test_cuda::forward(w, kv_type, 64, 16, spec.passes, products, true, &stats);
-        const auto eager = test_cuda::forward(w, kv_type, 64, 16, spec.passes, products, false);
+        const auto graphed = test_cuda::forward(w, kv_type, 64, 16, spec.passes, {.products = products, .stats = &stats});
+        const auto eager = test_cuda::forward(w, kv_type, 64, 16, spec.passes, {.products = products, .graphs = false});
         std::size_t differ = 0;
         for (std::size_t i = 0; i < eager.size(); ++i)
           if (graphed[i].size() != eager[i].size() ||

@@ -19,12 +19,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "efim/core/device.cuh"
 #include "efim/core/dtype.hpp"
 #include "efim/kernels/attention_plan.hpp"
 #include "efim/kernels/cuda/backend.cuh"
+#include "efim/kernels/cuda/attention_mma.cuh"
 #include "efim/kernels/cuda/graph.cuh"
 #include "efim/kernels/rope_table.hpp"
 #include "efim/model/batch.hpp"
@@ -58,6 +60,14 @@ class transformer<kernels::cuda> {
   static constexpr std::size_t graph_rows = 8;
   void set_graphs(bool on) noexcept { use_graphs_ = on; }
   [[nodiscard]] bool graphs() const noexcept { return use_graphs_; }
+
+  // Which prefill steps (more than graph_rows tokens) with f16 KV take their attention on tensor
+  // cores, where the layout fits (kernels::device::paged_attention_mma: queries and probabilities
+  // rounded to f16): none, those whose tiles of 64 rows fill the GPU (the default: the others keep the
+  // scalar kernel's split-K), or all of them.
+  enum class tensor_cores { never, when_filled, always };
+  void set_tensor_core_attention(tensor_cores t) noexcept { tensor_cores_ = t; }
+  [[nodiscard]] tensor_cores tensor_core_attention() const noexcept { return tensor_cores_; }
   // Steps so far of up to graph_rows tokens: launched directly (a shape's first step), captured,
   // replayed; with graphs off, none.
   [[nodiscard]] std::size_t graph_direct() const noexcept { return graphs_.direct(); }
@@ -94,12 +104,21 @@ class transformer<kernels::cuda> {
     cos_.resize(n * hd / 2);
     sin_.resize(n * hd / 2);
     kernels::rope_table(positions_, hd, c.rope_theta, cos_.data(), sin_.data(), c.rope_scale);
-    step_.plan(slots_, kv.layout().block_size, c.heads, c.kv_heads, attention_policy::rows);
-    // Split-K where the step's tiles alone would not fill the GPU (decode): about two blocks per
-    // multiprocessor.
+    // Attention: on tensor cores for a prefill step of f16 KV whose tiles of 64 rows fill the GPU
+    // (half a block per multiprocessor at least; kernels/cuda/attention_mma.cuh); else the scalar
+    // kernel's tiles of 8 rows, with split-K where they alone would not fill it (decode): about two
+    // blocks per multiprocessor.
     const std::size_t target_blocks = 2 * ctx.multiprocessors();
-    split_ = kernels::device::plan_attention_split(step_.tiles.size(), kernels::device::longest_tile(step_.tiles),
-                                                   kv.layout().block_size, target_blocks);
+    mma_ = false;
+    if (tensor_cores_ != tensor_cores::never && n > graph_rows && kv.type() == dtype::f16 &&
+        kernels::device::attention_mma_fits(kv.layout())) {
+      step_.plan(slots_, kv.layout().block_size, c.heads, c.kv_heads, kernels::device::policy::attention_mma::rows);
+      mma_ = tensor_cores_ == tensor_cores::always || 4 * step_.tiles.size() >= target_blocks;
+    }
+    if (!mma_) step_.plan(slots_, kv.layout().block_size, c.heads, c.kv_heads, attention_policy::rows);
+    split_ = mma_ ? kernels::device::attention_split{}
+                  : kernels::device::plan_attention_split(step_.tiles.size(), kernels::device::longest_tile(step_.tiles),
+                                                          kv.layout().block_size, target_blocks);
     // (Sized for the most ranges any context can be cut into: a sequence's decode steps then never
     // reallocate it, which would end their graphs.)
     grow(attention_ws_, kernels::device::attention_workspace_bound(step_.tiles.size(), target_blocks, hd));
@@ -228,6 +247,14 @@ class transformer<kernels::cuda> {
   void attend(storage& kv, std::size_t layer, float scale, cudaStream_t s) {
     kernels::device::kv_write<E>(kv.layout(), kv.keys<E>(layer), kv.values<E>(layer), k_.data(), v_.data(),
                                  d_slots_.data(), slots_.size(), s);
+    if constexpr (std::is_same_v<E, half>) {
+      if (mma_) {
+        kernels::device::paged_attention_mma(kv.layout(), kv.keys<E>(layer), kv.values<E>(layer), q_.data(),
+                                             att_.data(), d_tables_.data(), d_tiles_.data(), step_.tiles.size(),
+                                             cfg().heads, scale, s);
+        return;
+      }
+    }
     kernels::device::paged_attention<E>(kv.layout(), kv.keys<E>(layer), kv.values<E>(layer), q_.data(), att_.data(),
                                         d_tables_.data(), d_tiles_.data(), step_.tiles.size(), cfg().heads, scale, s,
                                         split_, attention_ws_.data());
@@ -276,6 +303,8 @@ class transformer<kernels::cuda> {
   device_weights w_;
   kernels::products products_;
   bool use_graphs_ = true;
+  tensor_cores tensor_cores_ = tensor_cores::when_filled;
+  bool mma_ = false;  // this step's attention on tensor cores
   std::size_t generation_ = 0;
   kernels::device::graph_cache<step_key> graphs_;
   std::vector<std::uint32_t> logit_rows_;
