@@ -328,11 +328,11 @@ void attention_on_both(const kv::paged_layout& l, std::size_t heads, const std::
     if (target > 1 && fresh == 1) CHECK(splits > 1);  // a decode step over 517 keys: 9 pages or more
   }
   // On tensor cores (f16 caches whose block and head sizes are multiples of 16): the queries and the
-  // probabilities rounded to f16 (a host emulation of those roundings put these shapes within 3e-5).
+  // probabilities rounded to f16 (a host emulation of those roundings on these cases: up to 3.1e-4).
   if constexpr (std::is_same_v<E, half>) {
     if (test_cuda::attention_mma_fits(l)) {
       const auto mma = test_cuda::paged_attention_mma(l, k, v, q, tokens, heads, scale);
-      CHECK(max_relative_error(mma, host, 1.0f) < 5e-4f);
+      CHECK(max_relative_error(mma, host, 1.0f) < 1e-3f);
     }
   }
 }
@@ -344,7 +344,7 @@ TEST_CASE("cuda: paged attention equals the host kernel (decode, prefill over ca
     std::size_t blocks, kv_heads, block_size, head_dim, heads;
   };
   for (const shape s : {shape{40, 2, 16, 64, 14}, shape{40, 4, 32, 128, 28}, shape{30, 4, 48, 16, 4},
-                        shape{30, 1, 64, 80, 16}, shape{60, 2, 8, 256, 4}}) {
+                        shape{30, 1, 64, 80, 16}, shape{60, 2, 8, 256, 4}, shape{40, 2, 16, 256, 4}}) {
     const kv::paged_layout l{s.blocks, s.kv_heads, s.block_size, s.head_dim};
     INFO("block " << s.block_size << ", head_dim " << s.head_dim << ", heads " << s.heads << "/" << s.kv_heads);
     for (const std::size_t fresh : {1, 7, 300}) {
@@ -353,6 +353,38 @@ TEST_CASE("cuda: paged attention equals the host kernel (decode, prefill over ca
       attention_on_both<half>(l, s.heads, {1, 33, 301, 517}, fresh);
     }
   }
+}
+
+// The slots of a sequence's last page past its keys hold whatever the page held before (unwritten, or
+// another sequence's): the tensor-core kernel multiplies whole chunks of 16 values, so it must not let
+// an infinity or a NaN there into a row (P is 0 there, but 0 times infinity is not).
+TEST_CASE("cuda: tensor-core attention reads nothing past a sequence's keys", "[cuda][gpu]") {
+  EFIM_NEED_DEVICE();
+  const kv::paged_layout l{8, 1, 16, 64};
+  const std::size_t heads = 4, length = 37;  // pages 0, 1, 2 (5 keys of the last)
+  rng r(77);
+  std::vector<half> k(l.elements()), v(l.elements());
+  for (std::size_t i = 0; i < k.size(); ++i) {
+    kernels::detail::store(static_cast<float>(r.below(2001)) / 1e3f - 1.0f, k[i]);
+    kernels::detail::store(static_cast<float>(r.below(2001)) / 1e3f - 1.0f, v[i]);
+  }
+  const std::vector<block_id> table{0, 1, 2};
+  for (std::size_t slot = length % 16; slot < 16; ++slot)
+    for (std::size_t d = 0; d < l.head_dim; ++d) {
+      const float junk = slot % 2 == 0 ? INFINITY : NAN;
+      kernels::detail::store(junk, k[l.key_offset(2, 0) + d * l.block_size + slot]);
+      kernels::detail::store(junk, v[l.offset(2, 0, slot) + d]);
+    }
+  std::vector<kernels::token_slot> tokens;
+  for (std::size_t p = 0; p < length; ++p) tokens.push_back({table, static_cast<position>(p)});
+  const auto q = random_floats(r, tokens.size() * heads * l.head_dim, 2.0f);
+  const float scale = 0.125f;
+  std::vector<float> host(q.size());
+  thread_pool pool(2);
+  kernels::paged_attention<half>(pool, l, k.data(), v.data(), q.data(), host.data(), tokens, heads, scale);
+  const auto mma = test_cuda::paged_attention_mma(l, k, v, q, tokens, heads, scale);
+  CHECK(std::all_of(mma.begin(), mma.end(), [](float x) { return std::isfinite(x); }));
+  CHECK(max_relative_error(mma, host, 1.0f) < 1e-3f);
 }
 
 TEST_CASE("cuda: temperature, top-k and top-p sampling draw the host's token for the same u", "[cuda][gpu]") {
@@ -636,10 +668,11 @@ TEST_CASE("cuda: the decoder's logits equal the host's (every architecture, weig
           CHECK(logit_error(device[i], host[i]) < logit_bound(type));
         }
         if (kv_type == dtype::f16) {  // prefill attention on tensor cores too (these steps are too small to take it)
+          // (Queries and probabilities rounded to f16: a host emulation put qwen2's f32 logits 3.3e-4 off.)
           const auto tensor = test_cuda::forward(w, kv_type, 64, 16, spec.passes, {.tensor_cores_always = true});
           for (std::size_t i = 0; i < host.size(); ++i) {
             INFO("pass " << i << ", tensor-core attention");
-            CHECK(logit_error(tensor[i], host[i]) < logit_bound(type));
+            CHECK(logit_error(tensor[i], host[i]) < std::max(logit_bound(type), 1e-3f));
           }
         }
       }

@@ -42,6 +42,14 @@ inline std::size_t multiprocessors() {
   return static_cast<std::size_t>(count);
 }
 
+// The most shared memory one thread block of the current device may take, opting in (bytes).
+inline std::size_t shared_memory_optin() {
+  int device = 0, bytes = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "cudaDeviceGetAttribute");
+  return static_cast<std::size_t>(bytes);
+}
+
 // Device memory for `count` elements of T, freed with the buffer.
 template <class T>
 class buffer {

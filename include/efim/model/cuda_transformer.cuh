@@ -62,9 +62,9 @@ class transformer<kernels::cuda> {
   [[nodiscard]] bool graphs() const noexcept { return use_graphs_; }
 
   // Which prefill steps (more than graph_rows tokens) with f16 KV take their attention on tensor
-  // cores, where the layout fits (kernels::device::paged_attention_mma: queries and probabilities
-  // rounded to f16): none, those whose tiles of 64 rows fill the GPU (the default: the others keep the
-  // scalar kernel's split-K), or all of them.
+  // cores, where the layout and the device's shared memory allow (kernels::device::paged_attention_mma:
+  // queries and probabilities rounded to f16): none, those whose tiles of 64 rows are at least half
+  // full and fill the GPU (the default: the others keep the scalar kernel and its split-K), or all.
   enum class tensor_cores { never, when_filled, always };
   void set_tensor_core_attention(tensor_cores t) noexcept { tensor_cores_ = t; }
   [[nodiscard]] tensor_cores tensor_core_attention() const noexcept { return tensor_cores_; }
@@ -104,16 +104,21 @@ class transformer<kernels::cuda> {
     cos_.resize(n * hd / 2);
     sin_.resize(n * hd / 2);
     kernels::rope_table(positions_, hd, c.rope_theta, cos_.data(), sin_.data(), c.rope_scale);
-    // Attention: on tensor cores for a prefill step of f16 KV whose tiles of 64 rows fill the GPU
-    // (half a block per multiprocessor at least; kernels/cuda/attention_mma.cuh); else the scalar
-    // kernel's tiles of 8 rows, with split-K where they alone would not fill it (decode): about two
-    // blocks per multiprocessor.
+    // Attention: on tensor cores for a prefill step of f16 KV (kernels/cuda/attention_mma.cuh) where
+    // its tiles of 64 rows are at least half full (a batch of decode rows, one token per sequence,
+    // fills a tile with one query group) and fill the GPU (half a block per multiprocessor at least);
+    // else the scalar kernel's tiles of 8 rows, with split-K where they alone would not fill it
+    // (decode): about two blocks per multiprocessor.
     const std::size_t target_blocks = 2 * ctx.multiprocessors();
     mma_ = false;
     if (tensor_cores_ != tensor_cores::never && n > graph_rows && kv.type() == dtype::f16 &&
-        kernels::device::attention_mma_fits(kv.layout())) {
-      step_.plan(slots_, kv.layout().block_size, c.heads, c.kv_heads, kernels::device::policy::attention_mma::rows);
-      mma_ = tensor_cores_ == tensor_cores::always || 4 * step_.tiles.size() >= target_blocks;
+        kernels::device::attention_mma_fits(kv.layout()) &&
+        kernels::device::attention_mma_shared_bytes(hd) <= ctx.shared_memory_optin()) {
+      constexpr std::size_t rows = kernels::device::policy::attention_mma::rows;
+      step_.plan(slots_, kv.layout().block_size, c.heads, c.kv_heads, rows);
+      const std::size_t tiles = step_.tiles.size();
+      mma_ = tensor_cores_ == tensor_cores::always ||
+             (4 * tiles >= target_blocks && 2 * n * c.heads >= tiles * rows);
     }
     if (!mma_) step_.plan(slots_, kv.layout().block_size, c.heads, c.kv_heads, attention_policy::rows);
     split_ = mma_ ? kernels::device::attention_split{}

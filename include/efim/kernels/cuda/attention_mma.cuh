@@ -207,7 +207,8 @@ __global__ void __launch_bounds__(Policy::threads)
 }  // namespace detail
 
 // Bytes of dynamic shared memory paged_attention_mma takes for heads of `head_dim` (above 48 KiB
-// from a head size of 112: the launch opts in).
+// from a head size of 96: the launch opts in; 135 KiB at 256, more than some GPUs allow a block:
+// the caller checks the device's opt-in limit).
 template <class Policy = policy::attention_mma>
 constexpr std::size_t attention_mma_shared_bytes(std::size_t head_dim) noexcept {
   return agent::attention_mma<Policy>::shared_bytes(head_dim);

@@ -25,18 +25,24 @@ struct cuda {
   // none: the host side of a step (sampling, planning) runs on the thread that drives it.
   class context {
    public:
-    context() : blas_(stream_.get()), multiprocessors_(efim::device::multiprocessors()) {}
+    context()
+        : blas_(stream_.get()),
+          multiprocessors_(efim::device::multiprocessors()),
+          shared_memory_optin_(efim::device::shared_memory_optin()) {}
 
     [[nodiscard]] cudaStream_t stream() const noexcept { return stream_.get(); }
     [[nodiscard]] const device::blas& blas() const noexcept { return blas_; }
     void synchronize() const { stream_.synchronize(); }
     // The device's multiprocessors, read once (kernels size their grids to fill them).
     [[nodiscard]] std::size_t multiprocessors() const noexcept { return multiprocessors_; }
+    // The most shared memory a thread block may opt in to on the device (kernels that need more than
+    // 48 KiB check it before they are chosen).
+    [[nodiscard]] std::size_t shared_memory_optin() const noexcept { return shared_memory_optin_; }
 
    private:
     efim::device::stream stream_;
     device::blas blas_;
-    std::size_t multiprocessors_;
+    std::size_t multiprocessors_, shared_memory_optin_;
   };
 };
 
