@@ -100,6 +100,38 @@ void kv_write(const kv::paged_layout& l, std::vector<E>& k_cache, std::vector<E>
   k_cache = download(dkc, k_cache.size(), st.s);
   v_cache = download(dvc, v_cache.size(), st.s);
 }
+template <class E>
+void rope_kv_write(const kv::paged_layout& l, std::vector<E>& k_cache, std::vector<E>& v_cache, std::vector<float>& q,
+                   const std::vector<float>& k, const std::vector<float>& v, const std::vector<kv::slot_ref>& slots,
+                   std::size_t heads, const std::vector<float>& cos_t, const std::vector<float>& sin_t,
+                   kernels::rope_style style, bool fused) {
+  stream st;
+  auto dkc = upload(k_cache, st.s), dvc = upload(v_cache, st.s);
+  auto dq = upload(q, st.s), dk = upload(k, st.s), dv = upload(v, st.s);
+  auto ds = upload(slots, st.s);
+  auto dc = upload(cos_t, st.s), dsn = upload(sin_t, st.s);
+  const std::size_t tokens = slots.size();
+  if (fused) {
+    kernels::device::rope_kv_write<E>(l, dkc.data(), dvc.data(), dq.data(), dk.data(), dv.data(), ds.data(), tokens,
+                                      heads, dc.data(), dsn.data(), style, st.s);
+  } else {
+    kernels::device::rope(dq.data(), tokens, heads, l.head_dim, dc.data(), dsn.data(), style, st.s);
+    kernels::device::rope(dk.data(), tokens, l.kv_heads, l.head_dim, dc.data(), dsn.data(), style, st.s);
+    kernels::device::kv_write<E>(l, dkc.data(), dvc.data(), dk.data(), dv.data(), ds.data(), tokens, st.s);
+  }
+  q = download(dq, q.size(), st.s);
+  k_cache = download(dkc, k_cache.size(), st.s);
+  v_cache = download(dvc, v_cache.size(), st.s);
+}
+template void rope_kv_write<float>(const kv::paged_layout&, std::vector<float>&, std::vector<float>&,
+                                   std::vector<float>&, const std::vector<float>&, const std::vector<float>&,
+                                   const std::vector<kv::slot_ref>&, std::size_t, const std::vector<float>&,
+                                   const std::vector<float>&, kernels::rope_style, bool);
+template void rope_kv_write<half>(const kv::paged_layout&, std::vector<half>&, std::vector<half>&, std::vector<float>&,
+                                  const std::vector<float>&, const std::vector<float>&, const std::vector<kv::slot_ref>&,
+                                  std::size_t, const std::vector<float>&, const std::vector<float>&, kernels::rope_style,
+                                  bool);
+
 template void kv_write<float>(const kv::paged_layout&, std::vector<float>&, std::vector<float>&,
                               const std::vector<float>&, const std::vector<float>&, const std::vector<kv::slot_ref>&);
 template void kv_write<half>(const kv::paged_layout&, std::vector<half>&, std::vector<half>&, const std::vector<float>&,

@@ -29,6 +29,14 @@ std::vector<float> swiglu(const std::vector<float>& gate, const std::vector<floa
 std::vector<float> rope(const std::vector<float>& x, std::size_t tokens, std::size_t heads, std::size_t head_dim,
                         const std::vector<float>& cos_t, const std::vector<float>& sin_t, kernels::rope_style style);
 
+// RoPE of q and k then the K/V write, as three launches (fused false) or one (rope_kv_write): q comes
+// back rotated, the caches written.
+template <class E>
+void rope_kv_write(const kv::paged_layout& l, std::vector<E>& k_cache, std::vector<E>& v_cache, std::vector<float>& q,
+                   const std::vector<float>& k, const std::vector<float>& v, const std::vector<kv::slot_ref>& slots,
+                   std::size_t heads, const std::vector<float>& cos_t, const std::vector<float>& sin_t,
+                   kernels::rope_style style, bool fused);
+
 // The caches' K and V arrays of one layer go up, the op runs, and they come back.
 template <class E>
 void kv_write(const kv::paged_layout& l, std::vector<E>& k_cache, std::vector<E>& v_cache, const std::vector<float>& k,

@@ -265,10 +265,25 @@ void kv_ops_on_both() {
   }
   CHECK(raw(dk) == raw(hk));
   CHECK(raw(dv) == raw(hv));
+
+  // RoPE of q and k and the K/V write in one launch: the bits of the three (both rotary layouts).
+  const std::size_t heads = 6, pairs = l.head_dim / 2;
+  const auto cos_t = random_floats(r, slots.size() * pairs), sin_t = random_floats(r, slots.size() * pairs);
+  for (const auto style : {kernels::rope_style::adjacent, kernels::rope_style::neox}) {
+    auto q_apart = random_floats(r, slots.size() * heads * l.head_dim), q_fused = q_apart;
+    auto k_apart = filled<E>(l.elements(), 3.0f), v_apart = filled<E>(l.elements(), 4.0f);
+    auto k_fused = k_apart, v_fused = v_apart;
+    test_cuda::rope_kv_write<E>(l, k_apart, v_apart, q_apart, k, v, refs, heads, cos_t, sin_t, style, false);
+    test_cuda::rope_kv_write<E>(l, k_fused, v_fused, q_fused, k, v, refs, heads, cos_t, sin_t, style, true);
+    CHECK(raw(q_fused) == raw(q_apart));
+    CHECK(raw(k_fused) == raw(k_apart));
+    CHECK(raw(v_fused) == raw(v_apart));
+  }
 }
 }  // namespace
 
-TEST_CASE("cuda: KV writes and block copies give the host's bits (f32 and f16 caches)", "[cuda][gpu]") {
+TEST_CASE("cuda: KV writes, block copies and the fused RoPE + KV write give the host's bits (f32 and f16 caches)",
+          "[cuda][gpu]") {
   EFIM_NEED_DEVICE();
   kv_ops_on_both<float>();
   kv_ops_on_both<half>();

@@ -150,8 +150,6 @@ class transformer<kernels::cuda> {
         linear(ctx, xb_.data(), lw.wq, lw.bq, q_.data(), n);
         linear(ctx, xb_.data(), lw.wk, lw.bk, k_.data(), n);
         linear(ctx, xb_.data(), lw.wv, lw.bv, v_.data(), n);
-        kernels::device::rope(q_.data(), n, c.heads, hd, d_cos_.data(), d_sin_.data(), c.rope, s);
-        kernels::device::rope(k_.data(), n, c.kv_heads, hd, d_cos_.data(), d_sin_.data(), c.rope, s);
         if (kv.type() == dtype::f16)
           attend<half>(kv, l, scale, s);
         else
@@ -248,10 +246,12 @@ class transformer<kernels::cuda> {
     return &x8_[i];
   }
 
+  // RoPE on q and k and the new K/V into their pages (one launch), then attention.
   template <class E>
   void attend(storage& kv, std::size_t layer, float scale, cudaStream_t s) {
-    kernels::device::kv_write<E>(kv.layout(), kv.keys<E>(layer), kv.values<E>(layer), k_.data(), v_.data(),
-                                 d_slots_.data(), slots_.size(), s);
+    kernels::device::rope_kv_write<E>(kv.layout(), kv.keys<E>(layer), kv.values<E>(layer), q_.data(), k_.data(),
+                                      v_.data(), d_slots_.data(), slots_.size(), cfg().heads, d_cos_.data(),
+                                      d_sin_.data(), cfg().rope, s);
     if constexpr (std::is_same_v<E, half>) {
       if (mma_) {
         kernels::device::paged_attention_mma(kv.layout(), kv.keys<E>(layer), kv.values<E>(layer), q_.data(),

@@ -10,6 +10,8 @@
 
 #include "efim/core/dtype.hpp"
 #include "efim/core/types.hpp"
+#include "efim/kernels/common.hpp"
+#include "efim/kernels/cuda/ops.cuh"
 #include "efim/kernels/cuda/runtime.cuh"
 #include "efim/kv/layout.hpp"
 
@@ -39,6 +41,40 @@ __global__ void __launch_bounds__(Policy::threads)
     const kv::slot_ref at = slots[t];
     store(k[i], k_cache[l.key_offset(static_cast<std::size_t>(at.block), g) + d * l.block_size + at.slot]);
     store(v[i], v_cache[l.offset(static_cast<std::size_t>(at.block), g, at.slot) + d]);
+  }
+}
+
+// RoPE on q (in place) and k, then k and v into their pages: one thread per rotary pair of a query
+// head, or of a KV head (whose two K and two V elements it stores); the rotation and the stores are
+// rope_kernel's and kv_write_kernel's, so the same bits as the three launches.
+template <class Policy, class E>
+__global__ void __launch_bounds__(Policy::threads)
+    rope_kv_write_kernel(kv::paged_layout l, E* k_cache, E* v_cache, float* q, const float* k, const float* v,
+                         const kv::slot_ref* slots, std::size_t tokens, std::size_t heads, const float* cos_t,
+                         const float* sin_t, rope_style style) {
+  const std::size_t hd = l.head_dim, pairs = hd / 2, per_token = (heads + l.kv_heads) * pairs;
+  const std::size_t total = tokens * per_token;
+  for (std::size_t n = blockIdx.x * static_cast<std::size_t>(Policy::threads) + threadIdx.x; n < total;
+       n += static_cast<std::size_t>(gridDim.x) * Policy::threads) {
+    const std::size_t t = n / per_token, h = n % per_token / pairs, i = n % pairs;
+    std::size_t a, b;
+    rope_dims(style, i, pairs, a, b);
+    const float c = cos_t[t * pairs + i], s = sin_t[t * pairs + i];
+    if (h < heads) {
+      float* x = q + (t * heads + h) * hd;
+      rope_rotate(x[a], x[b], c, s, x[a], x[b]);
+      continue;
+    }
+    const std::size_t g = h - heads, row = (t * l.kv_heads + g) * hd;
+    float ka, kb;
+    rope_rotate(k[row + a], k[row + b], c, s, ka, kb);
+    const kv::slot_ref at = slots[t];
+    E* keys = k_cache + l.key_offset(static_cast<std::size_t>(at.block), g) + at.slot;
+    E* values = v_cache + l.offset(static_cast<std::size_t>(at.block), g, at.slot);
+    store(ka, keys[a * l.block_size]);
+    store(kb, keys[b * l.block_size]);
+    store(v[row + a], values[a]);
+    store(v[row + b], values[b]);
   }
 }
 
@@ -75,6 +111,22 @@ void kv_write(const kv::paged_layout& l, E* k_cache, E* v_cache, const float* k,
   detail::kv_write_kernel<Policy, E>
       <<<detail::kv_grid<Policy>(total), Policy::threads, 0, stream>>>(l, k_cache, v_cache, k, v, slots, tokens);
   check(cudaGetLastError(), "kv_write launch");
+}
+
+// rope (kernels::device::rope) of q (tokens, heads, head_dim) in place and of k (tokens, kv_heads,
+// head_dim), then kv_write of the rotated k and of v: one launch, the same bits as the three (k itself
+// is left unrotated).
+template <class E, class Policy = policy::kv>
+void rope_kv_write(const kv::paged_layout& l, E* k_cache, E* v_cache, float* q, const float* k, const float* v,
+                   const kv::slot_ref* slots, std::size_t tokens, std::size_t heads, const float* cos_t,
+                   const float* sin_t, rope_style style, cudaStream_t stream = nullptr) {
+  static_assert(std::is_same_v<E, float> || std::is_same_v<E, half>, "KV elements are float or half");
+  require(l.head_dim % 2 == 0, errc::invalid_argument, "device::rope_kv_write: an odd head size");
+  const std::size_t total = tokens * (heads + l.kv_heads) * (l.head_dim / 2);
+  if (total == 0) return;
+  detail::rope_kv_write_kernel<Policy, E><<<detail::kv_grid<Policy>(total), Policy::threads, 0, stream>>>(
+      l, k_cache, v_cache, q, k, v, slots, tokens, heads, cos_t, sin_t, style);
+  check(cudaGetLastError(), "rope_kv_write launch");
 }
 
 // Copies block from[p] to block to[p] (K and V of one layer) for each of `pairs` pairs; no block is

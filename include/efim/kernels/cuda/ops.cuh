@@ -155,6 +155,17 @@ __global__ void __launch_bounds__(Policy::threads)
   }
 }
 
+// The dimensions of rotary pair i of a head (rope_style) and the pair rotated by angle (c, s): the
+// one rotation every RoPE kernel here applies, so that all give the same bits.
+__device__ inline void rope_dims(rope_style style, std::size_t i, std::size_t pairs, std::size_t& a, std::size_t& b) {
+  a = style == rope_style::adjacent ? 2 * i : i;
+  b = style == rope_style::adjacent ? 2 * i + 1 : i + pairs;
+}
+__device__ inline void rope_rotate(float x0, float x1, float c, float s, float& y0, float& y1) {
+  y0 = fmaf(x0, c, -(x1 * s));
+  y1 = fmaf(x0, s, x1 * c);
+}
+
 template <class Policy>
 __global__ void __launch_bounds__(Policy::threads)
     rope_kernel(float* x, std::size_t tokens, std::size_t heads, std::size_t head_dim, const float* cos_t,
@@ -164,12 +175,9 @@ __global__ void __launch_bounds__(Policy::threads)
        k += static_cast<std::size_t>(gridDim.x) * Policy::threads) {
     const std::size_t i = k % pairs, th = k / pairs, t = th / heads;
     float* v = x + th * head_dim;
-    const std::size_t a = style == rope_style::adjacent ? 2 * i : i;
-    const std::size_t b = style == rope_style::adjacent ? 2 * i + 1 : i + pairs;
-    const float c = cos_t[t * pairs + i], s = sin_t[t * pairs + i];
-    const float x0 = v[a], x1 = v[b];
-    v[a] = fmaf(x0, c, -(x1 * s));
-    v[b] = fmaf(x0, s, x1 * c);
+    std::size_t a, b;
+    rope_dims(style, i, pairs, a, b);
+    rope_rotate(v[a], v[b], cos_t[t * pairs + i], sin_t[t * pairs + i], v[a], v[b]);
   }
 }
 
