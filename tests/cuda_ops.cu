@@ -236,6 +236,31 @@ std::vector<float> matmul(dtype type, const std::vector<std::byte>& w, std::size
   return download(dy, y.size(), st.s);
 }
 
+std::vector<float> ffn_gate_up(dtype type, const std::vector<std::byte>& gate, const std::vector<std::byte>& up,
+                               std::size_t rows, std::size_t cols, const std::vector<float>& x, std::size_t m,
+                               const std::vector<float>& bias, kernels::products products, bool fused) {
+  stream st;
+  kernels::device::blas blas(st.s);
+  auto dg = upload(gate, st.s), du = upload(up, st.s);
+  auto dx = upload(x, st.s);
+  auto db = upload(bias, st.s);
+  const float* b = bias.empty() ? nullptr : db.data();
+  buffer<float> out(m * rows), up_out(m * rows);
+  const kernels::device::matrix g{type, rows, cols, dg.data()}, u{type, rows, cols, du.data()};
+  buffer<std::byte> workspace(kernels::device::matmul_workspace(g, m));
+  if (fused) {
+    kernels::device::quant_decode_swiglu(type, dg.data(), du.data(), rows, cols, dx.data(), m, out.data(), st.s, b,
+                                         products, workspace.data());
+  } else {
+    kernels::device::matmul(blas, dx.data(), g, out.data(), m, workspace.data(), st.s, kernels::accumulate::no,
+                            products);
+    kernels::device::matmul(blas, dx.data(), u, up_out.data(), m, workspace.data(), st.s, kernels::accumulate::no,
+                            products, b);
+    kernels::device::swiglu(out.data(), up_out.data(), out.data(), m * rows, st.s);
+  }
+  return download(out, m * rows, st.s);
+}
+
 kernels::quant::x8_host quantize_x8(dtype t, const std::vector<float>& x, std::size_t m, std::size_t cols) {
   stream st;
   auto dx = upload(x, st.s);

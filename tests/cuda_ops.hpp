@@ -64,6 +64,11 @@ std::vector<float> matmul(dtype type, const std::vector<std::byte>& w, std::size
                           const std::vector<float>& x, std::size_t m, std::vector<float> y, bool accumulate,
                           kernels::products products = kernels::products::exact,
                           const std::vector<float>& bias = {});
+// A decode step's SwiGLU FFN half: swiglu(x gate^T, x up^T [+ bias]) for two quantized (rows, cols)
+// matrices of one type, in one launch (quant_decode_swiglu) or as two products and the SwiGLU kernel.
+std::vector<float> ffn_gate_up(dtype type, const std::vector<std::byte>& gate, const std::vector<std::byte>& up,
+                               std::size_t rows, std::size_t cols, const std::vector<float>& x, std::size_t m,
+                               const std::vector<float>& bias, kernels::products products, bool fused);
 // x (m, cols) rounded to 8 bits on the device for weights of type t (kernels::device::quantize_x8),
 // downloaded into the arrays quant::make_x8 fills on the host (the sums for the k-quants only).
 kernels::quant::x8_host quantize_x8(dtype t, const std::vector<float>& x, std::size_t m, std::size_t cols);

@@ -590,6 +590,33 @@ TEST_CASE("cuda: the int8 decode product equals its host emulation bit for bit",
       }
 }
 
+// A decode step's FFN products and SwiGLU in one launch (quant_decode_swiglu): the bits of the two
+// products (bias on the up product), then the SwiGLU kernel, with exact and int8 products.
+TEST_CASE("cuda: the fused FFN decode (gate, up, SwiGLU) gives the bits of the three apart", "[cuda][gpu]") {
+  EFIM_NEED_DEVICE();
+  for (const dtype type : {dtype::q8_0, dtype::q4_0, dtype::q5_1, dtype::q4_k, dtype::q5_k, dtype::q6_k})
+    for (const auto products : {kernels::products::exact, kernels::products::int8})
+      for (const std::size_t m : {1, 3, 8}) {
+        INFO(to_string(type) << (products == kernels::products::int8 ? " int8" : " exact") << " m " << m);
+        const std::size_t rows = 300, cols = 512, rb = row_bytes(type, cols);
+        rng r(m + rows + static_cast<std::size_t>(type));
+        std::vector<std::byte> gate(rows * rb), up(rows * rb);
+        const auto gv = random_floats(r, rows * cols), uv = random_floats(r, rows * cols);
+        for (std::size_t i = 0; i < rows; ++i) {
+          quantize_row(type, gv.data() + i * cols, gate.data() + i * rb, cols);
+          quantize_row(type, uv.data() + i * cols, up.data() + i * rb, cols);
+        }
+        const auto x = random_floats(r, m * cols, 2.0f);
+        for (const bool with_bias : {false, true}) {
+          const auto bias = with_bias ? random_floats(r, rows) : std::vector<float>{};
+          const auto fused = test_cuda::ffn_gate_up(type, gate, up, rows, cols, x, m, bias, products, true);
+          const auto apart = test_cuda::ffn_gate_up(type, gate, up, rows, cols, x, m, bias, products, false);
+          REQUIRE(fused.size() == apart.size());
+          CHECK(std::memcmp(fused.data(), apart.data(), fused.size() * sizeof(float)) == 0);
+        }
+      }
+}
+
 namespace {
 
 // Owned tokens and tables for the passes the decoder tests run: sequence s has `lengths[s]` tokens,

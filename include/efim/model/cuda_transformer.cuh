@@ -157,7 +157,14 @@ class transformer<kernels::cuda> {
         residual(ctx, att_.data(), lw.wo, lw.bo, n);
 
         norm(x_.data(), lw.ffn_norm, lw.ffn_norm_b, xb_.data(), n, s);
-        if (c.mlp == mlp_kind::swiglu) {
+        if (c.mlp == mlp_kind::swiglu && n == 1 && kernels::quant::kept_quantized(lw.w_gate.type) &&
+            lw.w_gate.type == lw.w_up.type) {
+          // (one sequence's decode step: its FFN products and SwiGLU in one launch, the same bits; with
+          // more rows the fused kernel holds both products' sums, up to 183 registers against 96 apart)
+          kernels::device::quant_decode_swiglu(lw.w_gate.type, lw.w_gate.data, lw.w_up.data, c.ffn, c.hidden,
+                                               xb_.data(), n, gate_.data(), s, lw.b_up, products_, convert_.data(),
+                                               rounded_xb(lw.w_gate, n, s));
+        } else if (c.mlp == mlp_kind::swiglu) {
           linear(ctx, xb_.data(), lw.w_gate, nullptr, gate_.data(), n);
           linear(ctx, xb_.data(), lw.w_up, lw.b_up, up_.data(), n);
           kernels::device::swiglu(gate_.data(), up_.data(), gate_.data(), n * c.ffn, s);

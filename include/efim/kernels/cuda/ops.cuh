@@ -145,14 +145,16 @@ __global__ void __launch_bounds__(Policy::threads)
   }
 }
 
+// SwiGLU of one gate and up value, as the host kernel computes it (0 below -88): every SwiGLU on the
+// device is this, so fused and apart give the same bits.
+__device__ inline float swiglu_one(float g, float u) { return g < -88.0f ? 0.0f : g / (1.0f + expf(-g)) * u; }
+
 template <class Policy>
 __global__ void __launch_bounds__(Policy::threads)
     swiglu_kernel(const float* gate, const float* up, float* out, std::size_t n) {
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(Policy::threads) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * Policy::threads) {
-    const float g = gate[i];
-    out[i] = g < -88.0f ? 0.0f : g / (1.0f + expf(-g)) * up[i];  // as the host kernel: 0 below -88
-  }
+       i += static_cast<std::size_t>(gridDim.x) * Policy::threads)
+    out[i] = swiglu_one(gate[i], up[i]);
 }
 
 // The dimensions of rotary pair i of a head (rope_style) and the pair rotated by angle (c, s): the

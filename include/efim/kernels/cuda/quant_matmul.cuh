@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "efim/core/dtype.hpp"
 #include "efim/kernels/common.hpp"
@@ -87,6 +88,41 @@ __global__ void __launch_bounds__(Policy::warps * 32)
 #pragma unroll
     for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, off);
     if (lane == 0) decode_store(y + static_cast<std::size_t>(i) * rows + r, v, acc, bias, r);
+  }
+}
+
+// The FFN's decode products and SwiGLU in one launch: each warp takes row r of w_gate, then row r of
+// w_up (each exactly as quant_decode_kernel or quant_decode_int8_kernel takes a row, one after the
+// other: the same registers, the same sums), and stores swiglu_one(gate, up [+ bias_up[r]]): the bits
+// of the two products, add_bias and swiglu apart.
+template <class Policy, dtype T, int M, bool Int8>
+__global__ void __launch_bounds__(Policy::warps * 32)
+    quant_decode_swiglu_kernel(const std::uint8_t* gate, const std::uint8_t* up, std::size_t rows,
+                               std::size_t row_bytes, std::size_t cols, const float* x, quant::x8_rows xq, int m,
+                               float* out, const float* bias_up) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const std::size_t r = static_cast<std::size_t>(blockIdx.x) * Policy::warps + threadIdx.x / 32;
+  if (r >= rows) return;  // a whole warp at once
+  float g[M] = {}, u[M] = {};
+  if constexpr (Int8) {
+    quant::lane_idots<T, M>(gate + r * row_bytes, xq, m, lane, 32, g);
+    quant::lane_idots<T, M>(up + r * row_bytes, xq, m, lane, 32, u);
+  } else {
+    quant::lane_dots<T, M>(gate + r * row_bytes, cols, x, m, lane, 32, g);
+    quant::lane_dots<T, M>(up + r * row_bytes, cols, x, m, lane, 32, u);
+  }
+#pragma unroll
+  for (int i = 0; i < M; ++i) {
+    if (i >= m) break;
+    float gv = g[i], uv = u[i];
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) gv += __shfl_xor_sync(0xFFFFFFFFu, gv, off);
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) uv += __shfl_xor_sync(0xFFFFFFFFu, uv, off);
+    if (lane == 0) {
+      if (bias_up != nullptr) uv += bias_up[r];
+      out[static_cast<std::size_t>(i) * rows + r] = swiglu_one(gv, uv);
+    }
   }
 }
 
@@ -275,6 +311,55 @@ void quant_decode_int8(dtype type, const void* w, std::size_t rows, std::size_t 
       detail::quant_decode_int8_kernel<Policy, T, 8><<<blocks, Policy::warps * 32, 0, stream>>>(wb, rows, rb, xq, xm, y, add, bias);
   });
   check(cudaGetLastError(), "quant_decode_int8 launch");
+}
+
+// The FFN of a decode step in one launch: out (m, rows) = swiglu(x w_gate^T, x w_up^T [+ bias_up]) for
+// two quantized matrices of one type and shape, m <= Policy::decode_rows; products::int8 rounds x to 8
+// bits first (into `workspace`, quant::x8_bytes(m, cols) bytes, unless `rounded` holds it already).
+// The same bits as quant_decode (or quant_decode_int8) of each, add_bias and swiglu.
+template <class Policy = policy::quant_matmul>
+void quant_decode_swiglu(dtype type, const void* gate, const void* up, std::size_t rows, std::size_t cols,
+                         const float* x, std::size_t m, float* out, cudaStream_t stream, const float* bias_up = nullptr,
+                         products p = products::exact, void* workspace = nullptr,
+                         const quant::x8_rows* rounded = nullptr) {
+  static_assert(Policy::decode_rows <= 8, "the decode kernel is instantiated for up to 8 x rows");
+  require(m >= 1 && m <= Policy::decode_rows, errc::invalid_argument, "device::quant_decode_swiglu: 1 to 8 x rows");
+  require(cols % 32 == 0 && rows <= 0xFFFFFFFFull * Policy::warps, errc::invalid_argument,
+          "device::quant_decode_swiglu: a row must be whole blocks of 32, and fit the grid");
+  const bool int8 = p == products::int8;
+  require(!int8 || rounded != nullptr || workspace != nullptr, errc::invalid_argument,
+          "device::quant_decode_swiglu: int8 products need a workspace or rounded rows");
+  require(rounded == nullptr || rounded->cols == cols, errc::invalid_argument,
+          "device::quant_decode_swiglu: rounded rows of another width");
+  const quant::x8_rows xq = !int8 ? quant::x8_rows{}
+                            : rounded != nullptr ? *rounded
+                                                 : quantize_x8<Policy>(type, x, m, cols, workspace, stream);
+  const std::size_t rb = row_bytes(type, cols);
+  const auto* gb = static_cast<const std::uint8_t*>(gate);
+  const auto* ub = static_cast<const std::uint8_t*>(up);
+  const unsigned blocks = static_cast<unsigned>((rows + Policy::warps - 1) / Policy::warps);
+  const int xm = static_cast<int>(m);
+  const auto launch = [&](auto t, auto rows_c, auto int8_c) {
+    detail::quant_decode_swiglu_kernel<Policy, decltype(t)::value, decltype(rows_c)::value, decltype(int8_c)::value>
+        <<<blocks, Policy::warps * 32, 0, stream>>>(gb, ub, rows, rb, cols, x, xq, xm, out, bias_up);
+  };
+  quant::visit_kept(type, [&](auto t) {
+    const auto by_rows = [&](auto int8_c) {
+      if (m == 1)
+        launch(t, std::integral_constant<int, 1>{}, int8_c);
+      else if (m == 2)
+        launch(t, std::integral_constant<int, 2>{}, int8_c);
+      else if (m <= 4)
+        launch(t, std::integral_constant<int, 4>{}, int8_c);
+      else
+        launch(t, std::integral_constant<int, 8>{}, int8_c);
+    };
+    if (int8)
+      by_rows(std::true_type{});
+    else
+      by_rows(std::false_type{});
+  });
+  check(cudaGetLastError(), "quant_decode_swiglu launch");
 }
 
 // Rows first .. first + count of quantized w as f16 (count, cols) into out (16-byte aligned).
