@@ -261,12 +261,11 @@ std::vector<float> ffn_gate_up(dtype type, const std::vector<std::byte>& gate, c
   return download(out, m * rows, st.s);
 }
 
-kernels::quant::x8_host quantize_x8(dtype t, const std::vector<float>& x, std::size_t m, std::size_t cols) {
-  stream st;
-  auto dx = upload(x, st.s);
-  buffer<std::byte> workspace(kernels::quant::x8_bytes(m, cols));
-  const kernels::quant::x8_rows v = kernels::device::quantize_x8(t, dx.data(), m, cols, workspace.data(), st.s);
-  const auto bytes = download(workspace, workspace.size(), st.s);
+namespace {
+// The planar arrays of a device workspace, downloaded.
+kernels::quant::x8_host download_x8(dtype t, const buffer<std::byte>& workspace, const kernels::quant::x8_rows& v,
+                                    std::size_t m, std::size_t cols, cudaStream_t s) {
+  const auto bytes = download(workspace, workspace.size(), s);
   const auto* base = reinterpret_cast<const std::byte*>(workspace.data());
   kernels::quant::x8_host out;
   out.cols = cols;
@@ -280,6 +279,32 @@ kernels::quant::x8_host quantize_x8(dtype t, const std::vector<float>& x, std::s
     std::memcpy(out.sums.data(), bytes.data() + (reinterpret_cast<const std::byte*>(v.sums) - base),
                 sums * sizeof(std::int32_t));
   return out;
+}
+}  // namespace
+
+kernels::quant::x8_host quantize_x8(dtype t, const std::vector<float>& x, std::size_t m, std::size_t cols) {
+  stream st;
+  auto dx = upload(x, st.s);
+  buffer<std::byte> workspace(kernels::quant::x8_bytes(m, cols));
+  const kernels::quant::x8_rows v = kernels::device::quantize_x8(t, dx.data(), m, cols, workspace.data(), st.s);
+  return download_x8(t, workspace, v, m, cols, st.s);
+}
+
+kernels::quant::x8_host rmsnorm_x8(dtype t, const std::vector<float>& x, const std::vector<float>& weight,
+                                   std::size_t rows, std::size_t n, float eps, bool fused, std::vector<float>& y) {
+  stream st;
+  auto dx = upload(x, st.s), dw = upload(weight, st.s);
+  buffer<float> dy(rows * n);
+  buffer<std::byte> workspace(kernels::quant::x8_bytes(rows, n));
+  kernels::quant::x8_rows v;
+  if (fused) {
+    v = kernels::device::rmsnorm_x8(t, dx.data(), dw.data(), dy.data(), rows, n, eps, workspace.data(), st.s);
+  } else {
+    kernels::device::rmsnorm(dx.data(), dw.data(), dy.data(), rows, n, eps, st.s);
+    v = kernels::device::quantize_x8(t, dy.data(), rows, n, workspace.data(), st.s);
+  }
+  y = download(dy, rows * n, st.s);
+  return download_x8(t, workspace, v, rows, n, st.s);
 }
 
 std::vector<token_id> argmax(const std::vector<float>& logits, std::size_t rows, std::size_t n) {

@@ -548,6 +548,28 @@ TEST_CASE("cuda: activations rounded to 8 bits on the device are the host's byte
     }
 }
 
+// RMSNorm and the 8-bit rounding of its rows in one launch (rmsnorm_x8, what a decode step with int8
+// products runs before its first product): the bits of the two kernels apart, per 32 and per 256, and
+// the host's rounding of the device's normed rows.
+TEST_CASE("cuda: RMSNorm fused with the 8-bit rounding gives the bits of the two apart", "[cuda][gpu]") {
+  EFIM_NEED_DEVICE();
+  for (const dtype type : {dtype::q8_0, dtype::q4_k})
+    for (const auto& [rows, n] : std::vector<std::pair<std::size_t, std::size_t>>{{1, 896}, {3, 3584}, {8, 256}}) {
+      if (n % kernels::quant::x8_span(type) != 0) continue;
+      INFO(to_string(type) << " " << rows << " x " << n);
+      rng r(rows * 13 + n);
+      const auto x = random_floats(r, rows * n, 3.0f), weight = random_floats(r, n);
+      std::vector<float> y_fused, y_apart;
+      const auto fused = test_cuda::rmsnorm_x8(type, x, weight, rows, n, 1e-6f, true, y_fused);
+      const auto apart = test_cuda::rmsnorm_x8(type, x, weight, rows, n, 1e-6f, false, y_apart);
+      CHECK(std::memcmp(y_fused.data(), y_apart.data(), y_apart.size() * sizeof(float)) == 0);
+      CHECK(fused.q == apart.q);
+      CHECK(std::memcmp(fused.d.data(), apart.d.data(), apart.d.size() * sizeof(float)) == 0);
+      CHECK(fused.sums == apart.sums);
+      CHECK(fused.q == kernels::quant::make_x8(type, y_fused.data(), rows, n).q);
+    }
+}
+
 // The int8 decode product (products::int8, up to 8 x rows) is the lanes' sums of quant::lane_idots
 // added as a warp adds them, which the host emulates bit for bit (and test_model bounds against the
 // host's int8 products); a bias is added after, as add_bias adds it.

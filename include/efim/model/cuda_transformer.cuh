@@ -146,7 +146,7 @@ class transformer<kernels::cuda> {
       const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
       for (std::size_t l = 0; l < c.layers; ++l) {
         const device_layer_weights& lw = w_.layers[l];
-        norm(x_.data(), lw.attn_norm, lw.attn_norm_b, xb_.data(), n, s);
+        norm(x_.data(), lw.attn_norm, lw.attn_norm_b, xb_.data(), n, s, &lw.wq);
         linear(ctx, xb_.data(), lw.wq, lw.bq, q_.data(), n);
         linear(ctx, xb_.data(), lw.wk, lw.bk, k_.data(), n);
         linear(ctx, xb_.data(), lw.wv, lw.bv, v_.data(), n);
@@ -156,7 +156,8 @@ class transformer<kernels::cuda> {
           attend<float>(kv, l, scale, s);
         residual(ctx, att_.data(), lw.wo, lw.bo, n);
 
-        norm(x_.data(), lw.ffn_norm, lw.ffn_norm_b, xb_.data(), n, s);
+        norm(x_.data(), lw.ffn_norm, lw.ffn_norm_b, xb_.data(), n, s,
+             c.mlp == mlp_kind::swiglu ? &lw.w_gate : &lw.w_up);
         if (c.mlp == mlp_kind::swiglu && n == 1 && kernels::quant::kept_quantized(lw.w_gate.type) &&
             lw.w_gate.type == lw.w_up.type) {
           // (one sequence's decode step: its FFN products and SwiGLU in one launch, the same bits; with
@@ -181,7 +182,7 @@ class transformer<kernels::cuda> {
                                       c.hidden * sizeof(float), cudaMemcpyDeviceToDevice, s),
                       "cudaMemcpyAsync");
       if (n_logits > 0) {
-        norm(xb_.data(), w_.output_norm, w_.output_norm_b, xb_.data(), n_logits, s);
+        norm(xb_.data(), w_.output_norm, w_.output_norm_b, xb_.data(), n_logits, s, &w_.output);
         linear(ctx, xb_.data(), w_.output, w_.output_b, logits_.data(), n_logits);
       }
     };
@@ -215,9 +216,19 @@ class transformer<kernels::cuda> {
   }
 
  private:
-  void norm(const float* x, const float* weight, const float* bias, float* y, std::size_t rows, cudaStream_t s) {
+  // `first`: the first matrix whose product reads y: with int8 products, an RMSNorm into xb_ for a few
+  // rows rounds them to 8 bits for it in the same launch (rmsnorm_x8; what rounded_xb then returns).
+  void norm(const float* x, const float* weight, const float* bias, float* y, std::size_t rows, cudaStream_t s,
+            const kernels::device::matrix* first = nullptr) {
     const config& c = cfg();
     if (y == xb_.data()) x8_fresh_ = {};  // xb_ changes: its 8-bit copies are stale
+    if (first != nullptr && y == xb_.data() && c.norm == norm_kind::rms && products_ == kernels::products::int8 &&
+        rows <= kernels::device::policy::quant_matmul::decode_rows && kernels::quant::kept_quantized(first->type)) {
+      const std::size_t i = kernels::quant::x8_span(first->type) == 256 ? 1 : 0;
+      x8_[i] = kernels::device::rmsnorm_x8(first->type, x, weight, y, rows, c.hidden, c.norm_eps, x8_ws_[i].data(), s);
+      x8_fresh_[i] = true;
+      return;
+    }
     if (c.norm == norm_kind::rms)
       kernels::device::rmsnorm(x, weight, y, rows, c.hidden, c.norm_eps, s);
     else

@@ -126,68 +126,100 @@ __global__ void __launch_bounds__(Policy::warps * 32)
   }
 }
 
-// x rounded per 32 as kquant::quantize(block_q8_32) rounds it: a warp per block, a lane per value.
-// (Every operation is the host's, one rounding each: the scale through the same f16 conversion.)
+// One block of 32 values (x, a warp's lanes each reading its own) rounded as kquant::quantize
+// (block_q8_32) rounds it, into q[0..31] and *d. (Every operation is the host's, one rounding each: the
+// scale through the same f16 conversion.)
+__device__ inline void round_x8_32(const float* x, std::int8_t* q, float* d, int lane) {
+  const float v = x[lane];
+  float amax = v == v ? fabsf(v) : 0.0f;  // NaN left out, as the host's `ax > amax` leaves it
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+  const float id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
+  float t = __fmul_rn(v, id);
+  t = t == t ? fminf(127.0f, fmaxf(-127.0f, t)) : 0.0f;
+  q[lane] = static_cast<std::int8_t>(__float2int_rn(t));
+  if (lane == 0) *d = f16_to_f32(f32_to_f16(__fdiv_rn(amax, 127.0f)));
+}
+
+// One super-block of 256 values (x, 16-byte aligned; lane l reads values 8 l .. 8 l + 7) rounded as
+// kquant::quantize(block_q8_k) rounds it (finite x), into q[0..255], *d and sums[0..15] (each 16
+// quants' sum): the value of largest magnitude is the first of them (the lowest index on a tie), as
+// the host's scan finds it.
+__device__ inline void round_x8_256(const float* x, std::int8_t* q, float* d, std::int32_t* sums, int lane) {
+  const float4* src = reinterpret_cast<const float4*>(x + 8 * lane);
+  const float4 lo = src[0], hi = src[1];
+  const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+  float amax = 0.0f, max = 0.0f;
+  int at = 8 * lane;
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+    if (fabsf(v[j]) > amax) amax = fabsf(v[j]), max = v[j], at = 8 * lane + j;
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) {
+    const float a = __shfl_xor_sync(0xFFFFFFFFu, amax, off), mx = __shfl_xor_sync(0xFFFFFFFFu, max, off);
+    const int i = __shfl_xor_sync(0xFFFFFFFFu, at, off);
+    if (a > amax || (a == amax && i < at)) amax = a, max = mx, at = i;
+  }
+  std::uint32_t packed[2] = {0, 0};
+  int sum = 0;
+  if (amax != 0.0f) {
+    const float iscale = __fdiv_rn(-127.0f, max);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int n = min(127, __float2int_rn(__fmul_rn(iscale, v[j])));
+      sum += n;
+      packed[j / 4] |= (static_cast<std::uint32_t>(n) & 0xFFu) << (8 * (j % 4));
+    }
+    if (lane == 0) *d = __frcp_rn(iscale);
+  } else if (lane == 0) {
+    *d = 0.0f;
+  }
+  *reinterpret_cast<uint2*>(q + 8 * lane) = make_uint2(packed[0], packed[1]);
+  sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 1);
+  if (lane % 2 == 0) sums[lane / 2] = sum;
+}
+
+// x rounded per 32 (round_x8_32): a warp per block.
 template <class Policy>
 __global__ void __launch_bounds__(Policy::threads)
     quantize_x8_32_kernel(const float* x, std::size_t blocks, std::int8_t* q, float* d) {
   const int lane = static_cast<int>(threadIdx.x % 32);
   const std::size_t warps = static_cast<std::size_t>(gridDim.x) * (Policy::threads / 32);
   for (std::size_t b = (blockIdx.x * static_cast<std::size_t>(Policy::threads) + threadIdx.x) / 32; b < blocks;
-       b += warps) {
-    const float v = x[32 * b + lane];
-    float amax = v == v ? fabsf(v) : 0.0f;  // NaN left out, as the host's `ax > amax` leaves it
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
-    const float id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
-    float t = __fmul_rn(v, id);
-    t = t == t ? fminf(127.0f, fmaxf(-127.0f, t)) : 0.0f;
-    q[32 * b + lane] = static_cast<std::int8_t>(__float2int_rn(t));
-    if (lane == 0) d[b] = f16_to_f32(f32_to_f16(__fdiv_rn(amax, 127.0f)));
-  }
+       b += warps)
+    round_x8_32(x + 32 * b, q + 32 * b, d + b, lane);
 }
 
-// x rounded per 256 as kquant::quantize(block_q8_k) rounds it (finite x): a warp per super-block,
-// lane l holding values 8 l .. 8 l + 7; the value of largest magnitude is the first of them (the
-// lowest index on a tie), as the host's scan finds it. sums: each 16 quants' sum.
+// x rounded per 256 (round_x8_256): a warp per super-block.
 template <class Policy>
 __global__ void __launch_bounds__(Policy::threads)
     quantize_x8_256_kernel(const float* x, std::size_t blocks, std::int8_t* q, float* d, std::int32_t* sums) {
   const int lane = static_cast<int>(threadIdx.x % 32);
   const std::size_t warps = static_cast<std::size_t>(gridDim.x) * (Policy::threads / 32);
   for (std::size_t b = (blockIdx.x * static_cast<std::size_t>(Policy::threads) + threadIdx.x) / 32; b < blocks;
-       b += warps) {
-    const float4* src = reinterpret_cast<const float4*>(x + 256 * b + 8 * lane);
-    const float4 lo = src[0], hi = src[1];
-    const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-    float amax = 0.0f, max = 0.0f;
-    int at = 8 * lane;
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-      if (fabsf(v[j]) > amax) amax = fabsf(v[j]), max = v[j], at = 8 * lane + j;
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) {
-      const float a = __shfl_xor_sync(0xFFFFFFFFu, amax, off), mx = __shfl_xor_sync(0xFFFFFFFFu, max, off);
-      const int i = __shfl_xor_sync(0xFFFFFFFFu, at, off);
-      if (a > amax || (a == amax && i < at)) amax = a, max = mx, at = i;
-    }
-    std::uint32_t packed[2] = {0, 0};
-    int sum = 0;
-    if (amax != 0.0f) {
-      const float iscale = __fdiv_rn(-127.0f, max);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int n = min(127, __float2int_rn(__fmul_rn(iscale, v[j])));
-        sum += n;
-        packed[j / 4] |= (static_cast<std::uint32_t>(n) & 0xFFu) << (8 * (j % 4));
-      }
-      if (lane == 0) d[b] = __frcp_rn(iscale);
-    } else if (lane == 0) {
-      d[b] = 0.0f;
-    }
-    *reinterpret_cast<uint2*>(q + 256 * b + 8 * lane) = make_uint2(packed[0], packed[1]);
-    sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 1);
-    if (lane % 2 == 0) sums[16 * b + lane / 2] = sum;
+       b += warps)
+    round_x8_256(x + 256 * b, q + 256 * b, d + b, sums + 16 * b, lane);
+}
+
+// RMSNorm of one row (agent::rmsnorm: y written, the same bits), then the row's y rounded to 8 bits
+// per `span` (32 or 256) by the block's warps in turn: rmsnorm and quantize_x8 in one launch.
+template <class Policy>
+__global__ void __launch_bounds__(Policy::threads)
+    rmsnorm_x8_kernel(const float* x, const float* weight, float* y, std::size_t n, float eps, std::size_t span,
+                      std::int8_t* q, float* d, std::int32_t* sums) {
+  __shared__ typename agent::rmsnorm<Policy>::storage temp;
+  const std::size_t row = blockIdx.x;
+  float* yr = y + row * n;
+  agent::rmsnorm<Policy>::run(temp, x + row * n, weight, yr, n, eps);
+  __syncthreads();  // (the row's y, written by every thread, read back by the warps below)
+  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  const std::size_t blocks = n / span;
+  for (std::size_t b = static_cast<std::size_t>(warp); b < blocks; b += Policy::threads / 32) {
+    const std::size_t at = row * n + span * b;  // (the row's quants start at row * n, its scales at row * blocks)
+    if (span == 256)
+      round_x8_256(y + at, q + at, d + row * blocks + b, sums + at / 16, lane);
+    else
+      round_x8_32(y + at, q + at, d + row * blocks + b, lane);
   }
 }
 
@@ -277,6 +309,25 @@ quant::x8_rows quantize_x8(dtype t, const float* x, std::size_t m, std::size_t c
     detail::quantize_x8_32_kernel<Policy><<<grid, Policy::threads, 0, stream>>>(x, blocks, q, d);
   check(cudaGetLastError(), "quantize_x8 launch");
   return {q, d, sums, cols};
+}
+
+// y (rows, n) = RMSNorm(x) (kernels::device::rmsnorm: the same bits), and y rounded to 8 bits for
+// weights of type t as quantize_x8 rounds it, into `workspace` (quant::x8_bytes(rows, n) bytes): one
+// launch, a block per row. The view of the rounded rows.
+template <class Policy = policy::rmsnorm>
+quant::x8_rows rmsnorm_x8(dtype t, const float* x, const float* weight, float* y, std::size_t rows, std::size_t n,
+                          float eps, void* workspace, cudaStream_t stream) {
+  const std::size_t span = quant::x8_span(t);
+  require(n % span == 0, errc::invalid_argument, "device::rmsnorm_x8: a row must be whole blocks of the span");
+  auto* const base = static_cast<std::byte*>(workspace);
+  auto* const q = reinterpret_cast<std::int8_t*>(base);
+  auto* const d = reinterpret_cast<float*>(base + quant::x8_scales_at(rows, n));
+  auto* const sums = reinterpret_cast<std::int32_t*>(base + quant::x8_sums_at(rows, n));
+  if (rows > 0)
+    detail::rmsnorm_x8_kernel<Policy>
+        <<<static_cast<unsigned>(rows), Policy::threads, 0, stream>>>(x, weight, y, n, eps, span, q, d, sums);
+  check(cudaGetLastError(), "rmsnorm_x8 launch");
+  return {q, d, sums, n};
 }
 
 // The int8 decode product: y (m, rows) = [y +] x (m, cols) * w^T [+ bias] with x rounded to 8 bits
