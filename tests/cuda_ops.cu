@@ -291,19 +291,21 @@ kernels::quant::x8_host quantize_x8(dtype t, const std::vector<float>& x, std::s
 }
 
 kernels::quant::x8_host rmsnorm_x8(dtype t, const std::vector<float>& x, const std::vector<float>& weight,
-                                   std::size_t rows, std::size_t n, float eps, bool fused, std::vector<float>& y) {
+                                   std::size_t rows, std::size_t n, float eps, bool fused, bool in_place,
+                                   std::vector<float>& y) {
   stream st;
   auto dx = upload(x, st.s), dw = upload(weight, st.s);
-  buffer<float> dy(rows * n);
+  buffer<float> other(in_place ? 0 : rows * n);
+  float* const dy = in_place ? dx.data() : other.data();
   buffer<std::byte> workspace(kernels::quant::x8_bytes(rows, n));
   kernels::quant::x8_rows v;
   if (fused) {
-    v = kernels::device::rmsnorm_x8(t, dx.data(), dw.data(), dy.data(), rows, n, eps, workspace.data(), st.s);
+    v = kernels::device::rmsnorm_x8(t, dx.data(), dw.data(), dy, rows, n, eps, workspace.data(), st.s);
   } else {
-    kernels::device::rmsnorm(dx.data(), dw.data(), dy.data(), rows, n, eps, st.s);
-    v = kernels::device::quantize_x8(t, dy.data(), rows, n, workspace.data(), st.s);
+    kernels::device::rmsnorm(dx.data(), dw.data(), dy, rows, n, eps, st.s);
+    v = kernels::device::quantize_x8(t, dy, rows, n, workspace.data(), st.s);
   }
-  y = download(dy, rows * n, st.s);
+  y = download(in_place ? dx : other, rows * n, st.s);
   return download_x8(t, workspace, v, rows, n, st.s);
 }
 

@@ -65,9 +65,11 @@ std::vector<float> matmul(dtype type, const std::vector<std::byte>& w, std::size
                           kernels::products products = kernels::products::exact,
                           const std::vector<float>& bias = {});
 // RMSNorm of x (rows, n) then its rounding to 8 bits for weights of type t, in one launch
-// (rmsnorm_x8) or two (rmsnorm, quantize_x8): the normed rows into y, the rounded ones returned.
+// (rmsnorm_x8) or two (rmsnorm, quantize_x8), into another buffer or in place: the normed rows into
+// y, the rounded ones returned.
 kernels::quant::x8_host rmsnorm_x8(dtype t, const std::vector<float>& x, const std::vector<float>& weight,
-                                   std::size_t rows, std::size_t n, float eps, bool fused, std::vector<float>& y);
+                                   std::size_t rows, std::size_t n, float eps, bool fused, bool in_place,
+                                   std::vector<float>& y);
 // A decode step's SwiGLU FFN half: swiglu(x gate^T, x up^T [+ bias]) for two quantized (rows, cols)
 // matrices of one type, in one launch (quant_decode_swiglu) or as two products and the SwiGLU kernel.
 std::vector<float> ffn_gate_up(dtype type, const std::vector<std::byte>& gate, const std::vector<std::byte>& up,

@@ -559,14 +559,20 @@ TEST_CASE("cuda: RMSNorm fused with the 8-bit rounding gives the bits of the two
       INFO(to_string(type) << " " << rows << " x " << n);
       rng r(rows * 13 + n);
       const auto x = random_floats(r, rows * n, 3.0f), weight = random_floats(r, n);
-      std::vector<float> y_fused, y_apart;
-      const auto fused = test_cuda::rmsnorm_x8(type, x, weight, rows, n, 1e-6f, true, y_fused);
-      const auto apart = test_cuda::rmsnorm_x8(type, x, weight, rows, n, 1e-6f, false, y_apart);
-      CHECK(std::memcmp(y_fused.data(), y_apart.data(), y_apart.size() * sizeof(float)) == 0);
-      CHECK(fused.q == apart.q);
-      CHECK(std::memcmp(fused.d.data(), apart.d.data(), apart.d.size() * sizeof(float)) == 0);
-      CHECK(fused.sums == apart.sums);
-      CHECK(fused.q == kernels::quant::make_x8(type, y_fused.data(), rows, n).q);
+      for (const bool in_place : {false, true}) {  // (in place: as the output norm runs)
+        INFO((in_place ? "in place" : "into another buffer"));
+        std::vector<float> y_fused, y_apart;
+        const auto fused = test_cuda::rmsnorm_x8(type, x, weight, rows, n, 1e-6f, true, in_place, y_fused);
+        const auto apart = test_cuda::rmsnorm_x8(type, x, weight, rows, n, 1e-6f, false, in_place, y_apart);
+        CHECK(std::memcmp(y_fused.data(), y_apart.data(), y_apart.size() * sizeof(float)) == 0);
+        CHECK(fused.q == apart.q);
+        CHECK(std::memcmp(fused.d.data(), apart.d.data(), apart.d.size() * sizeof(float)) == 0);
+        CHECK(fused.sums == apart.sums);
+        const auto host = kernels::quant::make_x8(type, y_fused.data(), rows, n);
+        CHECK(fused.q == host.q);
+        CHECK(std::memcmp(fused.d.data(), host.d.data(), host.d.size() * sizeof(float)) == 0);
+        CHECK(fused.sums == host.sums);
+      }
     }
 }
 
@@ -616,11 +622,11 @@ TEST_CASE("cuda: the int8 decode product equals its host emulation bit for bit",
 // products (bias on the up product), then the SwiGLU kernel, with exact and int8 products.
 TEST_CASE("cuda: the fused FFN decode (gate, up, SwiGLU) gives the bits of the three apart", "[cuda][gpu]") {
   EFIM_NEED_DEVICE();
-  for (const dtype type : {dtype::q8_0, dtype::q4_0, dtype::q5_1, dtype::q4_k, dtype::q5_k, dtype::q6_k})
+  for (const dtype type : {dtype::q8_0, dtype::q4_0, dtype::q5_0, dtype::q5_1, dtype::q4_k, dtype::q5_k, dtype::q6_k})
     for (const auto products : {kernels::products::exact, kernels::products::int8})
-      for (const std::size_t m : {1, 3, 8}) {
-        INFO(to_string(type) << (products == kernels::products::int8 ? " int8" : " exact") << " m " << m);
-        const std::size_t rows = 300, cols = 512, rb = row_bytes(type, cols);
+      for (const auto& [m, cols] : std::vector<std::pair<std::size_t, std::size_t>>{{1, 512}, {1, 4608}, {3, 512}, {8, 1024}}) {
+        INFO(to_string(type) << (products == kernels::products::int8 ? " int8" : " exact") << " m " << m << " cols " << cols);
+        const std::size_t rows = 300, rb = row_bytes(type, cols);
         rng r(m + rows + static_cast<std::size_t>(type));
         std::vector<std::byte> gate(rows * rb), up(rows * rb);
         const auto gv = random_floats(r, rows * cols), uv = random_floats(r, rows * cols);
@@ -753,8 +759,9 @@ TEST_CASE("cuda: the decoder with int8 products: decode logits equal the host's 
     const auto c = decoder_config(model::architecture::qwen2, type);
     const auto w = model::random_weights(c, 7, {type, true});
     rng r(13);
-    passes_spec spec(c, {6, 6}, 16, r);
-    for (std::size_t i = 0; i < 6; ++i) spec.add({{i, i + 1}, {i, i + 1}});  // decode steps of two rows
+    passes_spec spec(c, {9, 6}, 16, r);
+    for (std::size_t i = 0; i < 9; ++i)  // decode steps of two rows, then of one (the fused FFN kernel)
+      spec.add({{i, i + 1}, i < 6 ? std::pair<std::size_t, std::size_t>{i, i + 1} : std::pair<std::size_t, std::size_t>{}});
     const auto int8 = test_cuda::forward(w, dtype::f32, 64, 16, spec.passes, {.products = kernels::products::int8});
     const auto exact = test_cuda::forward(w, dtype::f32, 64, 16, spec.passes);
     const auto host = host_forward(w, dtype::f32, 64, 16, spec.passes, kernels::products::int8);

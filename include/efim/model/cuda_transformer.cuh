@@ -177,6 +177,7 @@ class transformer<kernels::cuda> {
       }
 
       // The last row of each item that wants logits, normed, through the output matrix.
+      x8_fresh_ = {};  // (xb_ is written below; its norm resets this too)
       for (std::size_t i = 0; i < logit_rows_.size(); ++i)
         device::check(cudaMemcpyAsync(xb_.data() + i * c.hidden, x_.data() + logit_rows_[i] * c.hidden,
                                       c.hidden * sizeof(float), cudaMemcpyDeviceToDevice, s),

@@ -311,21 +311,23 @@ quant::x8_rows quantize_x8(dtype t, const float* x, std::size_t m, std::size_t c
   return {q, d, sums, cols};
 }
 
-// y (rows, n) = RMSNorm(x) (kernels::device::rmsnorm: the same bits), and y rounded to 8 bits for
-// weights of type t as quantize_x8 rounds it, into `workspace` (quant::x8_bytes(rows, n) bytes): one
-// launch, a block per row. The view of the rounded rows.
+// y (rows, n) = RMSNorm(x) (kernels::device::rmsnorm: the same bits; y may be x), and y rounded to 8
+// bits for weights of type t as quantize_x8 rounds it, into `workspace` (quant::x8_bytes(rows, n)
+// bytes): one launch, a block per row. y 16-byte aligned. The view of the rounded rows.
 template <class Policy = policy::rmsnorm>
 quant::x8_rows rmsnorm_x8(dtype t, const float* x, const float* weight, float* y, std::size_t rows, std::size_t n,
                           float eps, void* workspace, cudaStream_t stream) {
+  static_assert(Policy::threads % 32 == 0, "rmsnorm_x8 rounds with whole warps");
   const std::size_t span = quant::x8_span(t);
   require(n % span == 0, errc::invalid_argument, "device::rmsnorm_x8: a row must be whole blocks of the span");
+  require(rows <= 0x7FFFFFFFu, errc::invalid_argument, "device::rmsnorm_x8: more than 2^31 - 1 rows");
   auto* const base = static_cast<std::byte*>(workspace);
   auto* const q = reinterpret_cast<std::int8_t*>(base);
   auto* const d = reinterpret_cast<float*>(base + quant::x8_scales_at(rows, n));
   auto* const sums = reinterpret_cast<std::int32_t*>(base + quant::x8_sums_at(rows, n));
-  if (rows > 0)
-    detail::rmsnorm_x8_kernel<Policy>
-        <<<static_cast<unsigned>(rows), Policy::threads, 0, stream>>>(x, weight, y, n, eps, span, q, d, sums);
+  if (rows == 0 || n == 0) return {q, d, sums, n};
+  detail::rmsnorm_x8_kernel<Policy>
+      <<<static_cast<unsigned>(rows), Policy::threads, 0, stream>>>(x, weight, y, n, eps, span, q, d, sums);
   check(cudaGetLastError(), "rmsnorm_x8 launch");
   return {q, d, sums, n};
 }
