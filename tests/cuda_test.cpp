@@ -490,17 +490,11 @@ TEST_CASE("cuda: quantized weights kept as stored: decode equals its host emulat
         if (m <= kernels::quant::decode_rows) {
           std::size_t differ = 0;
           for (std::size_t j = 0; j < rows; ++j) {
-            float lanes[8][32] = {};
-            for (int lane = 0; lane < 32; ++lane) {
-              float sums[8] = {};
-              kernels::quant::visit_kept(type, [&](auto t) {
-                kernels::quant::lane_dots<decltype(t)::value, 8>(reinterpret_cast<const std::uint8_t*>(w.data() + j * rb),
-                                                                 cols, x.data(), static_cast<int>(m), lane, 32, sums);
-              });
-              for (std::size_t i = 0; i < m; ++i) lanes[i][lane] = sums[i];
-            }
+            float sums[8];
+            kernels::quant::warp_dots(type, reinterpret_cast<const std::uint8_t*>(w.data() + j * rb), cols, x.data(),
+                                      static_cast<int>(m), sums);
             for (std::size_t i = 0; i < m; ++i) {
-              const float v = kernels::quant::warp_sum(lanes[i]);
+              const float v = sums[i];
               const float want = acc ? y0[i * rows + j] + v : v;
               if (std::memcmp(&want, &device[i * rows + j], sizeof want) != 0) ++differ;
             }
@@ -526,6 +520,14 @@ TEST_CASE("cuda: quantized weights kept as stored: decode equals its host emulat
       }
 }
 
+namespace {
+// Two roundings to 8 bits hold the same bytes: quants, scales (bit for bit) and sums.
+bool same_x8(const kernels::quant::x8_host& a, const kernels::quant::x8_host& b) {
+  return a.q == b.q && a.d.size() == b.d.size() && std::memcmp(a.d.data(), b.d.data(), a.d.size() * sizeof(float)) == 0 &&
+         a.sums == b.sums;
+}
+}  // namespace
+
 // The int8 decode product: x rounded to 8 bits on the device as the host's int8 products round it
 // (kquant::quantize into q8_0 / q8_K blocks), byte for byte: per 32 and per 256, with an all-zero
 // block, magnitudes tied between signs (the first one sets the sign of a q8_K scale) and a wide range.
@@ -540,11 +542,7 @@ TEST_CASE("cuda: activations rounded to 8 bits on the device are the host's byte
       for (std::size_t k = 0; k < 256; ++k) x[k] = 0.0f;  // a zero block of either span
       x[300] = 7.5f, x[301] = -7.5f, x[520] = -7.5f, x[600] = 7.5f;
       for (std::size_t k = 768; k < cols; ++k) x[k] *= 1e-6f;
-      const auto device = test_cuda::quantize_x8(type, x, m, cols);
-      const auto host = kernels::quant::make_x8(type, x.data(), m, cols);
-      CHECK(device.q == host.q);
-      CHECK(std::memcmp(device.d.data(), host.d.data(), host.d.size() * sizeof(float)) == 0);
-      CHECK(device.sums == host.sums);
+      CHECK(same_x8(test_cuda::quantize_x8(type, x, m, cols), kernels::quant::make_x8(type, x.data(), m, cols)));
     }
 }
 
@@ -565,13 +563,8 @@ TEST_CASE("cuda: RMSNorm fused with the 8-bit rounding gives the bits of the two
         const auto fused = test_cuda::rmsnorm_x8(type, x, weight, rows, n, 1e-6f, true, in_place, y_fused);
         const auto apart = test_cuda::rmsnorm_x8(type, x, weight, rows, n, 1e-6f, false, in_place, y_apart);
         CHECK(std::memcmp(y_fused.data(), y_apart.data(), y_apart.size() * sizeof(float)) == 0);
-        CHECK(fused.q == apart.q);
-        CHECK(std::memcmp(fused.d.data(), apart.d.data(), apart.d.size() * sizeof(float)) == 0);
-        CHECK(fused.sums == apart.sums);
-        const auto host = kernels::quant::make_x8(type, y_fused.data(), rows, n);
-        CHECK(fused.q == host.q);
-        CHECK(std::memcmp(fused.d.data(), host.d.data(), host.d.size() * sizeof(float)) == 0);
-        CHECK(fused.sums == host.sums);
+        CHECK(same_x8(fused, apart));
+        CHECK(same_x8(fused, kernels::quant::make_x8(type, y_fused.data(), rows, n)));
       }
     }
 }
@@ -598,17 +591,11 @@ TEST_CASE("cuda: the int8 decode product equals its host emulation bit for bit",
         const auto xq = kernels::quant::make_x8(type, x.data(), m, cols);
         std::size_t differ = 0;
         for (std::size_t j = 0; j < rows; ++j) {
-          float lanes[8][32] = {};
-          for (int lane = 0; lane < 32; ++lane) {
-            float sums[8] = {};
-            kernels::quant::visit_kept(type, [&](auto t) {
-              kernels::quant::lane_idots<decltype(t)::value, 8>(reinterpret_cast<const std::uint8_t*>(w.data() + j * rb),
-                                                                xq.view(), static_cast<int>(m), lane, 32, sums);
-            });
-            for (std::size_t i = 0; i < m; ++i) lanes[i][lane] = sums[i];
-          }
+          float sums[8];
+          kernels::quant::warp_idots(type, reinterpret_cast<const std::uint8_t*>(w.data() + j * rb), xq.view(),
+                                     static_cast<int>(m), sums);
           for (std::size_t i = 0; i < m; ++i) {
-            const float v = kernels::quant::warp_sum(lanes[i]);
+            const float v = sums[i];
             float want = acc ? y0[i * rows + j] + v : v;
             if (!bias.empty()) want += bias[j];
             if (std::memcmp(&want, &device[i * rows + j], sizeof want) != 0) ++differ;

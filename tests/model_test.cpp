@@ -281,16 +281,10 @@ TEST_CASE("CUDA quantized groups decode as dequantize_row, and a warp's lanes co
         std::size_t outside = 0;
         for (std::size_t j = 0; j < rows; ++j) {
           const auto* row = reinterpret_cast<const std::uint8_t*>(w.bytes.data() + j * rb);
-          float lane_sums[8][32] = {};
-          for (int lane = 0; lane < 32; ++lane) {
-            float acc[8] = {};
-            kernels::quant::visit_kept(t, [&](auto type) {
-              kernels::quant::lane_dots<decltype(type)::value, 8>(row, cols, x.data(), m, lane, 32, acc);
-            });
-            for (int i = 0; i < m; ++i) lane_sums[i][lane] = acc[i];
-          }
+          float sums[8];
+          kernels::quant::warp_dots(t, row, cols, x.data(), m, sums);
           for (int i = 0; i < m; ++i) {
-            const float got = kernels::quant::warp_sum(lane_sums[i]);
+            const float got = sums[i];
             double exact = 0.0, magnitude = 0.0;
             for (std::size_t k = 0; k < cols; ++k) {
               const double p = static_cast<double>(w.dequantized[j * cols + k]) * x[i * cols + k];
@@ -356,19 +350,8 @@ TEST_CASE("CUDA int8 decode product, emulated: the host's int8 products within f
         std::size_t outside = 0, batch_dependent = 0;
         for (std::size_t j = 0; j < rows; ++j) {
           const auto* row = reinterpret_cast<const std::uint8_t*>(w.bytes.data() + j * rb);
-          const auto emulate = [&](const kernels::quant::x8_rows& v, int rows_of_x, float (&out)[8]) {
-            float lanes[8][32] = {};
-            for (int lane = 0; lane < 32; ++lane) {
-              float acc[8] = {};
-              kernels::quant::visit_kept(t, [&](auto type) {
-                kernels::quant::lane_idots<decltype(type)::value, 8>(row, v, rows_of_x, lane, 32, acc);
-              });
-              for (int i = 0; i < rows_of_x; ++i) lanes[i][lane] = acc[i];
-            }
-            for (int i = 0; i < rows_of_x; ++i) out[i] = kernels::quant::warp_sum(lanes[i]);
-          };
           float got[8];
-          emulate(xq.view(), static_cast<int>(m), got);
+          kernels::quant::warp_idots(t, row, xq.view(), static_cast<int>(m), got);
           std::vector<float> dq(cols);
           dequantize_row(t, w.bytes.data() + j * rb, dq.data(), cols);
           for (std::size_t i = 0; i < m; ++i) {
@@ -384,7 +367,7 @@ TEST_CASE("CUDA int8 decode product, emulated: the host's int8 products within f
             const kernels::quant::x8_rows one{xq.q.data() + i * cols, xq.d.data() + i * (cols / kernels::quant::x8_span(t)),
                                               xq.sums.data() + i * (cols / 16), cols};
             float alone[8];
-            emulate(one, 1, alone);
+            kernels::quant::warp_idots(t, row, one, 1, alone);
             if (std::memcmp(&alone[0], &got[i], sizeof(float)) != 0) ++batch_dependent;
           }
         }

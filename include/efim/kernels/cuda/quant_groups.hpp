@@ -304,18 +304,14 @@ EFIM_HOST_DEVICE void decode8(const std::uint8_t* row, std::size_t g, float* w) 
 // Chunks whose bytes a lane of the decode product loads before it decodes the first of them.
 inline constexpr int chunks_in_flight = 4;
 
-// What lane `lane` of a warp of `lanes` adds to the dot products of one weight row with m x rows (m at
-// most M; the CUDA backend's decode product, kernels/cuda/quant_matmul.cuh, one warp per weight row):
-// chunks lane, lane + lanes, ... in turn, each decoded once, then each of its groups multiplied into
-// every x row's sum, eight fused multiply-adds in order. The bytes of chunks_in_flight of them are
-// loaded before the first is decoded (so that on the device their loads are in flight together); the
-// order of the sums stays this one. x rows are `cols` floats apart (on the device, 16-byte aligned); acc
-// holds the m sums, added to.
-template <dtype T, int M>
-EFIM_HOST_DEVICE void lane_dots(const std::uint8_t* row, std::size_t cols, const float* x, int m, int lane, int lanes,
-                                float* acc) noexcept {
-  constexpr int C = chunk_groups<T>, U = chunks_in_flight;
-  const std::size_t chunks = cols / (8 * C), stride = static_cast<std::size_t>(lanes);
+// A lane's walk over a row of `chunks` chunks in the decode products: chunks lane, lane + lanes, ... in
+// turn, use(bytes, c) for each; the bytes of chunks_in_flight of them are loaded before the first is
+// handed on (so that on the device their loads are in flight together), the order stays this one.
+template <dtype T, class F>
+EFIM_HOST_DEVICE void for_lane_chunks(const std::uint8_t* row, std::size_t chunks, int lane, int lanes,
+                                      F&& use) noexcept {
+  constexpr int U = chunks_in_flight;
+  const std::size_t stride = static_cast<std::size_t>(lanes);
   for (std::size_t c0 = static_cast<std::size_t>(lane); c0 < chunks; c0 += U * stride) {
     chunk_bytes b[U];
 #if defined(__CUDA_ARCH__)
@@ -329,34 +325,48 @@ EFIM_HOST_DEVICE void lane_dots(const std::uint8_t* row, std::size_t cols, const
     for (int u = 0; u < U; ++u) {
       const std::size_t c = c0 + u * stride;
       if (c >= chunks) break;
-      float w[8 * C];
-      std::size_t first[C];
-      decode_loaded<T>(b[u], c, w, first);
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
-      for (int g = 0; g < C; ++g) {
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
-        for (int i = 0; i < M; ++i) {
-          if (i >= m) break;
-          const float* xi = x + static_cast<std::size_t>(i) * cols + first[g];
-          float xv[8];
-#if defined(__CUDA_ARCH__)
-          const float4 lo = reinterpret_cast<const float4*>(xi)[0], hi = reinterpret_cast<const float4*>(xi)[1];
-          xv[0] = lo.x, xv[1] = lo.y, xv[2] = lo.z, xv[3] = lo.w, xv[4] = hi.x, xv[5] = hi.y, xv[6] = hi.z,
-          xv[7] = hi.w;
-#else
-          std::memcpy(xv, xi, sizeof xv);
-#endif
-          float a = acc[i];
-          for (int k = 0; k < 8; ++k) a = fmaf(w[8 * g + k], xv[k], a);
-          acc[i] = a;
-        }
-      }
+      use(b[u], c);
     }
   }
+}
+
+// What lane `lane` of a warp of `lanes` adds to the dot products of one weight row with m x rows (m at
+// most M; the CUDA backend's decode product, kernels/cuda/quant_matmul.cuh, one warp per weight row):
+// its chunks (for_lane_chunks), each decoded once, then each of its groups multiplied into every x
+// row's sum, eight fused multiply-adds in order. x rows are `cols` floats apart (on the device,
+// 16-byte aligned); acc holds the m sums, added to.
+template <dtype T, int M>
+EFIM_HOST_DEVICE void lane_dots(const std::uint8_t* row, std::size_t cols, const float* x, int m, int lane, int lanes,
+                                float* acc) noexcept {
+  constexpr int C = chunk_groups<T>;
+  for_lane_chunks<T>(row, cols / (8 * C), lane, lanes, [&](const chunk_bytes& b, std::size_t c) {
+    float w[8 * C];
+    std::size_t first[C];
+    decode_loaded<T>(b, c, w, first);
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int g = 0; g < C; ++g) {
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+      for (int i = 0; i < M; ++i) {
+        if (i >= m) break;
+        const float* xi = x + static_cast<std::size_t>(i) * cols + first[g];
+        float xv[8];
+#if defined(__CUDA_ARCH__)
+        const float4 lo = reinterpret_cast<const float4*>(xi)[0], hi = reinterpret_cast<const float4*>(xi)[1];
+        xv[0] = lo.x, xv[1] = lo.y, xv[2] = lo.z, xv[3] = lo.w, xv[4] = hi.x, xv[5] = hi.y, xv[6] = hi.z,
+        xv[7] = hi.w;
+#else
+        std::memcpy(xv, xi, sizeof xv);
+#endif
+        float a = acc[i];
+        for (int k = 0; k < 8; ++k) a = fmaf(w[8 * g + k], xv[k], a);
+        acc[i] = a;
+      }
+    }
+  });
 }
 
 // The warp's sum of one value per lane as the device adds it (five rounds of __shfl_xor_sync: each lane
@@ -393,6 +403,29 @@ decltype(auto) visit_kept(dtype t, F&& f) {
     default:
       throw error(errc::invalid_argument, std::string(to_string(t)) + " is not a type the device keeps quantized");
   }
+}
+
+// A warp's result as the device computes it, for the host's tests: lane_sums(lane, sums) adds lane
+// `lane`'s part of the m (at most 8) x rows' sums into sums, and the 32 lanes' parts are added as
+// warp_sum adds them, into out.
+template <class F>
+void emulate_warp(int m, F&& lane_sums, float (&out)[8]) {
+  float lanes[8][32] = {};
+  for (int lane = 0; lane < 32; ++lane) {
+    float sums[8] = {};
+    lane_sums(lane, sums);
+    for (int i = 0; i < m; ++i) lanes[i][lane] = sums[i];
+  }
+  for (int i = 0; i < m; ++i) out[i] = warp_sum(lanes[i]);
+}
+
+// The decode product of one weight row of type t with m (at most 8) x rows as the device computes it
+// (lane_dots in 32 lanes, then the warp's sum), for the host's tests.
+inline void warp_dots(dtype t, const std::uint8_t* row, std::size_t cols, const float* x, int m, float (&out)[8]) {
+  visit_kept(t, [&](auto type) {
+    emulate_warp(m, [&](int lane, float* sums) { lane_dots<decltype(type)::value, 8>(row, cols, x, m, lane, 32, sums); },
+                 out);
+  });
 }
 
 // decode8 for a type known at run time (host code and tests).

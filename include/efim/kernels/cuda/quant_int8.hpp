@@ -255,39 +255,33 @@ EFIM_HOST_DEVICE float int8_chunk_step(const chunk8& k, std::size_t first, const
 }
 
 // What lane `lane` of a warp of `lanes` adds to the integer dot products of one weight row with m x
-// rows (m at most M; the CUDA backend's int8 decode product, one warp per weight row): chunks lane,
-// lane + lanes, ... in turn as lane_dots takes them (chunks_in_flight loaded before the first is
-// turned into bytes), each against every x row. acc holds the m sums, added to.
+// rows (m at most M; the CUDA backend's int8 decode product, one warp per weight row): the chunks
+// lane_dots takes (for_lane_chunks), each turned into bytes once and stepped against every x row.
+// acc holds the m sums, added to.
 template <dtype T, int M>
 EFIM_HOST_DEVICE void lane_idots(const std::uint8_t* row, const x8_rows& x, int m, int lane, int lanes,
                                  float* acc) noexcept {
-  constexpr int C = chunk_groups<T>, U = chunks_in_flight;
-  const std::size_t chunks = x.cols / (8 * C), stride = static_cast<std::size_t>(lanes);
-  for (std::size_t c0 = static_cast<std::size_t>(lane); c0 < chunks; c0 += U * stride) {
-    chunk_bytes b[U];
+  for_lane_chunks<T>(row, x.cols / (8 * chunk_groups<T>), lane, lanes, [&](const chunk_bytes& b, std::size_t c) {
+    const chunk8 k = int8_loaded<T>(b, c);
+    std::size_t first[chunk_groups<T>];
+    chunk_first<T>(c, first);
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
-    for (int u = 0; u < U; ++u)
-      if (c0 + u * stride < chunks) b[u] = load_chunk<T>(row, c0 + u * stride);
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
-    for (int u = 0; u < U; ++u) {
-      const std::size_t c = c0 + u * stride;
-      if (c >= chunks) break;
-      const chunk8 k = int8_loaded<T>(b[u], c);
-      std::size_t first[C];
-      chunk_first<T>(c, first);
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
-      for (int i = 0; i < M; ++i) {
-        if (i >= m) break;
-        acc[i] = int8_chunk_step<T>(k, first[0], x, static_cast<std::size_t>(i), acc[i]);
-      }
+    for (int i = 0; i < M; ++i) {
+      if (i >= m) break;
+      acc[i] = int8_chunk_step<T>(k, first[0], x, static_cast<std::size_t>(i), acc[i]);
     }
-  }
+  });
+}
+
+// The int8 decode product of one weight row of type t with m (at most 8) x rows as the device
+// computes it (lane_idots in 32 lanes, then the warp's sum), for the host's tests.
+inline void warp_idots(dtype t, const std::uint8_t* row, const x8_rows& x, int m, float (&out)[8]) {
+  visit_kept(t, [&](auto type) {
+    emulate_warp(m, [&](int lane, float* sums) { lane_idots<decltype(type)::value, 8>(row, x, m, lane, 32, sums); },
+                 out);
+  });
 }
 
 }  // namespace efim::kernels::quant

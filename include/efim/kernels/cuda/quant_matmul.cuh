@@ -241,6 +241,20 @@ __global__ void __launch_bounds__(Policy::threads)
   }
 }
 
+// f(std::integral_constant<int, M>{}) for the decode kernels' instance that serves m x rows: M = 1, 2,
+// 4 or 8, the least of them >= m.
+template <class F>
+void by_decode_rows(std::size_t m, F&& f) {
+  if (m == 1)
+    f(std::integral_constant<int, 1>{});
+  else if (m == 2)
+    f(std::integral_constant<int, 2>{});
+  else if (m <= 4)
+    f(std::integral_constant<int, 4>{});
+  else
+    f(std::integral_constant<int, 8>{});
+}
+
 }  // namespace detail
 
 // Weight rows dequantized per prefill slice for a matrix of `cols` inputs: a multiple of 256 where the
@@ -277,15 +291,10 @@ void quant_decode(dtype type, const void* w, std::size_t rows, std::size_t cols,
   const int xm = static_cast<int>(m);
   const bool add = acc == accumulate::yes;
   quant::visit_kept(type, [&](auto t) {
-    constexpr dtype T = decltype(t)::value;
-    if (m == 1)
-      detail::quant_decode_kernel<Policy, T, 1><<<blocks, Policy::warps * 32, 0, stream>>>(wb, rows, rb, cols, x, xm, y, add, bias);
-    else if (m == 2)
-      detail::quant_decode_kernel<Policy, T, 2><<<blocks, Policy::warps * 32, 0, stream>>>(wb, rows, rb, cols, x, xm, y, add, bias);
-    else if (m <= 4)
-      detail::quant_decode_kernel<Policy, T, 4><<<blocks, Policy::warps * 32, 0, stream>>>(wb, rows, rb, cols, x, xm, y, add, bias);
-    else
-      detail::quant_decode_kernel<Policy, T, 8><<<blocks, Policy::warps * 32, 0, stream>>>(wb, rows, rb, cols, x, xm, y, add, bias);
+    detail::by_decode_rows(m, [&](auto rows_c) {
+      detail::quant_decode_kernel<Policy, decltype(t)::value, decltype(rows_c)::value>
+          <<<blocks, Policy::warps * 32, 0, stream>>>(wb, rows, rb, cols, x, xm, y, add, bias);
+    });
   });
   check(cudaGetLastError(), "quant_decode launch");
 }
@@ -353,15 +362,10 @@ void quant_decode_int8(dtype type, const void* w, std::size_t rows, std::size_t 
   const int xm = static_cast<int>(m);
   const bool add = acc == accumulate::yes;
   quant::visit_kept(type, [&](auto t) {
-    constexpr dtype T = decltype(t)::value;
-    if (m == 1)
-      detail::quant_decode_int8_kernel<Policy, T, 1><<<blocks, Policy::warps * 32, 0, stream>>>(wb, rows, rb, xq, xm, y, add, bias);
-    else if (m == 2)
-      detail::quant_decode_int8_kernel<Policy, T, 2><<<blocks, Policy::warps * 32, 0, stream>>>(wb, rows, rb, xq, xm, y, add, bias);
-    else if (m <= 4)
-      detail::quant_decode_int8_kernel<Policy, T, 4><<<blocks, Policy::warps * 32, 0, stream>>>(wb, rows, rb, xq, xm, y, add, bias);
-    else
-      detail::quant_decode_int8_kernel<Policy, T, 8><<<blocks, Policy::warps * 32, 0, stream>>>(wb, rows, rb, xq, xm, y, add, bias);
+    detail::by_decode_rows(m, [&](auto rows_c) {
+      detail::quant_decode_int8_kernel<Policy, decltype(t)::value, decltype(rows_c)::value>
+          <<<blocks, Policy::warps * 32, 0, stream>>>(wb, rows, rb, xq, xm, y, add, bias);
+    });
   });
   check(cudaGetLastError(), "quant_decode_int8 launch");
 }
@@ -392,25 +396,17 @@ void quant_decode_swiglu(dtype type, const void* gate, const void* up, std::size
   const auto* ub = static_cast<const std::uint8_t*>(up);
   const unsigned blocks = static_cast<unsigned>((rows + Policy::warps - 1) / Policy::warps);
   const int xm = static_cast<int>(m);
-  const auto launch = [&](auto t, auto rows_c, auto int8_c) {
-    detail::quant_decode_swiglu_kernel<Policy, decltype(t)::value, decltype(rows_c)::value, decltype(int8_c)::value>
-        <<<blocks, Policy::warps * 32, 0, stream>>>(gb, ub, rows, rb, cols, x, xq, xm, out, bias_up);
+  const auto launch = [&](auto t, auto int8_c) {
+    detail::by_decode_rows(m, [&](auto rows_c) {
+      detail::quant_decode_swiglu_kernel<Policy, decltype(t)::value, decltype(rows_c)::value, decltype(int8_c)::value>
+          <<<blocks, Policy::warps * 32, 0, stream>>>(gb, ub, rows, rb, cols, x, xq, xm, out, bias_up);
+    });
   };
   quant::visit_kept(type, [&](auto t) {
-    const auto by_rows = [&](auto int8_c) {
-      if (m == 1)
-        launch(t, std::integral_constant<int, 1>{}, int8_c);
-      else if (m == 2)
-        launch(t, std::integral_constant<int, 2>{}, int8_c);
-      else if (m <= 4)
-        launch(t, std::integral_constant<int, 4>{}, int8_c);
-      else
-        launch(t, std::integral_constant<int, 8>{}, int8_c);
-    };
     if (int8)
-      by_rows(std::true_type{});
+      launch(t, std::true_type{});
     else
-      by_rows(std::false_type{});
+      launch(t, std::false_type{});
   });
   check(cudaGetLastError(), "quant_decode_swiglu launch");
 }
