@@ -7,6 +7,10 @@
 #
 #   bench/build_llama_cpp.sh            the libraries
 #   bench/build_llama_cpp.sh --server   and llama-server (bin/), for the HTTP benchmarks
+#   bench/build_llama_cpp.sh --no-amx   this machine's best without the AMX tile kernels (-mno-amx-*):
+#                                       on a VM whose CPUID advertises AMX, llama.cpp's native build
+#                                       dies with SIGILL in its tile kernels (tileloadd in a worker
+#                                       thread) on quantized files; this is the build to compare with
 #   bench/build_llama_cpp.sh --avx2     for x86-64-v3 (AVX2, FMA, F16C) instead of this machine's best,
 #                                       to compare with efim's AVX2 path on an AVX-512 machine
 #   bench/build_llama_cpp.sh --cuda     llama.cpp's CUDA build instead: llama-bench (pp/tg) and
@@ -29,6 +33,11 @@ kind=native
 for arg in "$@"; do
   case $arg in
     --server) targets+=(llama-server) ;;
+    --no-amx)
+      # GCC and clang let an explicit -mno-* win over what -march=native implies, wherever it stands.
+      isa=(-DGGML_NATIVE=ON "-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+           "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
+      what="GGML_NATIVE=ON without AMX (-mno-amx-tile -mno-amx-int8 -mno-amx-bf16)" ;;
     --avx2)
       isa=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
            -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF)
