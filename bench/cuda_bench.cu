@@ -6,7 +6,9 @@
 // - prefill: tokens/s of a chunk from an empty cache (attention on tensor cores, and on the scalar
 //   kernel, side by side), against the same chunk's matrix products alone
 //   (kernels::device::matmul on the same device weights and shapes: cuBLAS and the 16-bit conversion
-//   of its input), the share of prefill time they take.
+//   of its input), the share of prefill time they take;
+// - the decode step's matrix products alone (the kernel that decodes weights in registers), and for
+//   dense weights the same products through cuBLAS, side by side.
 // Models are Qwen2-shaped (0.5B: hidden 896, 24 layers, 14/2 heads, ffn 4864, tied embeddings; 7B:
 // hidden 3584, 28 layers, 28/4 heads, ffn 18944) with random weights made in memory, or GGUF files
 // (--gguf; efim-model make writes them), the files llama.cpp's llama-bench is timed on beside it.
@@ -283,7 +285,7 @@ double run(const options& o, const std::string& name, const std::string& type, c
   const auto& dw = m.uploaded();
   device::buffer<float> x(o.prefill * std::max({c.hidden, c.q_dim(), c.ffn})), y(o.prefill * c.vocab);
   device::check(cudaMemsetAsync(x.data(), 0, x.size() * sizeof(float), ctx.stream()), "cudaMemset");
-  device::buffer<std::byte> conv(std::max(dw.workspace(o.prefill), dw.workspace(1)));
+  device::buffer<std::byte> conv(std::max({dw.workspace(o.prefill), dw.workspace(1), dw.workspace(o.batch)}));
   const auto products = [&] {
     for (const auto& lw : dw.layers)
       for (const auto* w : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down})
@@ -298,6 +300,42 @@ double run(const options& o, const std::string& name, const std::string& type, c
     products();
     products_ms = std::min(products_ms, t.stop_ms(ctx.stream()));
   }
+
+  // The decode step's matrix products alone (o.batch x rows, up to 8: the kernel that decodes weights
+  // in registers), and for a model of dense weights the same products through cuBLAS (x converted to
+  // 16 bits first), as that type's decode ran before: the weights' bytes a second each way.
+  std::vector<const kernels::device::matrix*> step_matrices;
+  for (const auto& lw : dw.layers)
+    for (const auto* w : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down}) step_matrices.push_back(w);
+  step_matrices.push_back(&dw.output);
+  double step_matrix_bytes = 0;
+  bool dense = true, in_registers = true;
+  for (const auto* w : step_matrices) {
+    step_matrix_bytes += static_cast<double>(w->rows * row_bytes(w->type, w->cols));
+    dense = dense && kernels::quant::dense_type(w->type);
+    in_registers = in_registers && kernels::device::decodes_in_registers(*w, o.batch);
+  }
+  const auto time_products = [&](bool blas) {
+    const auto pass = [&] {
+      for (const auto* w : step_matrices)
+        if (blas)
+          kernels::device::detail::cublas_product<kernels::device::policy::convert>(
+              ctx.blas(), x.data(), *w, y.data(), o.batch, conv.data(), ctx.stream(), kernels::accumulate::no);
+        else
+          kernels::device::matmul(ctx.blas(), x.data(), *w, y.data(), o.batch, conv.data(), ctx.stream(),
+                                  kernels::accumulate::no, p);
+    };
+    pass();
+    double best = 1e30;
+    for (int i = 0; i < 5; ++i) {
+      t.start(ctx.stream());
+      pass();
+      best = std::min(best, t.stop_ms(ctx.stream()));
+    }
+    return best;
+  };
+  const double decode_products_ms = in_registers ? time_products(false) : 0.0;
+  const double decode_blas_ms = in_registers && dense ? time_products(true) : 0.0;
 
   // Decode: fill each sequence to o.context, then time o.steps steps of one token per sequence.
   for (std::size_t s = 0; s < o.batch; ++s)
@@ -333,6 +371,14 @@ double run(const options& o, const std::string& name, const std::string& type, c
               static_cast<double>(o.batch) * 1e3 / step_ms, bps / 1e9, 100.0 * bps / copy_bps, o.prefill, prefill_ms,
               static_cast<double>(o.prefill) * 1e3 / prefill_ms, scalar_ms, scalar_ms / prefill_ms, products_ms,
               100.0 * products_ms / prefill_ms);
+  if (in_registers) {
+    const double bps_products = step_matrix_bytes / (decode_products_ms / 1e3);
+    std::printf("%-5s %-6s       decode products alone (%zu x rows, in registers, %s): %.3f ms, %.0f GB/s = %.1f%% of copy",
+                name.c_str(), type.c_str(), o.batch, p == kernels::products::int8 ? "int8" : "exact", decode_products_ms, bps_products / 1e9, 100.0 * bps_products / copy_bps);
+    if (dense)
+      std::printf("; through cuBLAS %.3f ms: registers / cuBLAS %.2fx", decode_blas_ms, decode_blas_ms / decode_products_ms);
+    std::printf("\n");
+  }
   std::fflush(stdout);
   return step_ms;
 }

@@ -429,12 +429,16 @@ TEST_CASE("cuda: temperature, top-k and top-p sampling draw the host's token for
   }
 }
 
-TEST_CASE("cuda: matrix products through cuBLAS equal the host's (f32, f16, bf16 weights; decode and prefill)",
+// Dense weights: decode (up to 8 x rows, rows of whole chunks of 8 values) multiplies in registers, the
+// lanes' sums of quant::lane_dots added as a warp adds them, which the host emulates bit for bit;
+// prefill, and decode of rows of other widths (100 values here), through cuBLAS. Both within f32
+// rounding (and cuBLAS's rounding of x to 16 bits) of the host's products.
+TEST_CASE("cuda: matrix products of f32, f16, bf16 weights equal the host's, decode its emulation bit for bit",
           "[cuda][gpu]") {
   EFIM_NEED_DEVICE();
   for (const dtype type : {dtype::f32, dtype::f16, dtype::bf16})
     for (const auto& [m, rows, cols] : std::vector<std::tuple<std::size_t, std::size_t, std::size_t>>{
-             {1, 1, 32}, {1, 896, 896}, {3, 4864, 896}, {64, 896, 4864}, {130, 257, 96}})
+             {1, 1, 32}, {1, 896, 896}, {3, 4864, 896}, {8, 300, 104}, {2, 50, 100}, {64, 896, 4864}, {130, 257, 96}})
       for (const bool acc : {false, true}) {
         INFO(to_string(type) << " " << m << " x " << rows << " x " << cols << (acc ? ", accumulating" : ""));
         rng r(m * 7 + rows + cols);
@@ -449,9 +453,24 @@ TEST_CASE("cuda: matrix products through cuBLAS equal the host's (f32, f16, bf16
         kernels::matmul(pool, x.data(), kernels::weight_view{type, rows, cols, w.data()}, host.data(), m,
                         acc ? kernels::accumulate::yes : kernels::accumulate::no);
         const auto device = test_cuda::matmul(type, w, rows, cols, x, m, y0, acc);
+        const bool in_registers = m <= kernels::quant::decode_rows && cols % 8 == 0;
+        if (in_registers) {
+          std::size_t differ = 0;
+          const std::size_t rb = row_bytes(type, cols);
+          for (std::size_t j = 0; j < rows; ++j) {
+            float sums[8];
+            kernels::quant::warp_dots(type, reinterpret_cast<const std::uint8_t*>(w.data() + j * rb), cols, x.data(),
+                                      static_cast<int>(m), sums);
+            for (std::size_t i = 0; i < m; ++i) {
+              const float want = acc ? y0[i * rows + j] + sums[i] : sums[i];
+              if (std::memcmp(&want, &device[i * rows + j], sizeof want) != 0) ++differ;
+            }
+          }
+          CHECK(differ == 0);
+        }
         // Each output against the sum of its terms' magnitudes: f32 sums in another order, or x rounded
-        // to the weights' 16-bit type (2^-11 relative for f16, 2^-8 for bf16).
-        const float bound = type == dtype::f32 ? 1e-5f : type == dtype::f16 ? 1e-3f : 8e-3f;
+        // to the weights' 16-bit type by cuBLAS (2^-11 relative for f16, 2^-8 for bf16).
+        const float bound = type == dtype::f32 || in_registers ? 1e-5f : type == dtype::f16 ? 1e-3f : 8e-3f;
         std::vector<float> dequantized(cols);
         float worst = 0;
         for (std::size_t i = 0; i < m; ++i)
@@ -607,11 +626,13 @@ TEST_CASE("cuda: the int8 decode product equals its host emulation bit for bit",
 
 // A decode step's FFN products and SwiGLU in one launch (quant_decode_swiglu): the bits of the two
 // products (bias on the up product), then the SwiGLU kernel, with exact and int8 products.
-TEST_CASE("cuda: the fused FFN decode (gate, up, SwiGLU) gives the bits of the three apart", "[cuda][gpu]") {
+TEST_CASE("cuda: the fused FFN decode (gate, up, SwiGLU) gives the bits of the three apart, quantized and dense", "[cuda][gpu]") {
   EFIM_NEED_DEVICE();
-  for (const dtype type : {dtype::q8_0, dtype::q4_0, dtype::q5_0, dtype::q5_1, dtype::q4_k, dtype::q5_k, dtype::q6_k})
+  for (const dtype type : {dtype::q8_0, dtype::q4_0, dtype::q5_0, dtype::q5_1, dtype::q4_k, dtype::q5_k, dtype::q6_k,
+                           dtype::f16, dtype::bf16, dtype::f32})
     for (const auto products : {kernels::products::exact, kernels::products::int8})
       for (const auto& [m, cols] : std::vector<std::pair<std::size_t, std::size_t>>{{1, 512}, {1, 4608}, {3, 512}, {8, 1024}}) {
+        if (products == kernels::products::int8 && !kernels::quant::kept_quantized(type)) continue;  // (exact for dense)
         INFO(to_string(type) << (products == kernels::products::int8 ? " int8" : " exact") << " m " << m << " cols " << cols);
         const std::size_t rows = 300, rb = row_bytes(type, cols);
         rng r(m + rows + static_cast<std::size_t>(type));

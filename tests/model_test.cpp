@@ -221,12 +221,14 @@ TEST_CASE("typed matmul is canonical on raw bit patterns: subnormal and negative
 // bits, for quantized floats and for raw bit patterns (finite scales, as above); and the decode
 // product's split over a warp's lanes, emulated here with the device's order of sums, covers every
 // weight once (a double-precision dot, within the f32 rounding of any order).
-TEST_CASE("CUDA quantized groups decode as dequantize_row, and a warp's lanes cover the row", "[kernels][cuda]") {
+TEST_CASE("CUDA quantized and dense groups decode as dequantize_row, and a warp's lanes cover the row", "[kernels][cuda]") {
   rng r(21);
-  const dtype kept[] = {dtype::q8_0, dtype::q4_0, dtype::q5_0, dtype::q5_1, dtype::q4_k, dtype::q5_k, dtype::q6_k};
-  for (const dtype t : kept) {
-    REQUIRE(kernels::quant::kept_quantized(t));
-    const std::size_t cols = info(t).block == 32 ? 96 : 768, rows = 6, rb = row_bytes(t, cols);
+  const dtype decoded[] = {dtype::q8_0, dtype::q4_0, dtype::q5_0, dtype::q5_1, dtype::q4_k, dtype::q5_k, dtype::q6_k,
+                           dtype::f16,  dtype::bf16, dtype::f32};
+  for (const dtype t : decoded) {
+    REQUIRE(kernels::quant::decoded_in_registers(t));
+    // (dense rows of 13 chunks: fewer than a warp's lanes, as q8_0's 12 of 96)
+    const std::size_t cols = info(t).block == 32 ? 96 : info(t).block == 1 ? 104 : 768, rows = 6, rb = row_bytes(t, cols);
     for (const bool raw : {false, true}) {
       INFO(to_string(t) << (raw ? " raw bits" : " quantized floats"));
       typed_weights w = make_weights(r, t, rows, cols);
@@ -249,7 +251,7 @@ TEST_CASE("CUDA quantized groups decode as dequantize_row, and a warp's lanes co
       // The decode product's chunks (q4_k and q5_k: 32 weights from one 16-byte read) give the same
       // values, and cover every group of a row once.
       std::size_t chunk_mismatched = 0, miscovered = 0;
-      kernels::quant::visit_kept(t, [&](auto type) {
+      kernels::quant::visit_decoded(t, [&](auto type) {
         constexpr dtype T = decltype(type)::value;
         constexpr int C = kernels::quant::chunk_groups<T>;
         for (std::size_t j = 0; j < rows; ++j) {

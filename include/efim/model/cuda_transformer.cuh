@@ -158,7 +158,7 @@ class transformer<kernels::cuda> {
 
         norm(x_.data(), lw.ffn_norm, lw.ffn_norm_b, xb_.data(), n, s,
              c.mlp == mlp_kind::swiglu ? &lw.w_gate : &lw.w_up);
-        if (c.mlp == mlp_kind::swiglu && n == 1 && kernels::quant::kept_quantized(lw.w_gate.type) &&
+        if (c.mlp == mlp_kind::swiglu && n == 1 && kernels::device::decodes_in_registers(lw.w_gate, n) &&
             lw.w_gate.type == lw.w_up.type) {
           // (one sequence's decode step: its FFN products and SwiGLU in one launch, the same bits; with
           // more rows the fused kernel holds both products' sums, up to 183 registers against 96 apart)

@@ -4,9 +4,10 @@
 // file stores it (q8_0, q4_0, q5_0, q5_1, q4_k, q5_k, q6_k: quant_matmul.cuh). f16 and bf16 products
 // convert the x rows to the weights' type in a caller-owned workspace and accumulate in f32
 // (cublasGemmEx, CUBLAS_COMPUTE_32F); f32 products stay f32 (no TF32: the math mode is the default).
+// Decode products (up to 8 x rows) multiply in registers instead (quant_decode), the dense types too.
 // Results agree with the host's canonical dot products within the rounding of x to 16 bits (none in
-// the quantized decode product; 8 bits with products::int8, the host's int8 products' rounding) and of
-// f32 sums in another order, not bit for bit.
+// the decode product; 8 bits with products::int8 for quantized weights, the host's int8 products'
+// rounding) and of f32 sums in another order, not bit for bit.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -83,10 +84,17 @@ __global__ void __launch_bounds__(Policy::threads) to_16bit_kernel(const float* 
 }
 }  // namespace detail
 
+// Whether matmul multiplies m x rows by w with the decode kernel (quant_decode, in registers) rather
+// than cuBLAS: up to policy::quant_matmul::decode_rows rows, quantized weights or dense ones of whole
+// chunks of 8 values.
+inline bool decodes_in_registers(const matrix& w, std::size_t m) noexcept {
+  return m <= policy::quant_matmul::decode_rows && (quant::kept_quantized(w.type) || quant::dense_decodes(w.type, w.cols));
+}
+
 // Bytes of workspace `matmul` needs for m rows against w (x converted to w's type; 0 for f32).
 inline std::size_t matmul_workspace(const matrix& w, std::size_t m) noexcept {
   if (quant::kept_quantized(w.type)) return quant_matmul_workspace(w.rows, w.cols, m);
-  return w.type == dtype::f32 ? 0 : m * w.cols * 2;
+  return w.type == dtype::f32 || decodes_in_registers(w, m) ? 0 : m * w.cols * 2;
 }
 
 namespace detail {
@@ -132,9 +140,10 @@ void cublas_product(const blas& h, const float* x, const matrix& w, float* y, st
 }  // namespace detail
 
 // y (m, w.rows) = [y +] x (m, w.cols) * w^T [+ bias (w.rows), added to each row after the product], on
-// the handle's stream; `workspace` holds at least matmul_workspace(w, m) bytes. products::int8 changes
-// the quantized decode product (up to policy::quant_matmul::decode_rows x rows) to integers against x
-// rounded to 8 bits (quant_decode_int8; `rounded`, if given, is x rounded already for w's type's
+// the handle's stream; `workspace` holds at least matmul_workspace(w, m) bytes. Decode (up to
+// policy::quant_matmul::decode_rows x rows, decodes_in_registers) runs quant_decode, for dense weights
+// too; more rows run cuBLAS. products::int8 changes the quantized decode product to integers against
+// x rounded to 8 bits (quant_decode_int8; `rounded`, if given, is x rounded already for w's type's
 // span, quantize_x8); prefill and the other types multiply as with products::exact. The decode
 // products add the bias as they store y (one launch fewer, the same bits); cuBLAS's are followed by
 // add_bias.
@@ -149,8 +158,8 @@ void matmul(const blas& h, const float* x, const matrix& w, float* y, std::size_
                                             " (f32, f16, bf16, q8_0, q4_0, q5_0, q5_1, q4_k, q5_k or q6_k on the device)");
   require(m <= 0x7FFFFFFFu && w.rows <= 0x7FFFFFFFu && w.cols <= 0x7FFFFFFFu, errc::invalid_argument,
           "device::matmul: a dimension above 2^31 - 1");
-  if (quantized && m <= policy::quant_matmul::decode_rows) {
-    if (p == products::int8)
+  if (decodes_in_registers(w, m)) {
+    if (quantized && p == products::int8)
       quant_decode_int8(w.type, w.data, w.rows, w.cols, x, m, y, workspace, stream, acc, bias, rounded);
     else
       quant_decode(w.type, w.data, w.rows, w.cols, x, m, y, stream, acc, bias);

@@ -15,6 +15,9 @@
 //   q4_k  144-byte blocks of 256: d, dmin, 12 bytes of 6-bit scales, nibbles  (4- and 8-byte loads)
 //   q5_k  176-byte blocks of 256: as q4_k with 32 bytes of fifth bits      (4- and 8-byte loads)
 //   q6_k  210-byte blocks of 256: low nibbles, high 2 bits, int8 scales, d (2-byte loads)
+// and the dense types, whose decode product reads them the same way (rows of whole groups, 16-byte
+// aligned: dense_decodes):
+//   f16, bf16  a group from one 16-byte load;  f32  a group from two
 // The wider loads need the row's first byte aligned to 16 (a device allocation, rows of whole blocks of
 // 144 or 176 bytes, both multiples of 16); the host reads through memcpy. The decode product reads
 // q4_k and q5_k a chunk of 16 quant bytes (32 weights) at a time, in one 16-byte load (decode_chunk).
@@ -26,6 +29,7 @@
 #include <cstring>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "efim/core/config.hpp"
 #include "efim/core/dtype.hpp"
@@ -39,6 +43,15 @@ constexpr bool kept_quantized(dtype t) noexcept {
   return t == dtype::q8_0 || t == dtype::q4_0 || t == dtype::q5_0 || t == dtype::q5_1 || t == dtype::q4_k ||
          t == dtype::q5_k || t == dtype::q6_k;
 }
+// The types whose decode product (up to decode_rows x rows) reads the weights into registers, a lane
+// eight at a time: the kept quantized types, and f16, bf16 and f32 (a chunk of 8 weights from one or two
+// 16-byte loads; their rows must be whole chunks, dense_decodes). Above decode_rows, and for dense rows
+// of other widths, cuBLAS multiplies.
+constexpr bool dense_type(dtype t) noexcept { return t == dtype::f16 || t == dtype::bf16 || t == dtype::f32; }
+constexpr bool decoded_in_registers(dtype t) noexcept { return kept_quantized(t) || dense_type(t); }
+// Whether a dense matrix of `cols` inputs is whole chunks, each row then 16-byte aligned after the first.
+constexpr bool dense_decodes(dtype t, std::size_t cols) noexcept { return dense_type(t) && cols % 8 == 0; }
+
 consteval bool every_block_type_kept() {
   for (const dtype t : all_dtypes)
     if (info(t).block > 1 && !kept_quantized(t)) return false;
@@ -98,6 +111,17 @@ EFIM_HOST_DEVICE float half_to_float(std::uint16_t h) noexcept {
   return f;
 #else
   return f16_to_f32(h);
+#endif
+}
+
+// The float of these bits.
+EFIM_HOST_DEVICE float bits_float(std::uint32_t v) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(v);
+#else
+  float f;
+  std::memcpy(&f, &v, sizeof f);
+  return f;
 #endif
 }
 
@@ -185,6 +209,11 @@ EFIM_HOST_DEVICE chunk_bytes load_chunk(const std::uint8_t* row, std::size_t c) 
     b.s1 = w[0], b.s2 = w[1], b.s3 = w[2];
     detail::load16(p + qs_at + 32 * pair + 16 * half, b.q0, b.q1);
     if constexpr (T == dtype::q5_k) detail::load16(p + 16 + 16 * half, b.h0, b.h1);
+  } else if constexpr (T == dtype::f16 || T == dtype::bf16) {  // q0, q1: 8 values
+    detail::load16(row + 16 * c, b.q0, b.q1);
+  } else if constexpr (T == dtype::f32) {  // q0, q1, h0, h1: 8 values
+    detail::load16(row + 32 * c, b.q0, b.q1);
+    detail::load16(row + 32 * c + 16, b.h0, b.h1);
   } else if constexpr (T == dtype::q6_k) {  // q0: low bits; h0: high bits; s0: two int8 scales; s1: d
     const std::uint8_t* p = row + c / 32 * 210;
     const std::size_t i0 = c % 32 * 8, h = i0 / 128, r = i0 % 128 / 32, l = i0 % 32;
@@ -193,7 +222,7 @@ EFIM_HOST_DEVICE chunk_bytes load_chunk(const std::uint8_t* row, std::size_t c) 
     b.s0 = load<std::uint16_t>(p + 192 + (i0 / 16) / 2 * 2);
     b.s1 = load<std::uint16_t>(p + 208);
   } else {
-    static_assert(T == dtype::q8_0, "load_chunk: not a type the device keeps quantized");
+    static_assert(T == dtype::q8_0, "load_chunk: not a type the device decodes in registers");
   }
   return b;
 }
@@ -251,6 +280,17 @@ EFIM_HOST_DEVICE void decode_loaded(const chunk_bytes& b, std::size_t c, float* 
       w[t] = ds0 * small_float(lo) - mm0;
       w[16 + t] = ds1 * small_float(hi) - mm1;
     }
+  } else if constexpr (T == dtype::f16 || T == dtype::bf16) {
+    for (int i = 0; i < 8; ++i) {
+      const auto h = static_cast<std::uint16_t>((i < 4 ? b.q0 : b.q1) >> (16 * (i % 4)));
+      if constexpr (T == dtype::f16)
+        w[i] = half_to_float(h);
+      else
+        w[i] = detail::bits_float(static_cast<std::uint32_t>(h) << 16);  // bf16_to_f32, exactly
+    }
+  } else if constexpr (T == dtype::f32) {
+    const std::uint64_t words[4] = {b.q0, b.q1, b.h0, b.h1};
+    for (int i = 0; i < 8; ++i) w[i] = detail::bits_float(static_cast<std::uint32_t>(words[i / 2] >> (32 * (i % 2))));
   } else if constexpr (T == dtype::q6_k) {
     const std::size_t i0 = c % 32 * 8;  // the weight index of w[0] within the super-block
     const int r = static_cast<int>(i0 % 128 / 32);
@@ -262,7 +302,7 @@ EFIM_HOST_DEVICE void decode_loaded(const chunk_bytes& b, std::size_t c, float* 
       w[i] = ds * small_float<32>(lo | (hi << 4));
     }
   } else {
-    static_assert(T == dtype::q8_0, "decode_loaded: not a type the device keeps quantized");
+    static_assert(T == dtype::q8_0, "decode_loaded: not a type the device decodes in registers");
   }
   chunk_first<T>(c, first);
 }
@@ -405,6 +445,21 @@ decltype(auto) visit_kept(dtype t, F&& f) {
   }
 }
 
+// visit_kept, and f16, bf16 and f32 too: the types decoded in registers (decoded_in_registers).
+template <class F>
+decltype(auto) visit_decoded(dtype t, F&& f) {
+  switch (t) {
+    case dtype::f16:
+      return f(std::integral_constant<dtype, dtype::f16>{});
+    case dtype::bf16:
+      return f(std::integral_constant<dtype, dtype::bf16>{});
+    case dtype::f32:
+      return f(std::integral_constant<dtype, dtype::f32>{});
+    default:
+      return visit_kept(t, std::forward<F>(f));
+  }
+}
+
 // A warp's result as the device computes it, for the host's tests: lane_sums(lane, sums) adds lane
 // `lane`'s part of the m (at most 8) x rows' sums into sums, and the 32 lanes' parts are added as
 // warp_sum adds them, into out.
@@ -419,10 +474,10 @@ void emulate_warp(int m, F&& lane_sums, float (&out)[8]) {
   for (int i = 0; i < m; ++i) out[i] = warp_sum(lanes[i]);
 }
 
-// The decode product of one weight row of type t with m (at most 8) x rows as the device computes it
-// (lane_dots in 32 lanes, then the warp's sum), for the host's tests.
+// The decode product of one weight row of type t (decoded_in_registers) with m (at most 8) x rows as the
+// device computes it (lane_dots in 32 lanes, then the warp's sum), for the host's tests.
 inline void warp_dots(dtype t, const std::uint8_t* row, std::size_t cols, const float* x, int m, float (&out)[8]) {
-  visit_kept(t, [&](auto type) {
+  visit_decoded(t, [&](auto type) {
     emulate_warp(m, [&](int lane, float* sums) { lane_dots<decltype(type)::value, 8>(row, cols, x, m, lane, 32, sums); },
                  out);
   });
@@ -430,7 +485,7 @@ inline void warp_dots(dtype t, const std::uint8_t* row, std::size_t cols, const 
 
 // decode8 for a type known at run time (host code and tests).
 inline void decode8(dtype t, const std::uint8_t* row, std::size_t g, float* w) {
-  visit_kept(t, [&](auto type) { decode8<decltype(type)::value>(row, g, w); });
+  visit_decoded(t, [&](auto type) { decode8<decltype(type)::value>(row, g, w); });
 }
 
 }  // namespace efim::kernels::quant

@@ -7,6 +7,9 @@
 //     __shfl_xor_sync rounds). A result is quant::lane_dots over the 32 lanes summed as quant::warp_sum
 //     sums them: the host tests emulate it, and test_cuda checks the device against that emulation bit
 //     for bit.
+//   the same kernel multiplies dense f16, bf16 and f32 weights at decode (quant::dense_decodes: rows
+//     of whole chunks of 8 values): no conversion of x to 16 bits, no separate bias launch, and each
+//     weight read once as stored (16-byte loads), the products in f32 as the host's.
 //   with products::int8, the decode product rounds the x rows to 8 bits first (quantize_x8: the
 //     host's int8 rounding, byte for byte) and multiplies them by DP4A (quant::lane_idots,
 //     quant_int8.hpp), the warp adding its lanes' sums as above; the host tests emulate it too.
@@ -22,6 +25,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <type_traits>
 
 #include "efim/core/dtype.hpp"
@@ -275,22 +279,33 @@ std::size_t quant_matmul_workspace(std::size_t rows, std::size_t cols, std::size
   return m * cols * 2 + quant_slice_rows<Policy>(rows, cols) * cols * 2;
 }
 
+namespace detail {
+// The decode kernels' checks of a matrix: a type they decode, rows of whole blocks (quantized) or of
+// whole chunks of 8 (dense), and a grid that holds a warp per row.
+template <class Policy>
+void require_decodable(dtype type, std::size_t rows, std::size_t cols, const char* what) {
+  require(quant::kept_quantized(type) ? cols % 32 == 0 : quant::dense_decodes(type, cols), errc::invalid_argument,
+          std::string(what) + ": weights in " + std::string(to_string(type)) +
+              " (a row must be whole blocks of 32 of a quantized type, or of 8 f16, bf16 or f32 values)");
+  require(rows <= 0xFFFFFFFFull * Policy::warps, errc::invalid_argument, std::string(what) + ": too many rows for the grid");
+}
+}  // namespace detail
+
 // The decode product: y (m, rows) = [y +] x (m, cols) * dequantize(w)^T [+ bias (rows)] for m <=
-// Policy::decode_rows. w: rows of row_bytes(type, cols) bytes from a 16-byte aligned address; x 16-byte
-// aligned.
+// Policy::decode_rows, w quantized or dense (f16, bf16, f32: quant::dense_decodes). w: rows of
+// row_bytes(type, cols) bytes from a 16-byte aligned address; x 16-byte aligned.
 template <class Policy = policy::quant_matmul>
 void quant_decode(dtype type, const void* w, std::size_t rows, std::size_t cols, const float* x, std::size_t m,
                   float* y, cudaStream_t stream, accumulate acc = accumulate::no, const float* bias = nullptr) {
   static_assert(Policy::decode_rows <= 8, "the decode kernel is instantiated for up to 8 x rows");
   require(m >= 1 && m <= Policy::decode_rows, errc::invalid_argument, "device::quant_decode: 1 to 8 x rows");
-  require(cols % 32 == 0 && rows <= 0xFFFFFFFFull * Policy::warps, errc::invalid_argument,
-          "device::quant_decode: a row must be whole blocks of 32, and fit the grid");
+  detail::require_decodable<Policy>(type, rows, cols, "device::quant_decode");
   const std::size_t rb = row_bytes(type, cols);
   const auto* wb = static_cast<const std::uint8_t*>(w);
   const unsigned blocks = static_cast<unsigned>((rows + Policy::warps - 1) / Policy::warps);
   const int xm = static_cast<int>(m);
   const bool add = acc == accumulate::yes;
-  quant::visit_kept(type, [&](auto t) {
+  quant::visit_decoded(type, [&](auto t) {
     detail::by_decode_rows(m, [&](auto rows_c) {
       detail::quant_decode_kernel<Policy, decltype(t)::value, decltype(rows_c)::value>
           <<<blocks, Policy::warps * 32, 0, stream>>>(wb, rows, rb, cols, x, xm, y, add, bias);
@@ -371,9 +386,10 @@ void quant_decode_int8(dtype type, const void* w, std::size_t rows, std::size_t 
 }
 
 // The FFN of a decode step in one launch: out (m, rows) = swiglu(x w_gate^T, x w_up^T [+ bias_up]) for
-// two quantized matrices of one type and shape, m <= Policy::decode_rows; products::int8 rounds x to 8
-// bits first (into `workspace`, quant::x8_bytes(m, cols) bytes, unless `rounded` holds it already).
-// The same bits as quant_decode (or quant_decode_int8) of each, add_bias and swiglu.
+// two matrices of one type and shape (quantized, or dense as quant_decode takes them), m <=
+// Policy::decode_rows; products::int8 (quantized weights only) rounds x to 8 bits first (into
+// `workspace`, quant::x8_bytes(m, cols) bytes, unless `rounded` holds it already). The same bits as
+// quant_decode (or quant_decode_int8) of each, add_bias and swiglu.
 template <class Policy = policy::quant_matmul>
 void quant_decode_swiglu(dtype type, const void* gate, const void* up, std::size_t rows, std::size_t cols,
                          const float* x, std::size_t m, float* out, cudaStream_t stream, const float* bias_up = nullptr,
@@ -381,9 +397,8 @@ void quant_decode_swiglu(dtype type, const void* gate, const void* up, std::size
                          const quant::x8_rows* rounded = nullptr) {
   static_assert(Policy::decode_rows <= 8, "the decode kernel is instantiated for up to 8 x rows");
   require(m >= 1 && m <= Policy::decode_rows, errc::invalid_argument, "device::quant_decode_swiglu: 1 to 8 x rows");
-  require(cols % 32 == 0 && rows <= 0xFFFFFFFFull * Policy::warps, errc::invalid_argument,
-          "device::quant_decode_swiglu: a row must be whole blocks of 32, and fit the grid");
-  const bool int8 = p == products::int8;
+  detail::require_decodable<Policy>(type, rows, cols, "device::quant_decode_swiglu");
+  const bool int8 = p == products::int8 && quant::kept_quantized(type);
   require(!int8 || rounded != nullptr || workspace != nullptr, errc::invalid_argument,
           "device::quant_decode_swiglu: int8 products need a workspace or rounded rows");
   require(rounded == nullptr || rounded->cols == cols, errc::invalid_argument,
@@ -402,12 +417,10 @@ void quant_decode_swiglu(dtype type, const void* gate, const void* up, std::size
           <<<blocks, Policy::warps * 32, 0, stream>>>(gb, ub, rows, rb, cols, x, xq, xm, out, bias_up);
     });
   };
-  quant::visit_kept(type, [&](auto t) {
-    if (int8)
-      launch(t, std::true_type{});
-    else
-      launch(t, std::false_type{});
-  });
+  if (int8)
+    quant::visit_kept(type, [&](auto t) { launch(t, std::true_type{}); });
+  else
+    quant::visit_decoded(type, [&](auto t) { launch(t, std::false_type{}); });
   check(cudaGetLastError(), "quant_decode_swiglu launch");
 }
 
