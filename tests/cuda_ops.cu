@@ -236,6 +236,43 @@ std::vector<float> matmul(dtype type, const std::vector<std::byte>& w, std::size
   return download(dy, y.size(), st.s);
 }
 
+std::vector<std::vector<float>> matmul_parts(dtype type, const std::vector<std::vector<std::byte>>& ws,
+                                             const std::vector<std::size_t>& rows, std::size_t cols,
+                                             const std::vector<float>& x, std::size_t m,
+                                             const std::vector<std::vector<float>>& biases,
+                                             kernels::products products, bool one_launch) {
+  stream st;
+  kernels::device::blas blas(st.s);
+  auto dx = upload(x, st.s);
+  std::vector<buffer<std::byte>> dw;
+  std::vector<buffer<float>> dy, db;
+  std::vector<kernels::device::matrix> mats;
+  std::size_t workspace_bytes = 0;
+  for (std::size_t k = 0; k < ws.size(); ++k) {
+    dw.push_back(upload(ws[k], st.s));
+    dy.emplace_back(m * rows[k]);
+    db.push_back(upload(biases[k], st.s));
+    mats.push_back({type, rows[k], cols, dw.back().data()});
+  }
+  std::vector<kernels::device::product_part> parts;
+  for (std::size_t k = 0; k < ws.size(); ++k) {
+    parts.push_back({&mats[k], dy[k].data(), biases[k].empty() ? nullptr : db[k].data()});
+    workspace_bytes = std::max(workspace_bytes, kernels::device::matmul_workspace(mats[k], m));
+  }
+  buffer<std::byte> workspace(workspace_bytes);
+  if (one_launch) {
+    if (!kernels::device::one_launch(parts, m)) throw error(errc::invalid_argument, "matmul_parts: not one launch");
+    kernels::device::matmul_parts(dx.data(), parts, m, workspace.data(), st.s, products);
+  } else {
+    for (const auto& part : parts)
+      kernels::device::matmul(blas, dx.data(), *part.w, part.y, m, workspace.data(), st.s, kernels::accumulate::no,
+                              products, part.bias);
+  }
+  std::vector<std::vector<float>> out;
+  for (std::size_t k = 0; k < ws.size(); ++k) out.push_back(download(dy[k], m * rows[k], st.s));
+  return out;
+}
+
 std::vector<float> ffn_gate_up(dtype type, const std::vector<std::byte>& gate, const std::vector<std::byte>& up,
                                std::size_t rows, std::size_t cols, const std::vector<float>& x, std::size_t m,
                                const std::vector<float>& bias, kernels::products products, bool fused) {

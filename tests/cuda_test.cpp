@@ -653,6 +653,47 @@ TEST_CASE("cuda: the fused FFN decode (gate, up, SwiGLU) gives the bits of the t
       }
 }
 
+// A one-sequence decode step's q, k and v of one type in one launch: each matrix's products the bits
+// of its product alone, exact and int8, with and without biases, parts of uneven sizes (the last block
+// of a part's warps partly idle); one launch takes one x row only.
+TEST_CASE("cuda: several decode products in one launch give the bits of each apart", "[cuda][gpu]") {
+  EFIM_NEED_DEVICE();
+  for (const dtype type : {dtype::q8_0, dtype::q4_0, dtype::q5_0, dtype::q5_1, dtype::q4_k, dtype::q5_k, dtype::q6_k,
+                           dtype::f16, dtype::bf16, dtype::f32})
+    for (const auto products : {kernels::products::exact, kernels::products::int8})
+      for (const auto& [m, rows] : std::vector<std::pair<std::size_t, std::vector<std::size_t>>>{
+               {1, {896, 130, 130}}, {1, {257, 31, 66}}, {1, {64, 64}}, {1, {3}}, {2, {64, 64}}}) {
+        if (products == kernels::products::int8 && !kernels::quant::kept_quantized(type)) continue;  // (exact for dense)
+        const std::size_t cols = 512;
+        INFO(to_string(type) << (products == kernels::products::int8 ? " int8" : " exact") << " m " << m << ", "
+                             << rows.size() << " parts");
+        rng r(m + rows[0] + static_cast<std::size_t>(type));
+        const std::size_t rb = row_bytes(type, cols);
+        std::vector<std::vector<std::byte>> ws;
+        for (const std::size_t n : rows) {
+          const auto values = random_floats(r, n * cols);
+          auto& w = ws.emplace_back(n * rb);
+          for (std::size_t i = 0; i < n; ++i) quantize_row(type, values.data() + i * cols, w.data() + i * rb, cols);
+        }
+        const auto x = random_floats(r, m * cols, 2.0f);
+        for (const bool with_bias : {false, true}) {
+          std::vector<std::vector<float>> biases;
+          for (const std::size_t n : rows) biases.push_back(with_bias ? random_floats(r, n) : std::vector<float>{});
+          if (m > 1 && rows.size() > 1) {
+            CHECK_THROWS_AS(test_cuda::matmul_parts(type, ws, rows, cols, x, m, biases, products, true), error);
+            continue;
+          }
+          const auto one = test_cuda::matmul_parts(type, ws, rows, cols, x, m, biases, products, true);
+          const auto apart = test_cuda::matmul_parts(type, ws, rows, cols, x, m, biases, products, false);
+          REQUIRE(one.size() == apart.size());
+          for (std::size_t k = 0; k < one.size(); ++k) {
+            REQUIRE(one[k].size() == apart[k].size());
+            CHECK(std::memcmp(one[k].data(), apart[k].data(), one[k].size() * sizeof(float)) == 0);
+          }
+        }
+      }
+}
+
 namespace {
 
 // Owned tokens and tables for the passes the decoder tests run: sequence s has `lengths[s]` tokens,

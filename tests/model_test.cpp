@@ -303,6 +303,47 @@ TEST_CASE("CUDA quantized and dense groups decode as dequantize_row, and a warp'
   }
 }
 
+// One decode launch over several matrices (q, k and v: kernels::quant::decode_parts): block b's warps
+// take rows of part part_of(b), and over the launch's blocks every row of every part has exactly one
+// warp (parts of uneven and zero sizes, blocks of 4 warps as the decode kernels' and of 1).
+TEST_CASE("CUDA decode launch over several matrices: every row of every part has one warp", "[kernels][cuda]") {
+  const std::vector<std::vector<std::size_t>> shapes{{896, 128, 128}, {257, 31, 66}, {3}, {0, 5, 7}, {9, 0, 4}, {4, 4, 0}};
+  for (const int warps : {4, 1})
+    for (const auto& rows : shapes) {
+      INFO(warps << " warps a block, " << rows.size() << " parts, first of " << rows[0] << " rows");
+      kernels::quant::decode_parts parts;
+      for (const std::size_t n : rows) parts.add(nullptr, n, nullptr, nullptr, warps);
+      std::size_t total = 0;
+      for (const std::size_t n : rows) total += (n + warps - 1) / warps;
+      CHECK(parts.blocks() == total);  // (no block beyond what the parts need)
+      std::vector<std::vector<int>> covered(rows.size());
+      for (std::size_t k = 0; k < rows.size(); ++k) covered[k].assign(rows[k], 0);
+      std::size_t idle = 0;
+      for (unsigned b = 0; b < parts.blocks(); ++b) {
+        const int part = parts.part_of(b);
+        REQUIRE(part >= 0);
+        REQUIRE(part < parts.count);
+        for (int warp = 0; warp < warps; ++warp) {
+          const std::size_t row = static_cast<std::size_t>(b - parts.first_block[part]) * warps + warp;
+          if (row < rows[part])
+            ++covered[part][row];
+          else
+            ++idle;
+        }
+      }
+      std::size_t wrong = 0;
+      for (const auto& c : covered) wrong += static_cast<std::size_t>(std::count_if(c.begin(), c.end(), [](int n) { return n != 1; }));
+      CHECK(wrong == 0);
+      CHECK(idle < rows.size() * static_cast<std::size_t>(warps));  // (only each part's last block idles)
+    }
+  kernels::quant::decode_parts full;
+  for (int k = 0; k < kernels::quant::decode_parts::max; ++k) full.add(nullptr, 1, nullptr, nullptr, 4);
+  CHECK_THROWS_AS(full.add(nullptr, 1, nullptr, nullptr, 4), error);
+  kernels::quant::decode_parts mixed;
+  mixed.add(nullptr, 8, nullptr, nullptr, 4);
+  CHECK_THROWS_AS(mixed.add(nullptr, 8, nullptr, nullptr, 2), error);
+}
+
 namespace {
 
 // The magnitude of the offset a quantized weight's value carries apart from its quant (q5_1's m, the

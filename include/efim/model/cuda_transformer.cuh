@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <span>
 #include <type_traits>
 #include <vector>
@@ -147,9 +148,7 @@ class transformer<kernels::cuda> {
       for (std::size_t l = 0; l < c.layers; ++l) {
         const device_layer_weights& lw = w_.layers[l];
         norm(x_.data(), lw.attn_norm, lw.attn_norm_b, xb_.data(), n, s, &lw.wq);
-        linear(ctx, xb_.data(), lw.wq, lw.bq, q_.data(), n);
-        linear(ctx, xb_.data(), lw.wk, lw.bk, k_.data(), n);
-        linear(ctx, xb_.data(), lw.wv, lw.bv, v_.data(), n);
+        linear_parts(ctx, {{&lw.wq, q_.data(), lw.bq}, {&lw.wk, k_.data(), lw.bk}, {&lw.wv, v_.data(), lw.bv}}, n);
         if (kv.type() == dtype::f16)
           attend<half>(kv, l, scale, s);
         else
@@ -240,6 +239,19 @@ class transformer<kernels::cuda> {
               float* y, std::size_t rows) {
     kernels::device::matmul(ctx.blas(), x, w, y, rows, convert_.data(), ctx.stream(), kernels::accumulate::no,
                             products_, bias, x == xb_.data() ? rounded_xb(w, rows, ctx.stream()) : nullptr);
+  }
+
+  // Each part's y = xb_ w^T + bias: in one launch where the matrices allow it (a one-sequence decode
+  // step's q, k and v of one type: kernels::device::one_launch), else one product each; the same bits.
+  void linear_parts(const kernels::cuda::context& ctx, std::initializer_list<kernels::device::product_part> list,
+                    std::size_t rows) {
+    const std::span<const kernels::device::product_part> parts(list.begin(), list.size());
+    if (kernels::device::one_launch(parts, rows)) {
+      kernels::device::matmul_parts(xb_.data(), parts, rows, convert_.data(), ctx.stream(), products_,
+                                    rounded_xb(*parts[0].w, rows, ctx.stream()));
+      return;
+    }
+    for (const auto& part : parts) linear(ctx, xb_.data(), *part.w, part.bias, part.y, rows);
   }
 
   // x += h w^T + bias, the residual stream.

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <span>
 #include <string>
 
 #include "efim/core/dtype.hpp"
@@ -167,6 +168,39 @@ void matmul(const blas& h, const float* x, const matrix& w, float* y, std::size_
   }
   detail::cublas_product<Policy>(h, x, w, y, m, workspace, stream, acc);
   if (bias != nullptr) add_bias(y, bias, m, w.rows, stream);
+}
+
+// One matrix of a product of several by the same x rows (matmul_parts): y = x w^T [+ bias].
+struct product_part {
+  const matrix* w = nullptr;
+  float* y = nullptr;
+  const float* bias = nullptr;
+};
+
+// Whether matmul_parts multiplies these matrices by m x rows in one launch: up to decode_parts::max of
+// them, of one type and width, each decoded in registers, at one x row (a sequence's decode step).
+inline bool one_launch(std::span<const product_part> parts, std::size_t m) noexcept {
+  if (parts.empty() || parts.size() > static_cast<std::size_t>(decode_parts::max) || m != 1) return false;
+  for (const product_part& part : parts)
+    if (part.w->type != parts[0].w->type || part.w->cols != parts[0].w->cols || !decodes_in_registers(*part.w, m))
+      return false;
+  return true;
+}
+
+// Each part's y = x w^T [+ bias] (m rows) in one decode launch, the bits matmul gives each (one_launch
+// must hold: q, k and v of a layer, or its FFN's gate and up, of one type). `workspace` and `rounded`
+// as matmul takes them for any one of the parts.
+inline void matmul_parts(const float* x, std::span<const product_part> parts, std::size_t m, void* workspace,
+                         cudaStream_t stream, products p = products::exact, const quant::x8_rows* rounded = nullptr) {
+  require(one_launch(parts, m), errc::invalid_argument,
+          "device::matmul_parts: up to three matrices of one type and width, decoded in registers");
+  decode_parts dp;
+  for (const product_part& part : parts) dp.add(part.w->data, part.w->rows, part.y, part.bias, policy::quant_matmul::warps);
+  const matrix& w = *parts[0].w;
+  if (quant::kept_quantized(w.type) && p == products::int8)
+    quant_decode_int8_parts(w.type, dp, w.cols, x, m, workspace, stream, accumulate::no, rounded);
+  else
+    quant_decode_parts(w.type, dp, w.cols, x, m, stream);
 }
 
 }  // namespace efim::kernels::device

@@ -341,6 +341,51 @@ EFIM_HOST_DEVICE void decode8(const std::uint8_t* row, std::size_t g, float* w) 
   }
 }
 
+// Up to three matrices of one type and shape that one decode launch multiplies by the same x rows (q,
+// k and v of a layer; one matrix is one part): part k's rows[k] weight rows start at w[k], its products
+// go to y[k] (m, rows[k]) with bias[k] (or none).
+struct decode_parts {
+  static constexpr int max = 3;
+  const std::uint8_t* w[max] = {};
+  float* y[max] = {};
+  const float* bias[max] = {};
+  std::size_t rows[max] = {};
+  unsigned first_block[max] = {};  // part k's first block of `warps` warps (one a row) in the launch
+  int count = 0;
+  int warps = 0;  // a block's (the kernel's policy)
+
+  // Part `count`: its blocks of `block_warps` rows follow the earlier parts'.
+  void add(const void* weights, std::size_t n, float* out, const float* b, int block_warps) {
+    require(count < max, errc::invalid_argument, "decode_parts: at most three matrices a launch");
+    require(block_warps > 0 && (count == 0 || block_warps == warps), errc::invalid_argument,
+            "decode_parts: blocks of one size");
+    warps = block_warps;
+    const std::size_t first = blocks();
+    require(n <= (0xFFFFFFFFull - first) * static_cast<std::size_t>(warps), errc::invalid_argument,
+            "decode_parts: too many rows for the grid");
+    w[count] = static_cast<const std::uint8_t*>(weights), y[count] = out, bias[count] = b, rows[count] = n;
+    first_block[count] = static_cast<unsigned>(first);
+    ++count;
+  }
+  // The part block b of the launch works in (its warps take rows (b - first_block[part]) * warps + 0,
+  // 1, ... of it): the last whose first block is at most b.
+  EFIM_HOST_DEVICE int part_of(unsigned b) const noexcept {
+    int part = 0;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int k = 1; k < max; ++k)
+      if (k < count && b >= first_block[k]) part = k;
+    return part;
+  }
+  // The launch's blocks.
+  [[nodiscard]] std::size_t blocks() const noexcept {
+    if (count == 0) return 0;
+    const auto per = static_cast<std::size_t>(warps);
+    return first_block[count - 1] + (rows[count - 1] + per - 1) / per;
+  }
+};
+
 // Chunks whose bytes a lane of the decode product loads before it decodes the first of them.
 inline constexpr int chunks_in_flight = 4;
 

@@ -47,6 +47,8 @@ struct quant_matmul {
 };
 }  // namespace policy
 
+using quant::decode_parts;
+
 namespace detail {
 
 // y's element, then the bias where there is one: the same two roundings as the product, then add_bias.
@@ -56,43 +58,59 @@ __device__ inline void decode_store(float* out, float v, bool acc, const float* 
   *out = o;
 }
 
-template <class Policy, dtype T, int M>
-__global__ void __launch_bounds__(Policy::warps * 32)
-    quant_decode_kernel(const std::uint8_t* w, std::size_t rows, std::size_t row_bytes, std::size_t cols,
-                        const float* x, int m, float* y, bool acc, const float* bias) {
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  const std::size_t r = static_cast<std::size_t>(blockIdx.x) * Policy::warps + threadIdx.x / 32;
-  if (r >= rows) return;  // a whole warp at once
-  float sums[M] = {};
-  quant::lane_dots<T, M>(w + r * row_bytes, cols, x, m, lane, 32, sums);
+// The warp's row of a decode launch over parts (decode_parts): which part (each block works in one,
+// so the choice is the block's: uniform registers), and the row within it; false past the part's rows.
+// (Parts: whether the launch may have more than one; with one, the part is 0 as a constant, and the
+// kernel takes the registers of a plain product: the choice of part costs up to a quarter more.)
+template <class Policy, bool Parts>
+__device__ inline bool decode_row(const decode_parts& parts, int& part, std::size_t& row) {
+  part = Parts ? parts.part_of(blockIdx.x) : 0;
+  row = static_cast<std::size_t>(blockIdx.x - parts.first_block[part]) * Policy::warps + threadIdx.x / 32;
+  return row < parts.rows[part];
+}
+
+// The warp's sums (one per x row, lane 0's complete) stored into y of its part. (The part and row are
+// found again from the block here rather than kept through the product: fewer registers live across it.)
+template <class Policy, bool Parts, int M>
+__device__ inline void decode_store_rows(const decode_parts& parts, const float (&sums)[M], int m, int lane, bool acc) {
+  int part;
+  std::size_t r;
+  decode_row<Policy, Parts>(parts, part, r);
+  const std::size_t rows = parts.rows[part];
 #pragma unroll
   for (int i = 0; i < M; ++i) {
     if (i >= m) break;
     float v = sums[i];
 #pragma unroll
     for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, off);
-    if (lane == 0) decode_store(y + static_cast<std::size_t>(i) * rows + r, v, acc, bias, r);
+    if (lane == 0) decode_store(parts.y[part] + static_cast<std::size_t>(i) * rows + r, v, acc, parts.bias[part], r);
   }
 }
 
-// The int8 decode product: as quant_decode_kernel, each lane's sums from quant::lane_idots.
-template <class Policy, dtype T, int M>
+// One warp per weight row of the parts, in turn (a launch for one matrix is one part).
+template <class Policy, dtype T, int M, bool Parts>
 __global__ void __launch_bounds__(Policy::warps * 32)
-    quant_decode_int8_kernel(const std::uint8_t* w, std::size_t rows, std::size_t row_bytes, quant::x8_rows x,
-                             int m, float* y, bool acc, const float* bias) {
+    quant_decode_kernel(decode_parts parts, std::size_t row_bytes, std::size_t cols, const float* x, int m, bool acc) {
   const int lane = static_cast<int>(threadIdx.x % 32);
-  const std::size_t r = static_cast<std::size_t>(blockIdx.x) * Policy::warps + threadIdx.x / 32;
-  if (r >= rows) return;  // a whole warp at once
+  int part;
+  std::size_t r;
+  if (!decode_row<Policy, Parts>(parts, part, r)) return;  // a whole warp at once
   float sums[M] = {};
-  quant::lane_idots<T, M>(w + r * row_bytes, x, m, lane, 32, sums);
-#pragma unroll
-  for (int i = 0; i < M; ++i) {
-    if (i >= m) break;
-    float v = sums[i];
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, off);
-    if (lane == 0) decode_store(y + static_cast<std::size_t>(i) * rows + r, v, acc, bias, r);
-  }
+  quant::lane_dots<T, M>(parts.w[part] + r * row_bytes, cols, x, m, lane, 32, sums);
+  decode_store_rows<Policy, Parts, M>(parts, sums, m, lane, acc);
+}
+
+// The int8 decode product: as quant_decode_kernel, each lane's sums from quant::lane_idots.
+template <class Policy, dtype T, int M, bool Parts>
+__global__ void __launch_bounds__(Policy::warps * 32)
+    quant_decode_int8_kernel(decode_parts parts, std::size_t row_bytes, quant::x8_rows x, int m, bool acc) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  int part;
+  std::size_t r;
+  if (!decode_row<Policy, Parts>(parts, part, r)) return;  // a whole warp at once
+  float sums[M] = {};
+  quant::lane_idots<T, M>(parts.w[part] + r * row_bytes, x, m, lane, 32, sums);
+  decode_store_rows<Policy, Parts, M>(parts, sums, m, lane, acc);
 }
 
 // The FFN's decode products and SwiGLU in one launch: each warp takes row r of w_gate, then row r of
@@ -245,6 +263,19 @@ __global__ void __launch_bounds__(Policy::threads)
   }
 }
 
+// launch(std::bool_constant<Parts>{}) for the decode kernels' instance that serves these parts: one
+// part as a plain product, several (one x row only: their instances for more rows would double the
+// decode kernels' compile time for launches that matter most at one sequence) choosing theirs.
+template <class F>
+void by_parts(const decode_parts& parts, std::size_t m, F&& launch) {
+  if (parts.count == 1) {
+    launch(std::false_type{});
+    return;
+  }
+  require(m == 1, errc::invalid_argument, "device::quant_decode: several matrices in one launch take one x row");
+  launch(std::true_type{});
+}
+
 // f(std::integral_constant<int, M>{}) for the decode kernels' instance that serves m x rows: M = 1, 2,
 // 4 or 8, the least of them >= m.
 template <class F>
@@ -280,16 +311,44 @@ std::size_t quant_matmul_workspace(std::size_t rows, std::size_t cols, std::size
 }
 
 namespace detail {
-// The decode kernels' checks of a matrix: a type they decode, rows of whole blocks (quantized) or of
-// whole chunks of 8 (dense), and a grid that holds a warp per row.
-template <class Policy>
-void require_decodable(dtype type, std::size_t rows, std::size_t cols, const char* what) {
+// The decode kernels' check of a matrix: a type they decode, rows of whole blocks (quantized) or of
+// whole chunks of 8 (dense).
+inline void require_decodable(dtype type, std::size_t cols, const char* what) {
   require(quant::kept_quantized(type) ? cols % 32 == 0 : quant::dense_decodes(type, cols), errc::invalid_argument,
           std::string(what) + ": weights in " + std::string(to_string(type)) +
               " (a row must be whole blocks of 32 of a quantized type, or of 8 f16, bf16 or f32 values)");
-  require(rows <= 0xFFFFFFFFull * Policy::warps, errc::invalid_argument, std::string(what) + ": too many rows for the grid");
 }
 }  // namespace detail
+
+// The decode product of several matrices of one type and width in one launch (decode_parts: q, k and
+// v), each part's y as quant_decode gives it, bit for bit.
+template <class Policy = policy::quant_matmul>
+void quant_decode_parts(dtype type, const decode_parts& parts, std::size_t cols, const float* x, std::size_t m,
+                        cudaStream_t stream, accumulate acc = accumulate::no) {
+  static_assert(Policy::decode_rows <= 8, "the decode kernel is instantiated for up to 8 x rows");
+  require(m >= 1 && m <= Policy::decode_rows, errc::invalid_argument, "device::quant_decode: 1 to 8 x rows");
+  require(parts.count >= 1, errc::invalid_argument, "device::quant_decode: no matrix");
+  require(parts.warps == Policy::warps, errc::invalid_argument, "device::quant_decode: parts of other blocks");
+  detail::require_decodable(type, cols, "device::quant_decode");
+  const auto blocks = static_cast<unsigned>(parts.blocks());
+  if (blocks == 0) return;
+  const std::size_t rb = row_bytes(type, cols);
+  const int xm = static_cast<int>(m);
+  const bool add = acc == accumulate::yes;
+  const auto launch = [&](auto parts_c) {
+    constexpr bool Parts = decltype(parts_c)::value;
+    quant::visit_decoded(type, [&](auto t) {
+      constexpr dtype T = decltype(t)::value;
+      detail::by_decode_rows(m, [&](auto rows_c) {
+        constexpr int M = decltype(rows_c)::value;
+        if constexpr (!Parts || M == 1)  // (several parts: one x row, by_parts)
+          detail::quant_decode_kernel<Policy, T, M, Parts><<<blocks, Policy::warps * 32, 0, stream>>>(parts, rb, cols, x, xm, add);
+      });
+    });
+  };
+  detail::by_parts(parts, m, launch);
+  check(cudaGetLastError(), "quant_decode launch");
+}
 
 // The decode product: y (m, rows) = [y +] x (m, cols) * dequantize(w)^T [+ bias (rows)] for m <=
 // Policy::decode_rows, w quantized or dense (f16, bf16, f32: quant::dense_decodes). w: rows of
@@ -297,21 +356,9 @@ void require_decodable(dtype type, std::size_t rows, std::size_t cols, const cha
 template <class Policy = policy::quant_matmul>
 void quant_decode(dtype type, const void* w, std::size_t rows, std::size_t cols, const float* x, std::size_t m,
                   float* y, cudaStream_t stream, accumulate acc = accumulate::no, const float* bias = nullptr) {
-  static_assert(Policy::decode_rows <= 8, "the decode kernel is instantiated for up to 8 x rows");
-  require(m >= 1 && m <= Policy::decode_rows, errc::invalid_argument, "device::quant_decode: 1 to 8 x rows");
-  detail::require_decodable<Policy>(type, rows, cols, "device::quant_decode");
-  const std::size_t rb = row_bytes(type, cols);
-  const auto* wb = static_cast<const std::uint8_t*>(w);
-  const unsigned blocks = static_cast<unsigned>((rows + Policy::warps - 1) / Policy::warps);
-  const int xm = static_cast<int>(m);
-  const bool add = acc == accumulate::yes;
-  quant::visit_decoded(type, [&](auto t) {
-    detail::by_decode_rows(m, [&](auto rows_c) {
-      detail::quant_decode_kernel<Policy, decltype(t)::value, decltype(rows_c)::value>
-          <<<blocks, Policy::warps * 32, 0, stream>>>(wb, rows, rb, cols, x, xm, y, add, bias);
-    });
-  });
-  check(cudaGetLastError(), "quant_decode launch");
+  decode_parts parts;
+  parts.add(w, rows, y, bias, Policy::warps);
+  quant_decode_parts<Policy>(type, parts, cols, x, m, stream, acc);
 }
 
 // x (m, cols) rounded to 8 bits for weights of type t (quant::x8_span(t) values a scale), into the
@@ -356,6 +403,39 @@ quant::x8_rows rmsnorm_x8(dtype t, const float* x, const float* weight, float* y
   return {q, d, sums, n};
 }
 
+// quant_decode_int8 of several matrices of one quantized type and width in one launch (decode_parts),
+// each part's y as quant_decode_int8 gives it, bit for bit.
+template <class Policy = policy::quant_matmul>
+void quant_decode_int8_parts(dtype type, const decode_parts& parts, std::size_t cols, const float* x, std::size_t m,
+                             void* workspace, cudaStream_t stream, accumulate acc = accumulate::no,
+                             const quant::x8_rows* rounded = nullptr) {
+  static_assert(Policy::decode_rows <= 8, "the decode kernel is instantiated for up to 8 x rows");
+  require(m >= 1 && m <= Policy::decode_rows, errc::invalid_argument, "device::quant_decode_int8: 1 to 8 x rows");
+  require(parts.count >= 1, errc::invalid_argument, "device::quant_decode_int8: no matrix");
+  require(parts.warps == Policy::warps, errc::invalid_argument, "device::quant_decode_int8: parts of other blocks");
+  require(rounded == nullptr || rounded->cols == cols, errc::invalid_argument,
+          "device::quant_decode_int8: rounded rows of another width");
+  const quant::x8_rows xq = rounded != nullptr ? *rounded : quantize_x8<Policy>(type, x, m, cols, workspace, stream);
+  const auto blocks = static_cast<unsigned>(parts.blocks());
+  if (blocks == 0) return;
+  const std::size_t rb = row_bytes(type, cols);
+  const int xm = static_cast<int>(m);
+  const bool add = acc == accumulate::yes;
+  const auto launch = [&](auto parts_c) {
+    constexpr bool Parts = decltype(parts_c)::value;
+    quant::visit_kept(type, [&](auto t) {
+      constexpr dtype T = decltype(t)::value;
+      detail::by_decode_rows(m, [&](auto rows_c) {
+        constexpr int M = decltype(rows_c)::value;
+        if constexpr (!Parts || M == 1)  // (several parts: one x row, by_parts)
+          detail::quant_decode_int8_kernel<Policy, T, M, Parts><<<blocks, Policy::warps * 32, 0, stream>>>(parts, rb, xq, xm, add);
+      });
+    });
+  };
+  detail::by_parts(parts, m, launch);
+  check(cudaGetLastError(), "quant_decode_int8 launch");
+}
+
 // The int8 decode product: y (m, rows) = [y +] x (m, cols) * w^T [+ bias] with x rounded to 8 bits
 // (quantize_x8, into `workspace`: quant::x8_bytes(m, cols) bytes) and multiplied in integers, for m
 // <= Policy::decode_rows. `rounded`: x already rounded for weights of this type's span (quantize_x8
@@ -364,25 +444,9 @@ template <class Policy = policy::quant_matmul>
 void quant_decode_int8(dtype type, const void* w, std::size_t rows, std::size_t cols, const float* x, std::size_t m,
                        float* y, void* workspace, cudaStream_t stream, accumulate acc = accumulate::no,
                        const float* bias = nullptr, const quant::x8_rows* rounded = nullptr) {
-  static_assert(Policy::decode_rows <= 8, "the decode kernel is instantiated for up to 8 x rows");
-  require(m >= 1 && m <= Policy::decode_rows, errc::invalid_argument, "device::quant_decode_int8: 1 to 8 x rows");
-  require(rows <= 0xFFFFFFFFull * Policy::warps, errc::invalid_argument,
-          "device::quant_decode_int8: too many rows for the grid");
-  require(rounded == nullptr || rounded->cols == cols, errc::invalid_argument,
-          "device::quant_decode_int8: rounded rows of another width");
-  const quant::x8_rows xq = rounded != nullptr ? *rounded : quantize_x8<Policy>(type, x, m, cols, workspace, stream);
-  const std::size_t rb = row_bytes(type, cols);
-  const auto* wb = static_cast<const std::uint8_t*>(w);
-  const unsigned blocks = static_cast<unsigned>((rows + Policy::warps - 1) / Policy::warps);
-  const int xm = static_cast<int>(m);
-  const bool add = acc == accumulate::yes;
-  quant::visit_kept(type, [&](auto t) {
-    detail::by_decode_rows(m, [&](auto rows_c) {
-      detail::quant_decode_int8_kernel<Policy, decltype(t)::value, decltype(rows_c)::value>
-          <<<blocks, Policy::warps * 32, 0, stream>>>(wb, rows, rb, xq, xm, y, add, bias);
-    });
-  });
-  check(cudaGetLastError(), "quant_decode_int8 launch");
+  decode_parts parts;
+  parts.add(w, rows, y, bias, Policy::warps);
+  quant_decode_int8_parts<Policy>(type, parts, cols, x, m, workspace, stream, acc, rounded);
 }
 
 // The FFN of a decode step in one launch: out (m, rows) = swiglu(x w_gate^T, x w_up^T [+ bias_up]) for
@@ -397,7 +461,9 @@ void quant_decode_swiglu(dtype type, const void* gate, const void* up, std::size
                          const quant::x8_rows* rounded = nullptr) {
   static_assert(Policy::decode_rows <= 8, "the decode kernel is instantiated for up to 8 x rows");
   require(m >= 1 && m <= Policy::decode_rows, errc::invalid_argument, "device::quant_decode_swiglu: 1 to 8 x rows");
-  detail::require_decodable<Policy>(type, rows, cols, "device::quant_decode_swiglu");
+  detail::require_decodable(type, cols, "device::quant_decode_swiglu");
+  require(rows <= 0xFFFFFFFFull * Policy::warps, errc::invalid_argument,
+          "device::quant_decode_swiglu: too many rows for the grid");
   const bool int8 = p == products::int8 && quant::kept_quantized(type);
   require(!int8 || rounded != nullptr || workspace != nullptr, errc::invalid_argument,
           "device::quant_decode_swiglu: int8 products need a workspace or rounded rows");
