@@ -8,6 +8,8 @@
 #include "efim/prompt/formats.hpp"
 #include "efim/text/fragment.hpp"
 
+#include <algorithm>
+
 namespace efim::test_cuda {
 
 namespace {
@@ -156,7 +158,7 @@ template <class E>
 std::vector<float> paged_attention(const kv::paged_layout& l, const std::vector<E>& k_cache,
                                    const std::vector<E>& v_cache, const std::vector<float>& q,
                                    const std::vector<kernels::token_slot>& tokens, std::size_t heads, float scale,
-                                   std::size_t target_blocks, std::size_t& splits) {
+                                   std::size_t target_blocks, std::size_t& splits, bool folded) {
   namespace kd = kernels::device;
   kernels::attention_step step;
   step.plan(tokens, l.block_size, heads, l.kv_heads, kd::policy::attention::rows);
@@ -170,18 +172,28 @@ std::vector<float> paged_attention(const kv::paged_layout& l, const std::vector<
   auto dtiles = upload(step.tiles, st.s);
   buffer<float> out(q.size());
   buffer<std::byte> workspace(kd::attention_workspace_bytes(step.tiles.size(), split, l.head_dim));
-  kd::paged_attention<E>(l, dk.data(), dv.data(), dq.data(), out.data(), dtables.data(), dtiles.data(),
-                         step.tiles.size(), heads, scale, st.s, split, workspace.data());
+  if (!folded) {
+    kd::paged_attention<E>(l, dk.data(), dv.data(), dq.data(), out.data(), dtables.data(), dtiles.data(),
+                           step.tiles.size(), heads, scale, st.s, split, workspace.data());
+    return download(out, q.size(), st.s);
+  }
+  auto counters = upload(std::vector<unsigned>(step.tiles.size(), 0u), st.s);
+  for (int run = 0; run < 2; ++run)
+    kd::paged_attention<E>(l, dk.data(), dv.data(), dq.data(), out.data(), dtables.data(), dtiles.data(),
+                           step.tiles.size(), heads, scale, st.s, split, workspace.data(), counters.data());
+  const auto left = download(counters, step.tiles.size(), st.s);
+  if (std::any_of(left.begin(), left.end(), [](unsigned c) { return c != 0; }))
+    throw error(errc::invalid_argument, "paged_attention: a tile's counter not back to 0 after the folded merge");
   return download(out, q.size(), st.s);
 }
 template std::vector<float> paged_attention<float>(const kv::paged_layout&, const std::vector<float>&,
                                                    const std::vector<float>&, const std::vector<float>&,
                                                    const std::vector<kernels::token_slot>&, std::size_t, float,
-                                                   std::size_t, std::size_t&);
+                                                   std::size_t, std::size_t&, bool);
 template std::vector<float> paged_attention<half>(const kv::paged_layout&, const std::vector<half>&,
                                                   const std::vector<half>&, const std::vector<float>&,
                                                   const std::vector<kernels::token_slot>&, std::size_t, float,
-                                                  std::size_t, std::size_t&);
+                                                  std::size_t, std::size_t&, bool);
 
 bool attention_mma_fits(const kv::paged_layout& l) { return kernels::device::attention_mma_fits(l); }
 

@@ -341,6 +341,12 @@ void attention_on_both(const kv::paged_layout& l, std::size_t heads, const std::
     CHECK(max_relative_error(device, host, 1.0f) < 2e-6f);
     if (target == 1) CHECK(splits == 1);
     if (target > 1 && fresh == 1) CHECK(splits > 1);  // a decode step over 517 keys: 9 pages or more
+    // The ranges merged by the last block of each tile in the same launch: the merge kernel's bits.
+    std::size_t folded_splits = 0;
+    const auto folded = test_cuda::paged_attention<E>(l, k, v, q, tokens, heads, scale, target, folded_splits, true);
+    CHECK(folded_splits == splits);
+    REQUIRE(folded.size() == device.size());
+    CHECK(std::memcmp(folded.data(), device.data(), folded.size() * sizeof(float)) == 0);
   }
   // On tensor cores (f16 caches whose block and head sizes are multiples of 16): the queries and the
   // probabilities rounded to f16 (a host emulation of those roundings on these cases: up to 3.1e-4).

@@ -128,6 +128,11 @@ class transformer<kernels::cuda> {
     // (Sized for the most ranges any context can be cut into: a sequence's decode steps then never
     // reallocate it, which would end their graphs.)
     grow(attention_ws_, kernels::device::attention_workspace_bound(step_.tiles.size(), target_blocks, hd));
+    if (split_.splits > 1 && attention_counters_.size() < step_.tiles.size()) {  // (zero; each launch leaves them so)
+      grow(attention_counters_, step_.tiles.size());
+      device::check(cudaMemsetAsync(attention_counters_.data(), 0, attention_counters_.size() * sizeof(unsigned), s),
+                    "cudaMemsetAsync");
+    }
 
     reserve(n);
     // Block tables as long as the context can make them: a sequence's growing table then never
@@ -296,7 +301,7 @@ class transformer<kernels::cuda> {
     }
     kernels::device::paged_attention<E>(kv.layout(), kv.keys<E>(layer), kv.values<E>(layer), q_.data(), att_.data(),
                                         d_tables_.data(), d_tiles_.data(), step_.tiles.size(), cfg().heads, scale, s,
-                                        split_, attention_ws_.data());
+                                        split_, attention_ws_.data(), attention_counters_.data());
   }
 
   // Scratch for n rows (grown, never shrunk: a step of a size seen before allocates nothing).
@@ -353,6 +358,7 @@ class transformer<kernels::cuda> {
   std::array<bool, 2> x8_fresh_{};
   device::buffer<float> x_, xb_, q_, att_, k_, v_, gate_, up_, logits_, d_cos_, d_sin_;
   device::buffer<std::byte> convert_, attention_ws_;
+  device::buffer<unsigned> attention_counters_;  // a tile's blocks that finished (the folded split-K merge)
   device::buffer<token_id> d_ids_;
   device::buffer<block_id> d_tables_;
   device::buffer<kv::slot_ref> d_slots_;

@@ -13,7 +13,8 @@
 // context. The block's warps take the range's pages in turn, each keeping a running maximum, sum and
 // weighted sum of values per row (online softmax) in registers; the warps' partial results are merged
 // in shared memory. With one range the block writes the rows; with more, each block writes its
-// (maximum, sum, weighted sums) into a caller-owned workspace and a second kernel merges the ranges.
+// (maximum, sum, weighted sums) into a caller-owned workspace and a second kernel merges the ranges,
+// or (given a counter per tile) the last of a tile's blocks to finish merges them in the same launch.
 // Scores and sums are in f32; f16 caches are widened as they are loaded. The order of the sums is not
 // the host's, so results agree with the host kernel within f32 rounding, not bit for bit.
 #include <cuda_fp16.h>
@@ -60,6 +61,28 @@ __device__ inline float warp_sum(float x) {
 
 namespace agent {
 
+// Row r's dimension d of a tile from its `splits` ranges' partial results (slots of R * (hd + 2)
+// floats from `first`: maxima, sums, weighted sums), each range's sums rescaled to the largest maximum;
+// a range with no key visible to the row has maximum -inf, so its factor is 0. Read past L1 (__ldcg):
+// with the merge folded into the attention kernel, other blocks wrote the slots during this launch.
+template <int R>
+__device__ inline float merge_ranges(const float* first, std::size_t splits, std::size_t r, std::size_t d,
+                                     std::size_t hd) {
+  const std::size_t stride = R * (hd + 2);
+  float top = -INFINITY;
+#pragma unroll 8
+  for (std::size_t s = 0; s < splits; ++s) top = fmaxf(top, __ldcg(first + s * stride + r));
+  float total = 0.0f, value = 0.0f;
+#pragma unroll 4
+  for (std::size_t s = 0; s < splits; ++s) {
+    const float* slot = first + s * stride;
+    const float f = expf(__ldcg(slot + r) - top);
+    total = fmaf(__ldcg(slot + R + r), f, total);
+    value = fmaf(__ldcg(slot + 2 * R + r * hd + d), f, value);
+  }
+  return value / total;
+}
+
 template <class Policy, class E>
 struct attention {
   static constexpr int R = Policy::rows, D = Policy::lane_dims, W = Policy::warps;
@@ -72,7 +95,7 @@ struct attention {
   __device__ static void run(float* shared, const kv::paged_layout& l, const E* k_cache, const E* v_cache,
                              const float* q, float* out, const block_id* table, const attention_tile& tile,
                              position first_pos, std::size_t heads, float scale, std::size_t pages_per_split,
-                             float* partial) {
+                             float* partial, unsigned* counters) {
     const int rows = static_cast<int>(tile.tokens * tile.heads);
     const std::size_t hd = l.head_dim, bs = l.block_size;
     const std::size_t g = tile.first_head / (heads / l.kv_heads);
@@ -200,6 +223,27 @@ struct attention {
       }
       slot[2 * R + static_cast<std::size_t>(r) * hd + d] = value;
     }
+    if (partial == nullptr || counters == nullptr) return;
+
+    // The merge folded in: the tile's last block to finish (its counter, counted by every block after
+    // its range's slot is written and fenced) merges all ranges as the merge kernel does, then leaves the
+    // counter at 0 for the next launch.
+    __shared__ unsigned is_last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence();  // (after the barrier: the block's writes, as grid-wide synchronizations fence)
+      is_last = atomicAdd(counters + blockIdx.x, 1u) == gridDim.y - 1 ? 1u : 0u;
+    }
+    __syncthreads();
+    if (is_last == 0) return;
+    __threadfence();
+    const float* first = partial + static_cast<std::size_t>(blockIdx.x) * gridDim.y * R * (hd + 2);
+    for (std::size_t i = threadIdx.x; i < static_cast<std::size_t>(rows) * hd; i += Policy::threads) {
+      const std::size_t r = i / hd, d = i % hd;
+      out[row_index(static_cast<int>(r)) * hd + d] = merge_ranges<R>(first, gridDim.y, r, d, hd);
+    }
+    if (threadIdx.x == 0) counters[blockIdx.x] = 0;
   }
 };
 
@@ -214,21 +258,10 @@ struct attention_merge {
     const std::size_t rows = static_cast<std::size_t>(tile.tokens) * tile.heads;
     const std::size_t i = static_cast<std::size_t>(blockIdx.y) * Policy::threads + threadIdx.x;
     if (i >= rows * hd) return;
-    const std::size_t r = i / hd, d = i % hd, stride = R * (hd + 2);
-    const float* first = partial + static_cast<std::size_t>(blockIdx.x) * splits * stride;
-    float top = -INFINITY;
-#pragma unroll 8
-    for (std::size_t s = 0; s < splits; ++s) top = fmaxf(top, first[s * stride + r]);
-    float total = 0.0f, value = 0.0f;
-#pragma unroll 4
-    for (std::size_t s = 0; s < splits; ++s) {
-      const float* slot = first + s * stride;
-      const float f = expf(slot[r] - top);
-      total = fmaf(slot[R + r], f, total);
-      value = fmaf(slot[2 * R + r * hd + d], f, value);
-    }
+    const std::size_t r = i / hd, d = i % hd;
+    const float* first = partial + static_cast<std::size_t>(blockIdx.x) * splits * R * (hd + 2);
     const std::size_t t = tile.first_token + r / tile.heads, h = tile.first_head + r % tile.heads;
-    out[(t * heads + h) * hd + d] = value / total;
+    out[(t * heads + h) * hd + d] = merge_ranges<R>(first, splits, r, d, hd);
   }
 };
 
@@ -240,11 +273,11 @@ template <class Policy, class E>
 __global__ void __launch_bounds__(Policy::threads)
     attention_kernel(kv::paged_layout l, const E* k_cache, const E* v_cache, const float* q, float* out,
                      const block_id* tables, const attention_tile_ref* tiles, std::size_t heads, float scale,
-                     std::size_t pages_per_split, float* partial) {
+                     std::size_t pages_per_split, float* partial, unsigned* counters) {
   extern __shared__ float shared[];
   const attention_tile_ref t = tiles[blockIdx.x];
   agent::attention<Policy, E>::run(shared, l, k_cache, v_cache, q, out, tables + t.table, t.tile, t.first_pos, heads,
-                                   scale, pages_per_split, partial);
+                                   scale, pages_per_split, partial, counters);
 }
 
 template <class Policy>
@@ -311,12 +344,15 @@ constexpr std::size_t attention_workspace_bound(std::size_t n_tiles, std::size_t
 // q, out: (tokens, heads, head_dim) device rows; tables and tiles: an attention_step's, planned with
 // Policy::rows rows per tile at most. Query head h reads KV head h / (heads / kv_heads). E is float or half.
 // `split` (plan_attention_split) cuts each tile's pages into ranges; with more than one range,
-// `workspace` holds attention_workspace_bytes(n_tiles, split, head_dim) bytes of device memory.
+// `workspace` holds attention_workspace_bytes(n_tiles, split, head_dim) bytes of device memory, and
+// the ranges are merged by a second kernel, or, given `counters` (n_tiles unsigned integers, zero;
+// each launch leaves them zero), by the last block of each tile to finish, in the same launch and with
+// the same arithmetic (agent::merge_ranges): the same bits.
 template <class E, class Policy = policy::attention>
 void paged_attention(const kv::paged_layout& l, const E* k_cache, const E* v_cache, const float* q, float* out,
                      const block_id* tables, const attention_tile_ref* tiles, std::size_t n_tiles, std::size_t heads,
                      float scale, cudaStream_t stream = nullptr, attention_split split = {},
-                     void* workspace = nullptr) {
+                     void* workspace = nullptr, unsigned* counters = nullptr) {
   static_assert(std::is_same_v<E, float> || std::is_same_v<E, half>, "KV elements are float or half");
   static_assert(attention_shared_bytes<Policy>(32 * Policy::lane_dims) <= 48 * 1024, "the policy needs opt-in memory");
   (void)query_group(heads, l.kv_heads);
@@ -333,9 +369,9 @@ void paged_attention(const kv::paged_layout& l, const E* k_cache, const E* v_cac
   float* partial = split.splits == 1 ? nullptr : static_cast<float*>(workspace);
   const dim3 grid(static_cast<unsigned>(n_tiles), static_cast<unsigned>(split.splits));
   detail::attention_kernel<Policy, E><<<grid, Policy::threads, attention_shared_bytes<Policy>(l.head_dim), stream>>>(
-      l, k_cache, v_cache, q, out, tables, tiles, heads, scale, per_split, partial);
+      l, k_cache, v_cache, q, out, tables, tiles, heads, scale, per_split, partial, counters);
   check(cudaGetLastError(), "paged_attention launch");
-  if (partial == nullptr) return;
+  if (partial == nullptr || counters != nullptr) return;
   const dim3 merge_grid(static_cast<unsigned>(n_tiles),
                         static_cast<unsigned>((Policy::rows * l.head_dim + Policy::threads - 1) / Policy::threads));
   detail::attention_merge_kernel<Policy>
