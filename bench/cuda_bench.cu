@@ -283,9 +283,12 @@ double run(const options& o, const std::string& name, const std::string& type, c
 
   // The same chunk's matrix products alone, on the same device weights.
   const auto& dw = m.uploaded();
-  device::buffer<float> x(o.prefill * std::max({c.hidden, c.q_dim(), c.ffn})), y(o.prefill * c.vocab);
+  const std::size_t widest = std::max({c.hidden, c.q_dim(), c.ffn}), x_rows = std::max(o.prefill, o.batch);
+  device::buffer<float> x(x_rows * widest), y(x_rows * c.vocab);
   device::check(cudaMemsetAsync(x.data(), 0, x.size() * sizeof(float), ctx.stream()), "cudaMemset");
-  device::buffer<std::byte> conv(std::max({dw.workspace(o.prefill), dw.workspace(1), dw.workspace(o.batch)}));
+  // (and the decode rows converted to 16 bits for cuBLAS, timed below against the decode kernel)
+  device::buffer<std::byte> conv(
+      std::max({dw.workspace(o.prefill), dw.workspace(1), dw.workspace(o.batch), o.batch * widest * 2}));
   const auto products = [&] {
     for (const auto& lw : dw.layers)
       for (const auto* w : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down})

@@ -178,9 +178,12 @@ std::vector<float> paged_attention(const kv::paged_layout& l, const std::vector<
     return download(out, q.size(), st.s);
   }
   auto counters = upload(std::vector<unsigned>(step.tiles.size(), 0u), st.s);
-  for (int run = 0; run < 2; ++run)
+  for (int run = 0; run < 2; ++run) {
+    // (NaN rows before each run: the second run's merge must write every row itself)
+    check(cudaMemsetAsync(out.data(), 0xFF, out.size() * sizeof(float), st.s), "cudaMemsetAsync");
     kd::paged_attention<E>(l, dk.data(), dv.data(), dq.data(), out.data(), dtables.data(), dtiles.data(),
                            step.tiles.size(), heads, scale, st.s, split, workspace.data(), counters.data());
+  }
   const auto left = download(counters, step.tiles.size(), st.s);
   if (std::any_of(left.begin(), left.end(), [](unsigned c) { return c != 0; }))
     throw error(errc::invalid_argument, "paged_attention: a tile's counter not back to 0 after the folded merge");
@@ -273,8 +276,7 @@ std::vector<std::vector<float>> matmul_parts(dtype type, const std::vector<std::
   }
   buffer<std::byte> workspace(workspace_bytes);
   if (one_launch) {
-    if (!kernels::device::one_launch(parts, m)) throw error(errc::invalid_argument, "matmul_parts: not one launch");
-    kernels::device::matmul_parts(dx.data(), parts, m, workspace.data(), st.s, products);
+    kernels::device::matmul_parts(dx.data(), parts, m, workspace.data(), st.s, products);  // (throws where it cannot)
   } else {
     for (const auto& part : parts)
       kernels::device::matmul(blas, dx.data(), *part.w, part.y, m, workspace.data(), st.s, kernels::accumulate::no,

@@ -227,8 +227,8 @@ TEST_CASE("CUDA quantized and dense groups decode as dequantize_row, and a warp'
                            dtype::f16,  dtype::bf16, dtype::f32};
   for (const dtype t : decoded) {
     REQUIRE(kernels::quant::decoded_in_registers(t));
-    // (dense rows of 13 chunks: fewer than a warp's lanes, as q8_0's 12 of 96)
-    const std::size_t cols = info(t).block == 32 ? 96 : info(t).block == 1 ? 104 : 768, rows = 6, rb = row_bytes(t, cols);
+    // (dense rows of 65 chunks: lane 0 takes three, the others two)
+    const std::size_t cols = info(t).block == 32 ? 96 : info(t).block == 1 ? 520 : 768, rows = 6, rb = row_bytes(t, cols);
     for (const bool raw : {false, true}) {
       INFO(to_string(t) << (raw ? " raw bits" : " quantized floats"));
       typed_weights w = make_weights(r, t, rows, cols);
@@ -324,7 +324,8 @@ TEST_CASE("CUDA decode launch over several matrices: every row of every part has
         REQUIRE(part >= 0);
         REQUIRE(part < parts.count);
         for (int warp = 0; warp < warps; ++warp) {
-          const std::size_t row = static_cast<std::size_t>(b - parts.first_block[part]) * warps + warp;
+          const auto w = static_cast<unsigned>(warp);
+          const std::size_t row = warps == 4 ? parts.row_of<4>(b, part, w) : parts.row_of<1>(b, part, w);
           if (row < rows[part])
             ++covered[part][row];
           else

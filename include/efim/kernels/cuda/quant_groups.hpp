@@ -361,8 +361,8 @@ struct decode_parts {
             "decode_parts: blocks of one size");
     warps = block_warps;
     const std::size_t first = blocks();
-    require(n <= (0xFFFFFFFFull - first) * static_cast<std::size_t>(warps), errc::invalid_argument,
-            "decode_parts: too many rows for the grid");
+    require(n <= (0x7FFFFFFFull - first) * static_cast<std::size_t>(warps), errc::invalid_argument,
+            "decode_parts: too many rows for the grid (2^31 - 1 blocks)");
     w[count] = static_cast<const std::uint8_t*>(weights), y[count] = out, bias[count] = b, rows[count] = n;
     first_block[count] = static_cast<unsigned>(first);
     ++count;
@@ -377,6 +377,12 @@ struct decode_parts {
     for (int k = 1; k < max; ++k)
       if (k < count && b >= first_block[k]) part = k;
     return part;
+  }
+  // The row of `part` that warp `warp` of block b takes (past the part's rows: none, the warp idles),
+  // for parts added with blocks of Warps warps (the kernel's policy, a constant to it).
+  template <int Warps>
+  EFIM_HOST_DEVICE std::size_t row_of(unsigned b, int part, unsigned warp) const noexcept {
+    return static_cast<std::size_t>(b - first_block[part]) * static_cast<std::size_t>(Warps) + warp;
   }
   // The launch's blocks.
   [[nodiscard]] std::size_t blocks() const noexcept {

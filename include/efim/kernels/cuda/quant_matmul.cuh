@@ -64,8 +64,9 @@ __device__ inline void decode_store(float* out, float v, bool acc, const float* 
 // kernel takes the registers of a plain product: the choice of part costs up to a quarter more.)
 template <class Policy, bool Parts>
 __device__ inline bool decode_row(const decode_parts& parts, int& part, std::size_t& row) {
+  static_assert(Policy::warps * 32 <= 1024, "a block of whole warps");
   part = Parts ? parts.part_of(blockIdx.x) : 0;
-  row = static_cast<std::size_t>(blockIdx.x - parts.first_block[part]) * Policy::warps + threadIdx.x / 32;
+  row = parts.row_of<Policy::warps>(blockIdx.x, part, threadIdx.x / 32);  // (parts.warps == it: the launch checks)
   return row < parts.rows[part];
 }
 
@@ -462,7 +463,7 @@ void quant_decode_swiglu(dtype type, const void* gate, const void* up, std::size
   static_assert(Policy::decode_rows <= 8, "the decode kernel is instantiated for up to 8 x rows");
   require(m >= 1 && m <= Policy::decode_rows, errc::invalid_argument, "device::quant_decode_swiglu: 1 to 8 x rows");
   detail::require_decodable(type, cols, "device::quant_decode_swiglu");
-  require(rows <= 0xFFFFFFFFull * Policy::warps, errc::invalid_argument,
+  require(rows <= 0x7FFFFFFFull * Policy::warps, errc::invalid_argument,
           "device::quant_decode_swiglu: too many rows for the grid");
   const bool int8 = p == products::int8 && quant::kept_quantized(type);
   require(!int8 || rounded != nullptr || workspace != nullptr, errc::invalid_argument,
