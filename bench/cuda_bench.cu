@@ -376,10 +376,13 @@ double run(const options& o, const std::string& name, const std::string& type, c
               100.0 * products_ms / prefill_ms);
   if (in_registers) {
     const double bps_products = step_matrix_bytes / (decode_products_ms / 1e3);
-    std::printf("%-5s %-6s       decode products alone (%zu x rows, in registers, %s): %.3f ms, %.0f GB/s = %.1f%% of copy",
-                name.c_str(), type.c_str(), o.batch, p == kernels::products::int8 ? "int8" : "exact", decode_products_ms, bps_products / 1e9, 100.0 * bps_products / copy_bps);
+    std::printf(
+        "%-5s %-6s       decode products alone (%zu x rows, in registers, %s): %.3f ms, %.0f GB/s = %.1f%% of copy",
+        name.c_str(), type.c_str(), o.batch, p == kernels::products::int8 ? "int8" : "exact", decode_products_ms,
+        bps_products / 1e9, 100.0 * bps_products / copy_bps);
     if (dense)
-      std::printf("; through cuBLAS %.3f ms: registers / cuBLAS %.2fx", decode_blas_ms, decode_blas_ms / decode_products_ms);
+      std::printf("; through cuBLAS %.3f ms: registers / cuBLAS %.2fx", decode_blas_ms,
+                  decode_blas_ms / decode_products_ms);
     std::printf("\n");
   }
   std::fflush(stdout);

@@ -254,8 +254,8 @@ std::vector<float> matmul(dtype type, const std::vector<std::byte>& w, std::size
 std::vector<std::vector<float>> matmul_parts(dtype type, const std::vector<std::vector<std::byte>>& ws,
                                              const std::vector<std::size_t>& rows, std::size_t cols,
                                              const std::vector<float>& x, std::size_t m,
-                                             const std::vector<std::vector<float>>& biases,
-                                             kernels::products products, bool one_launch) {
+                                             const std::vector<std::vector<float>>& biases, kernels::products products,
+                                             bool one_launch) {
   stream st;
   kernels::device::blas blas(st.s);
   auto dx = upload(x, st.s);

@@ -71,8 +71,8 @@ std::vector<float> matmul(dtype type, const std::vector<std::byte>& w, std::size
 std::vector<std::vector<float>> matmul_parts(dtype type, const std::vector<std::vector<std::byte>>& ws,
                                              const std::vector<std::size_t>& rows, std::size_t cols,
                                              const std::vector<float>& x, std::size_t m,
-                                             const std::vector<std::vector<float>>& biases,
-                                             kernels::products products, bool one_launch);
+                                             const std::vector<std::vector<float>>& biases, kernels::products products,
+                                             bool one_launch);
 // RMSNorm of x (rows, n) then its rounding to 8 bits for weights of type t, in one launch
 // (rmsnorm_x8) or two (rmsnorm, quantize_x8), into another buffer or in place: the normed rows into
 // y, the rounded ones returned.

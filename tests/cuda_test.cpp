@@ -632,13 +632,15 @@ TEST_CASE("cuda: the int8 decode product equals its host emulation bit for bit",
 
 // A decode step's FFN products and SwiGLU in one launch (quant_decode_swiglu): the bits of the two
 // products (bias on the up product), then the SwiGLU kernel, with exact and int8 products.
-TEST_CASE("cuda: the fused FFN decode (gate, up, SwiGLU) gives the bits of the three apart, quantized and dense", "[cuda][gpu]") {
+TEST_CASE("cuda: the fused FFN decode (gate, up, SwiGLU) gives the bits of the three apart, quantized and dense",
+          "[cuda][gpu]") {
   EFIM_NEED_DEVICE();
   for (const dtype type : {dtype::q8_0, dtype::q4_0, dtype::q5_0, dtype::q5_1, dtype::q4_k, dtype::q5_k, dtype::q6_k,
                            dtype::f16, dtype::bf16, dtype::f32})
     for (const auto products : {kernels::products::exact, kernels::products::int8})
       for (const auto& [m, cols] : std::vector<std::pair<std::size_t, std::size_t>>{{1, 512}, {1, 4608}, {3, 512}, {8, 1024}}) {
-        if (products == kernels::products::int8 && !kernels::quant::kept_quantized(type)) continue;  // (exact for dense)
+        if (products == kernels::products::int8 && !kernels::quant::kept_quantized(type))
+          continue;  // (exact for dense)
         INFO(to_string(type) << (products == kernels::products::int8 ? " int8" : " exact") << " m " << m << " cols " << cols);
         const std::size_t rows = 300, rb = row_bytes(type, cols);
         rng r(m + rows + static_cast<std::size_t>(type));
@@ -669,7 +671,8 @@ TEST_CASE("cuda: several decode products in one launch give the bits of each apa
     for (const auto products : {kernels::products::exact, kernels::products::int8})
       for (const auto& [m, rows] : std::vector<std::pair<std::size_t, std::vector<std::size_t>>>{
                {1, {896, 130, 130}}, {1, {257, 31, 66}}, {1, {64, 64}}, {1, {3}}, {2, {64, 64}}}) {
-        if (products == kernels::products::int8 && !kernels::quant::kept_quantized(type)) continue;  // (exact for dense)
+        if (products == kernels::products::int8 && !kernels::quant::kept_quantized(type))
+          continue;  // (exact for dense)
         const std::size_t cols = 512;
         INFO(to_string(type) << (products == kernels::products::int8 ? " int8" : " exact") << " m " << m << ", "
                              << rows.size() << " parts");

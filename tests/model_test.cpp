@@ -221,14 +221,16 @@ TEST_CASE("typed matmul is canonical on raw bit patterns: subnormal and negative
 // bits, for quantized floats and for raw bit patterns (finite scales, as above); and the decode
 // product's split over a warp's lanes, emulated here with the device's order of sums, covers every
 // weight once (a double-precision dot, within the f32 rounding of any order).
-TEST_CASE("CUDA quantized and dense groups decode as dequantize_row, and a warp's lanes cover the row", "[kernels][cuda]") {
+TEST_CASE("CUDA quantized and dense groups decode as dequantize_row, and a warp's lanes cover the row",
+          "[kernels][cuda]") {
   rng r(21);
-  const dtype decoded[] = {dtype::q8_0, dtype::q4_0, dtype::q5_0, dtype::q5_1, dtype::q4_k, dtype::q5_k, dtype::q6_k,
-                           dtype::f16,  dtype::bf16, dtype::f32};
+  const dtype decoded[] = {dtype::q8_0, dtype::q4_0, dtype::q5_0, dtype::q5_1, dtype::q4_k,
+                           dtype::q5_k, dtype::q6_k, dtype::f16,  dtype::bf16, dtype::f32};
   for (const dtype t : decoded) {
     REQUIRE(kernels::quant::decoded_in_registers(t));
     // (dense rows of 65 chunks: lane 0 takes three, the others two)
-    const std::size_t cols = info(t).block == 32 ? 96 : info(t).block == 1 ? 520 : 768, rows = 6, rb = row_bytes(t, cols);
+    const std::size_t block = info(t).block, cols = block == 32 ? 96 : block == 1 ? 520 : 768;
+    const std::size_t rows = 6, rb = row_bytes(t, cols);
     for (const bool raw : {false, true}) {
       INFO(to_string(t) << (raw ? " raw bits" : " quantized floats"));
       typed_weights w = make_weights(r, t, rows, cols);
@@ -307,7 +309,8 @@ TEST_CASE("CUDA quantized and dense groups decode as dequantize_row, and a warp'
 // take rows of part part_of(b), and over the launch's blocks every row of every part has exactly one
 // warp (parts of uneven and zero sizes, blocks of 4 warps as the decode kernels' and of 1).
 TEST_CASE("CUDA decode launch over several matrices: every row of every part has one warp", "[kernels][cuda]") {
-  const std::vector<std::vector<std::size_t>> shapes{{896, 128, 128}, {257, 31, 66}, {3}, {0, 5, 7}, {9, 0, 4}, {4, 4, 0}};
+  const std::vector<std::vector<std::size_t>> shapes{{896, 128, 128}, {257, 31, 66}, {3},
+                                                     {0, 5, 7},       {9, 0, 4},     {4, 4, 0}};
   for (const int warps : {4, 1})
     for (const auto& rows : shapes) {
       INFO(warps << " warps a block, " << rows.size() << " parts, first of " << rows[0] << " rows");
@@ -333,7 +336,8 @@ TEST_CASE("CUDA decode launch over several matrices: every row of every part has
         }
       }
       std::size_t wrong = 0;
-      for (const auto& c : covered) wrong += static_cast<std::size_t>(std::count_if(c.begin(), c.end(), [](int n) { return n != 1; }));
+      for (const auto& c : covered)
+        wrong += static_cast<std::size_t>(std::count_if(c.begin(), c.end(), [](int n) { return n != 1; }));
       CHECK(wrong == 0);
       CHECK(idle < rows.size() * static_cast<std::size_t>(warps));  // (only each part's last block idles)
     }

@@ -351,8 +351,8 @@ constexpr std::size_t attention_workspace_bound(std::size_t n_tiles, std::size_t
 template <class E, class Policy = policy::attention>
 void paged_attention(const kv::paged_layout& l, const E* k_cache, const E* v_cache, const float* q, float* out,
                      const block_id* tables, const attention_tile_ref* tiles, std::size_t n_tiles, std::size_t heads,
-                     float scale, cudaStream_t stream = nullptr, attention_split split = {},
-                     void* workspace = nullptr, unsigned* counters = nullptr) {
+                     float scale, cudaStream_t stream = nullptr, attention_split split = {}, void* workspace = nullptr,
+                     unsigned* counters = nullptr) {
   static_assert(std::is_same_v<E, float> || std::is_same_v<E, half>, "KV elements are float or half");
   static_assert(attention_shared_bytes<Policy>(32 * Policy::lane_dims) <= 48 * 1024, "the policy needs opt-in memory");
   (void)query_group(heads, l.kv_heads);

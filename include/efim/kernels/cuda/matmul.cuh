@@ -89,7 +89,8 @@ __global__ void __launch_bounds__(Policy::threads) to_16bit_kernel(const float* 
 // than cuBLAS: up to policy::quant_matmul::decode_rows rows, quantized weights or dense ones of whole
 // chunks of 8 values.
 inline bool decodes_in_registers(const matrix& w, std::size_t m) noexcept {
-  return m <= policy::quant_matmul::decode_rows && (quant::kept_quantized(w.type) || quant::dense_decodes(w.type, w.cols));
+  return m <= policy::quant_matmul::decode_rows &&
+         (quant::kept_quantized(w.type) || quant::dense_decodes(w.type, w.cols));
 }
 
 // Bytes of workspace `matmul` needs for m rows against w (x converted to w's type; 0 for f32).
@@ -195,7 +196,8 @@ inline void matmul_parts(const float* x, std::span<const product_part> parts, st
   require(one_launch(parts, m), errc::invalid_argument,
           "device::matmul_parts: up to three matrices of one type and width, decoded in registers");
   decode_parts dp;
-  for (const product_part& part : parts) dp.add(part.w->data, part.w->rows, part.y, part.bias, policy::quant_matmul::warps);
+  for (const product_part& part : parts)
+    dp.add(part.w->data, part.w->rows, part.y, part.bias, policy::quant_matmul::warps);
   const matrix& w = *parts[0].w;
   if (quant::kept_quantized(w.type) && p == products::int8)
     quant_decode_int8_parts(w.type, dp, w.cols, x, m, workspace, stream, accumulate::no, rounded);

@@ -343,7 +343,8 @@ void quant_decode_parts(dtype type, const decode_parts& parts, std::size_t cols,
       detail::by_decode_rows(m, [&](auto rows_c) {
         constexpr int M = decltype(rows_c)::value;
         if constexpr (!Parts || M == 1)  // (several parts: one x row, by_parts)
-          detail::quant_decode_kernel<Policy, T, M, Parts><<<blocks, Policy::warps * 32, 0, stream>>>(parts, rb, cols, x, xm, add);
+          detail::quant_decode_kernel<Policy, T, M, Parts>
+              <<<blocks, Policy::warps * 32, 0, stream>>>(parts, rb, cols, x, xm, add);
       });
     });
   };
@@ -429,7 +430,8 @@ void quant_decode_int8_parts(dtype type, const decode_parts& parts, std::size_t 
       detail::by_decode_rows(m, [&](auto rows_c) {
         constexpr int M = decltype(rows_c)::value;
         if constexpr (!Parts || M == 1)  // (several parts: one x row, by_parts)
-          detail::quant_decode_int8_kernel<Policy, T, M, Parts><<<blocks, Policy::warps * 32, 0, stream>>>(parts, rb, xq, xm, add);
+          detail::quant_decode_int8_kernel<Policy, T, M, Parts>
+              <<<blocks, Policy::warps * 32, 0, stream>>>(parts, rb, xq, xm, add);
       });
     });
   };
