@@ -227,7 +227,7 @@ TEST_CASE("CUDA quantized and dense groups decode as dequantize_row, and a warp'
   const dtype decoded[] = {dtype::q8_0, dtype::q4_0, dtype::q5_0, dtype::q5_1, dtype::q4_k,
                            dtype::q5_k, dtype::q6_k, dtype::f16,  dtype::bf16, dtype::f32};
   for (const dtype t : decoded) {
-    REQUIRE(kernels::quant::decoded_in_registers(t));
+    REQUIRE(kernels::quant::register_decoded_type(t));
     // (dense rows of 65 chunks: lane 0 takes three, the others two)
     const std::size_t block = info(t).block, cols = block == 32 ? 96 : block == 1 ? 520 : 768;
     const std::size_t rows = 6, rb = row_bytes(t, cols);

@@ -48,7 +48,7 @@ constexpr bool kept_quantized(dtype t) noexcept {
 // 16-byte loads; their rows must be whole chunks, dense_decodes). Above decode_rows, and for dense rows
 // of other widths, cuBLAS multiplies.
 constexpr bool dense_type(dtype t) noexcept { return t == dtype::f16 || t == dtype::bf16 || t == dtype::f32; }
-constexpr bool decoded_in_registers(dtype t) noexcept { return kept_quantized(t) || dense_type(t); }
+constexpr bool register_decoded_type(dtype t) noexcept { return kept_quantized(t) || dense_type(t); }
 // Whether a dense matrix of `cols` inputs is whole chunks, each row then 16-byte aligned after the first.
 constexpr bool dense_decodes(dtype t, std::size_t cols) noexcept { return dense_type(t) && cols % 8 == 0; }
 
@@ -496,7 +496,7 @@ decltype(auto) visit_kept(dtype t, F&& f) {
   }
 }
 
-// visit_kept, and f16, bf16 and f32 too: the types decoded in registers (decoded_in_registers).
+// visit_kept, and f16, bf16 and f32 too: the types decoded in registers (register_decoded_type).
 template <class F>
 decltype(auto) visit_decoded(dtype t, F&& f) {
   switch (t) {
@@ -525,8 +525,8 @@ void emulate_warp(int m, F&& lane_sums, float (&out)[8]) {
   for (int i = 0; i < m; ++i) out[i] = warp_sum(lanes[i]);
 }
 
-// The decode product of one weight row of type t (decoded_in_registers) with m (at most 8) x rows as the
-// device computes it (lane_dots in 32 lanes, then the warp's sum), for the host's tests.
+// The decode product of one weight row of type t (register_decoded_type) with m (at most 8) x rows as
+// the device computes it (lane_dots in 32 lanes, then the warp's sum), for the host's tests.
 inline void warp_dots(dtype t, const std::uint8_t* row, std::size_t cols, const float* x, int m, float (&out)[8]) {
   visit_decoded(t, [&](auto type) {
     emulate_warp(m, [&](int lane, float* sums) { lane_dots<decltype(type)::value, 8>(row, cols, x, m, lane, 32, sums); },
