@@ -289,28 +289,31 @@ double run(const options& o, const std::string& name, const std::string& type, c
   // (and the decode rows converted to 16 bits for cuBLAS, timed below against the decode kernel)
   device::buffer<std::byte> conv(
       std::max({dw.workspace(o.prefill), dw.workspace(1), dw.workspace(o.batch), o.batch * widest * 2}));
-  const auto products = [&] {
-    for (const auto& lw : dw.layers)
-      for (const auto* w : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down})
-        kernels::device::matmul(ctx.blas(), x.data(), *w, y.data(), o.prefill, conv.data(), ctx.stream());
-    kernels::device::matmul(ctx.blas(), x.data(), dw.output, y.data(), 1, conv.data(), ctx.stream());
-  };
-  timer t;
-  products();
-  double products_ms = 1e30;
-  for (int i = 0; i < 3; ++i) {
-    t.start(ctx.stream());
-    products();
-    products_ms = std::min(products_ms, t.stop_ms(ctx.stream()));
-  }
-
-  // The decode step's matrix products alone (o.batch x rows, up to 8: the kernel that decodes weights
-  // in registers), and for a model of dense weights the same products through cuBLAS (x converted to
-  // 16 bits first), as that type's decode ran before: the weights' bytes a second each way.
+  // The step's matrices: each layer's seven, then the output matrix.
   std::vector<const kernels::device::matrix*> step_matrices;
   for (const auto& lw : dw.layers)
     for (const auto* w : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down}) step_matrices.push_back(w);
   step_matrices.push_back(&dw.output);
+  timer t;
+  const auto best_ms = [&](int reps, const auto& pass) {  // (after one untimed pass)
+    pass();
+    double best = 1e30;
+    for (int i = 0; i < reps; ++i) {
+      t.start(ctx.stream());
+      pass();
+      best = std::min(best, t.stop_ms(ctx.stream()));
+    }
+    return best;
+  };
+  const double products_ms = best_ms(3, [&] {  // (the output matrix: the chunk's last row only)
+    for (const auto* w : step_matrices)
+      kernels::device::matmul(ctx.blas(), x.data(), *w, y.data(), w == &dw.output ? 1 : o.prefill, conv.data(),
+                              ctx.stream());
+  });
+
+  // The decode step's matrix products alone (o.batch x rows, up to 8: the kernel that decodes weights
+  // in registers), and for a model of dense weights the same products through cuBLAS (x converted to
+  // 16 bits first), as that type's decode ran before: the weights' bytes a second each way.
   double step_matrix_bytes = 0;
   bool dense = true, in_registers = true;
   for (const auto* w : step_matrices) {
@@ -319,7 +322,7 @@ double run(const options& o, const std::string& name, const std::string& type, c
     in_registers = in_registers && kernels::device::decodes_in_registers(*w, o.batch);
   }
   const auto time_products = [&](bool blas) {
-    const auto pass = [&] {
+    return best_ms(5, [&] {
       for (const auto* w : step_matrices)
         if (blas)
           kernels::device::detail::cublas_product<kernels::device::policy::convert>(
@@ -327,15 +330,7 @@ double run(const options& o, const std::string& name, const std::string& type, c
         else
           kernels::device::matmul(ctx.blas(), x.data(), *w, y.data(), o.batch, conv.data(), ctx.stream(),
                                   kernels::accumulate::no, p);
-    };
-    pass();
-    double best = 1e30;
-    for (int i = 0; i < 5; ++i) {
-      t.start(ctx.stream());
-      pass();
-      best = std::min(best, t.stop_ms(ctx.stream()));
-    }
-    return best;
+    });
   };
   const double decode_products_ms = in_registers ? time_products(false) : 0.0;
   const double decode_blas_ms = in_registers && dense ? time_products(true) : 0.0;

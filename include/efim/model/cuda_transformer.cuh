@@ -228,7 +228,7 @@ class transformer<kernels::cuda> {
     const config& c = cfg();
     if (y == xb_.data()) x8_fresh_ = {};  // xb_ changes: its 8-bit copies are stale
     if (first != nullptr && y == xb_.data() && c.norm == norm_kind::rms && rounds_x8(*first, rows)) {
-      const std::size_t i = kernels::quant::x8_span(first->type) == 256 ? 1 : 0;
+      const std::size_t i = x8_slot(first->type);
       x8_[i] = kernels::device::rmsnorm_x8(first->type, x, weight, y, rows, c.hidden, c.norm_eps, x8_ws_[i].data(), s);
       x8_fresh_[i] = true;
       return;
@@ -272,12 +272,15 @@ class transformer<kernels::cuda> {
            kernels::quant::kept_quantized(w.type);
   }
 
+  // Which of x8_ holds xb_ rounded for weights of type t: per 32 values (0) or per 256 (1).
+  static std::size_t x8_slot(dtype t) noexcept { return kernels::quant::x8_span(t) == 256 ? 1 : 0; }
+
   // With int8 products, the normed rows (xb_) rounded to 8 bits once for all the decode products that
   // read them (q, k and v; gate and up; the output), per activation span (32 or 256 values a scale):
   // the bytes each product would round them to itself. nullptr where w's product rounds nothing.
   const kernels::quant::x8_rows* rounded_xb(const kernels::device::matrix& w, std::size_t rows, cudaStream_t s) {
     if (!rounds_x8(w, rows)) return nullptr;
-    const std::size_t i = kernels::quant::x8_span(w.type) == 256 ? 1 : 0;
+    const std::size_t i = x8_slot(w.type);
     if (!x8_fresh_[i]) {
       x8_[i] = kernels::device::quantize_x8(w.type, xb_.data(), rows, w.cols, x8_ws_[i].data(), s);
       x8_fresh_[i] = true;

@@ -70,13 +70,10 @@ __device__ inline bool decode_row(const decode_parts& parts, int& part, std::siz
   return row < parts.rows[part];
 }
 
-// The warp's sums (one per x row, lane 0's complete) stored into y of its part. (The part and row are
-// found again from the block here rather than kept through the product: fewer registers live across it.)
-template <class Policy, bool Parts, int M>
-__device__ inline void decode_store_rows(const decode_parts& parts, const float (&sums)[M], int m, int lane, bool acc) {
-  int part;
-  std::size_t r;
-  decode_row<Policy, Parts>(parts, part, r);
+// The warp's sums (one per x row, lane 0's complete) stored into row r of y of its part.
+template <int M>
+__device__ inline void decode_store_rows(const decode_parts& parts, int part, std::size_t r, const float (&sums)[M],
+                                         int m, int lane, bool acc) {
   const std::size_t rows = parts.rows[part];
 #pragma unroll
   for (int i = 0; i < M; ++i) {
@@ -98,7 +95,7 @@ __global__ void __launch_bounds__(Policy::warps * 32)
   if (!decode_row<Policy, Parts>(parts, part, r)) return;  // a whole warp at once
   float sums[M] = {};
   quant::lane_dots<T, M>(parts.w[part] + r * row_bytes, cols, x, m, lane, 32, sums);
-  decode_store_rows<Policy, Parts, M>(parts, sums, m, lane, acc);
+  decode_store_rows<M>(parts, part, r, sums, m, lane, acc);
 }
 
 // The int8 decode product: as quant_decode_kernel, each lane's sums from quant::lane_idots.
@@ -111,7 +108,7 @@ __global__ void __launch_bounds__(Policy::warps * 32)
   if (!decode_row<Policy, Parts>(parts, part, r)) return;  // a whole warp at once
   float sums[M] = {};
   quant::lane_idots<T, M>(parts.w[part] + r * row_bytes, x, m, lane, 32, sums);
-  decode_store_rows<Policy, Parts, M>(parts, sums, m, lane, acc);
+  decode_store_rows<M>(parts, part, r, sums, m, lane, acc);
 }
 
 // The FFN's decode products and SwiGLU in one launch: each warp takes row r of w_gate, then row r of
@@ -277,6 +274,15 @@ void by_parts(const decode_parts& parts, std::size_t m, F&& launch) {
   launch(std::true_type{});
 }
 
+// What both decode products require of a launch over parts with m x rows (`what` names the product).
+template <class Policy>
+void require_decode_launch(const decode_parts& parts, std::size_t m, const char* what) {
+  static_assert(Policy::decode_rows <= 8, "the decode kernel is instantiated for up to 8 x rows");
+  require(m >= 1 && m <= Policy::decode_rows, errc::invalid_argument, std::string(what) + ": 1 to 8 x rows");
+  require(parts.count >= 1, errc::invalid_argument, std::string(what) + ": no matrix");
+  require(parts.warps == Policy::warps, errc::invalid_argument, std::string(what) + ": parts of other blocks");
+}
+
 // f(std::integral_constant<int, M>{}) for the decode kernels' instance that serves m x rows: M = 1, 2,
 // 4 or 8, the least of them >= m.
 template <class F>
@@ -289,6 +295,22 @@ void by_decode_rows(std::size_t m, F&& f) {
     f(std::integral_constant<int, 4>{});
   else
     f(std::integral_constant<int, 8>{});
+}
+
+// launch(type_c, rows_c, parts_c) (integral constants: T, M, Parts) for the decode kernel instance that
+// serves a launch of m x rows over these parts of type `type`, among the types `visit` covers
+// (quant::visit_decoded or visit_kept, as a callable): by_parts, then by_decode_rows.
+template <class Visit, class F>
+void by_decode_instance(dtype type, const decode_parts& parts, std::size_t m, Visit&& visit, F&& launch) {
+  by_parts(parts, m, [&](auto parts_c) {
+    constexpr bool Parts = decltype(parts_c)::value;
+    visit(type, [&](auto type_c) {
+      by_decode_rows(m, [&](auto rows_c) {
+        constexpr int M = decltype(rows_c)::value;
+        if constexpr (!Parts || M == 1) launch(type_c, rows_c, parts_c);  // (several parts: one x row)
+      });
+    });
+  });
 }
 
 }  // namespace detail
@@ -326,29 +348,18 @@ inline void require_decodable(dtype type, std::size_t cols, const char* what) {
 template <class Policy = policy::quant_matmul>
 void quant_decode_parts(dtype type, const decode_parts& parts, std::size_t cols, const float* x, std::size_t m,
                         cudaStream_t stream, accumulate acc = accumulate::no) {
-  static_assert(Policy::decode_rows <= 8, "the decode kernel is instantiated for up to 8 x rows");
-  require(m >= 1 && m <= Policy::decode_rows, errc::invalid_argument, "device::quant_decode: 1 to 8 x rows");
-  require(parts.count >= 1, errc::invalid_argument, "device::quant_decode: no matrix");
-  require(parts.warps == Policy::warps, errc::invalid_argument, "device::quant_decode: parts of other blocks");
+  detail::require_decode_launch<Policy>(parts, m, "device::quant_decode");
   detail::require_decodable(type, cols, "device::quant_decode");
   const auto blocks = static_cast<unsigned>(parts.blocks());
   if (blocks == 0) return;
   const std::size_t rb = row_bytes(type, cols);
   const int xm = static_cast<int>(m);
   const bool add = acc == accumulate::yes;
-  const auto launch = [&](auto parts_c) {
-    constexpr bool Parts = decltype(parts_c)::value;
-    quant::visit_decoded(type, [&](auto t) {
-      constexpr dtype T = decltype(t)::value;
-      detail::by_decode_rows(m, [&](auto rows_c) {
-        constexpr int M = decltype(rows_c)::value;
-        if constexpr (!Parts || M == 1)  // (several parts: one x row, by_parts)
-          detail::quant_decode_kernel<Policy, T, M, Parts>
-              <<<blocks, Policy::warps * 32, 0, stream>>>(parts, rb, cols, x, xm, add);
-      });
-    });
-  };
-  detail::by_parts(parts, m, launch);
+  const auto visit = [](dtype t, auto&& f) { quant::visit_decoded(t, f); };
+  detail::by_decode_instance(type, parts, m, visit, [&](auto type_c, auto rows_c, auto parts_c) {
+    detail::quant_decode_kernel<Policy, decltype(type_c)::value, decltype(rows_c)::value, decltype(parts_c)::value>
+        <<<blocks, Policy::warps * 32, 0, stream>>>(parts, rb, cols, x, xm, add);
+  });
   check(cudaGetLastError(), "quant_decode launch");
 }
 
@@ -411,10 +422,7 @@ template <class Policy = policy::quant_matmul>
 void quant_decode_int8_parts(dtype type, const decode_parts& parts, std::size_t cols, const float* x, std::size_t m,
                              void* workspace, cudaStream_t stream, accumulate acc = accumulate::no,
                              const quant::x8_rows* rounded = nullptr) {
-  static_assert(Policy::decode_rows <= 8, "the decode kernel is instantiated for up to 8 x rows");
-  require(m >= 1 && m <= Policy::decode_rows, errc::invalid_argument, "device::quant_decode_int8: 1 to 8 x rows");
-  require(parts.count >= 1, errc::invalid_argument, "device::quant_decode_int8: no matrix");
-  require(parts.warps == Policy::warps, errc::invalid_argument, "device::quant_decode_int8: parts of other blocks");
+  detail::require_decode_launch<Policy>(parts, m, "device::quant_decode_int8");
   require(rounded == nullptr || rounded->cols == cols, errc::invalid_argument,
           "device::quant_decode_int8: rounded rows of another width");
   const quant::x8_rows xq = rounded != nullptr ? *rounded : quantize_x8<Policy>(type, x, m, cols, workspace, stream);
@@ -423,19 +431,11 @@ void quant_decode_int8_parts(dtype type, const decode_parts& parts, std::size_t 
   const std::size_t rb = row_bytes(type, cols);
   const int xm = static_cast<int>(m);
   const bool add = acc == accumulate::yes;
-  const auto launch = [&](auto parts_c) {
-    constexpr bool Parts = decltype(parts_c)::value;
-    quant::visit_kept(type, [&](auto t) {
-      constexpr dtype T = decltype(t)::value;
-      detail::by_decode_rows(m, [&](auto rows_c) {
-        constexpr int M = decltype(rows_c)::value;
-        if constexpr (!Parts || M == 1)  // (several parts: one x row, by_parts)
-          detail::quant_decode_int8_kernel<Policy, T, M, Parts>
-              <<<blocks, Policy::warps * 32, 0, stream>>>(parts, rb, xq, xm, add);
-      });
-    });
-  };
-  detail::by_parts(parts, m, launch);
+  const auto visit = [](dtype t, auto&& f) { quant::visit_kept(t, f); };
+  detail::by_decode_instance(type, parts, m, visit, [&](auto type_c, auto rows_c, auto parts_c) {
+    detail::quant_decode_int8_kernel<Policy, decltype(type_c)::value, decltype(rows_c)::value, decltype(parts_c)::value>
+        <<<blocks, Policy::warps * 32, 0, stream>>>(parts, rb, xq, xm, add);
+  });
   check(cudaGetLastError(), "quant_decode_int8 launch");
 }
 
