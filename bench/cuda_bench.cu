@@ -8,7 +8,8 @@
 //   (kernels::device::matmul on the same device weights and shapes: cuBLAS and the 16-bit conversion
 //   of its input), the share of prefill time they take;
 // - the decode step's matrix products alone (the kernel that decodes weights in registers), and for
-//   dense weights the same products through cuBLAS, side by side.
+//   dense weights the same products through cuBLAS, side by side; above 8 sequences (--batch), for
+//   quantized weights, the f16 slices through cuBLAS against the tensor-core tiles (quant_tiles).
 // Models are Qwen2-shaped (0.5B: hidden 896, 24 layers, 14/2 heads, ffn 4864, tied embeddings; 7B:
 // hidden 3584, 28 layers, 28/4 heads, ffn 18944) with random weights made in memory, or GGUF files
 // (--gguf; efim-model make writes them), the files llama.cpp's llama-bench is timed on beside it.
@@ -314,26 +315,34 @@ double run(const options& o, const std::string& name, const std::string& type, c
   // The decode step's matrix products alone (o.batch x rows, up to 8: the kernel that decodes weights
   // in registers), and for a model of dense weights the same products through cuBLAS (x converted to
   // 16 bits first), as that type's decode ran before: the weights' bytes a second each way.
+  // Above 8 rows, for a model of quantized weights, the f16 slices (cuBLAS) against the tensor-core
+  // tiles that dequantize in shared memory (quant_tiles), whichever matmul takes.
   double step_matrix_bytes = 0;
-  bool dense = true, in_registers = true;
+  bool dense = true, in_registers = true, quantized = true;
   for (const auto* w : step_matrices) {
     step_matrix_bytes += static_cast<double>(w->rows * row_bytes(w->type, w->cols));
     dense = dense && kernels::quant::dense_type(w->type);
+    quantized = quantized && kernels::quant::kept_quantized(w->type);
     in_registers = in_registers && kernels::device::decodes_in_registers(*w, o.batch);
   }
-  const auto time_products = [&](bool blas) {
+  enum class path { matmul, blas, tiles };
+  const auto time_products = [&](path how) {
     return best_ms(5, [&] {
       for (const auto* w : step_matrices)
-        if (blas)
+        if (how == path::blas)
           kernels::device::detail::cublas_product<kernels::device::policy::convert>(
               ctx.blas(), x.data(), *w, y.data(), o.batch, conv.data(), ctx.stream(), kernels::accumulate::no);
+        else if (how == path::tiles)
+          kernels::device::quant_tiles(w->type, w->data, w->rows, w->cols, x.data(), o.batch, y.data(), ctx.stream());
         else
           kernels::device::matmul(ctx.blas(), x.data(), *w, y.data(), o.batch, conv.data(), ctx.stream(),
                                   kernels::accumulate::no, p);
     });
   };
-  const double decode_products_ms = in_registers ? time_products(false) : 0.0;
-  const double decode_blas_ms = in_registers && dense ? time_products(true) : 0.0;
+  const bool tiles_or_slices = quantized && !in_registers;
+  const double decode_products_ms = in_registers ? time_products(path::matmul) : 0.0;
+  const double decode_blas_ms = (in_registers && dense) || tiles_or_slices ? time_products(path::blas) : 0.0;
+  const double decode_tiles_ms = tiles_or_slices ? time_products(path::tiles) : 0.0;
 
   // Decode: fill each sequence to o.context, then time o.steps steps of one token per sequence.
   for (std::size_t s = 0; s < o.batch; ++s)
@@ -380,6 +389,12 @@ double run(const options& o, const std::string& name, const std::string& type, c
                   decode_blas_ms / decode_products_ms);
     std::printf("\n");
   }
+  if (tiles_or_slices)
+    std::printf(
+        "%-5s %-6s       decode products alone (%zu x rows): f16 slices %.3f ms, tensor-core tiles %.3f ms "
+        "(%.0f GB/s of weights): tiles / slices %.2fx\n",
+        name.c_str(), type.c_str(), o.batch, decode_blas_ms, decode_tiles_ms,
+        step_matrix_bytes / (decode_tiles_ms / 1e3) / 1e9, decode_blas_ms / decode_tiles_ms);
   std::fflush(stdout);
   return step_ms;
 }

@@ -251,6 +251,20 @@ std::vector<float> matmul(dtype type, const std::vector<std::byte>& w, std::size
   return download(dy, y.size(), st.s);
 }
 
+std::vector<float> quant_tiles(dtype type, const std::vector<std::byte>& w, std::size_t rows, std::size_t cols,
+                               const std::vector<float>& x, std::size_t m, std::vector<float> y, bool accumulate,
+                               const std::vector<float>& bias) {
+  stream st;
+  auto dw = upload(w, st.s);
+  auto dx = upload(x, st.s);
+  auto dy = upload(y, st.s);
+  auto db = upload(bias, st.s);
+  kernels::device::quant_tiles(type, dw.data(), rows, cols, dx.data(), m, dy.data(), st.s,
+                               accumulate ? kernels::accumulate::yes : kernels::accumulate::no,
+                               bias.empty() ? nullptr : db.data());
+  return download(dy, y.size(), st.s);
+}
+
 std::vector<std::vector<float>> matmul_parts(dtype type, const std::vector<std::vector<std::byte>>& ws,
                                              const std::vector<std::size_t>& rows, std::size_t cols,
                                              const std::vector<float>& x, std::size_t m,

@@ -66,6 +66,11 @@ std::vector<float> matmul(dtype type, const std::vector<std::byte>& w, std::size
                           const std::vector<float>& x, std::size_t m, std::vector<float> y, bool accumulate,
                           kernels::products products = kernels::products::exact,
                           const std::vector<float>& bias = {});
+// The same product by kernels::device::quant_tiles (quantized w, on tensor cores, the weights dequantized
+// in shared memory), whatever rows matmul would give it.
+std::vector<float> quant_tiles(dtype type, const std::vector<std::byte>& w, std::size_t rows, std::size_t cols,
+                               const std::vector<float>& x, std::size_t m, std::vector<float> y, bool accumulate,
+                               const std::vector<float>& bias = {});
 // The products of x (m, cols) with several matrices of one type and width (q, k and v), each with its
 // bias (empty: none), in one launch (matmul_parts) or one matmul each: each matrix's y.
 std::vector<std::vector<float>> matmul_parts(dtype type, const std::vector<std::vector<std::byte>>& ws,

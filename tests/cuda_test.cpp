@@ -494,6 +494,32 @@ TEST_CASE("cuda: matrix products of f32, f16, bf16 weights equal the host's, dec
 // sums of quant::lane_dots added as a warp adds them, which the host emulates bit for bit; prefill
 // multiplies f16 slices of the dequantized weights (several slices for the largest matrix here) by x
 // rounded to f16, within that rounding of the double-precision sum.
+namespace {
+// The largest error of the device's y (m, rows) against the exact sum of x times the dequantized
+// weights ([+ y0] [+ bias]), relative to the sum of the magnitudes of its terms.
+double worst_relative(dtype type, const std::vector<std::byte>& w, std::size_t rows, std::size_t cols,
+                      const std::vector<float>& x, std::size_t m, const std::vector<float>& y0, bool acc,
+                      const std::vector<float>& bias, const std::vector<float>& device) {
+  const std::size_t rb = row_bytes(type, cols);
+  std::vector<float> dequantized(cols);
+  double worst = 0;
+  for (std::size_t j = 0; j < rows; ++j) {
+    dequantize_row(type, w.data() + j * rb, dequantized.data(), cols);
+    for (std::size_t i = 0; i < m; ++i) {
+      double exact = acc ? y0[i * rows + j] : 0.0, magnitude = acc ? std::abs(y0[i * rows + j]) : 0.0;
+      if (!bias.empty()) exact += bias[j], magnitude += std::abs(bias[j]);
+      for (std::size_t k = 0; k < cols; ++k) {
+        const double p = static_cast<double>(x[i * cols + k]) * dequantized[k];
+        exact += p;
+        magnitude += std::abs(p);
+      }
+      worst = std::max(worst, std::abs(device[i * rows + j] - exact) / (magnitude + 1e-6));
+    }
+  }
+  return worst;
+}
+}  // namespace
+
 TEST_CASE("cuda: quantized weights kept as stored: decode equals its host emulation bit for bit, prefill the host",
           "[cuda][gpu]") {
   EFIM_NEED_DEVICE();
@@ -526,23 +552,47 @@ TEST_CASE("cuda: quantized weights kept as stored: decode equals its host emulat
           }
           CHECK(differ == 0);
         } else {
-          std::vector<float> dequantized(cols);
-          double worst = 0;
-          for (std::size_t j = 0; j < rows; ++j) {
-            dequantize_row(type, w.data() + j * rb, dequantized.data(), cols);
-            for (std::size_t i = 0; i < m; ++i) {
-              double exact = acc ? y0[i * rows + j] : 0.0, magnitude = acc ? std::abs(y0[i * rows + j]) : 0.0;
-              for (std::size_t k = 0; k < cols; ++k) {
-                const double p = static_cast<double>(x[i * cols + k]) * dequantized[k];
-                exact += p;
-                magnitude += std::abs(p);
-              }
-              worst = std::max(worst, std::abs(device[i * rows + j] - exact) / (magnitude + 1e-6));
-            }
-          }
-          CHECK(worst < 1e-3);  // weights and x rounded to f16: 2^-11 relative each
+          CHECK(worst_relative(type, w, rows, cols, x, m, y0, acc, {}, device) < 1e-3);
         }
       }
+}
+
+TEST_CASE("cuda: quantized products on tensor cores, the weights dequantized in shared memory, agree with the host",
+          "[cuda][gpu]") {
+  EFIM_NEED_DEVICE();
+  using shape = std::tuple<std::size_t, std::size_t, std::size_t>;
+  for (const dtype type : {dtype::q8_0, dtype::q4_0, dtype::q5_0, dtype::q5_1, dtype::q4_k, dtype::q5_k, dtype::q6_k}) {
+    // x rows in one tile, several, two blocks of 64; weight rows past a block's 64; a last step of 96
+    // or 32 columns (k steps of 128) for the types of 32-weight blocks.
+    std::vector<shape> shapes{{9, 70, 512},  {16, 130, 768}, {64, 300, 1024},
+                              {65, 64, 256}, {100, 33, 256}, {1, 20, 256}};
+    if (info(type).block == 32) shapes.insert(shapes.end(), {{12, 45, 96}, {20, 17, 160}});
+    for (const auto& [m, rows, cols] : shapes)
+      for (const bool acc : {false, true}) {
+        INFO(to_string(type) << " " << m << " x " << rows << " x " << cols << (acc ? ", accumulating, bias" : ""));
+        rng r(m * 11 + rows + cols);
+        const auto values = random_floats(r, rows * cols);
+        const std::size_t rb = row_bytes(type, cols);
+        std::vector<std::byte> w(rows * rb);
+        for (std::size_t i = 0; i < rows; ++i) quantize_row(type, values.data() + i * cols, w.data() + i * rb, cols);
+        const auto x = random_floats(r, m * cols, 2.0f);
+        const auto y0 = random_floats(r, m * rows);
+        const auto bias = acc ? random_floats(r, rows) : std::vector<float>{};
+        const auto device = test_cuda::quant_tiles(type, w, rows, cols, x, m, y0, acc, bias);
+        CHECK(worst_relative(type, w, rows, cols, x, m, y0, acc, bias, device) < 1e-3);  // x and w rounded to f16
+        // An element's sum does not depend on m or on where its x row falls: the last rows alone, from
+        // the first row of the first tile, give the same bits.
+        const std::size_t from = m / 2, tail = m - from;
+        const auto alone =
+            test_cuda::quant_tiles(type, w, rows, cols, std::vector<float>(x.begin() + from * cols, x.end()), tail,
+                                   std::vector<float>(y0.begin() + from * rows, y0.end()), acc, bias);
+        CHECK(std::memcmp(alone.data(), device.data() + from * rows, tail * rows * sizeof(float)) == 0);
+      }
+  }
+  const std::vector<std::byte> dense(4 * 64 * 2);
+  CHECK_THROWS_AS(
+      test_cuda::quant_tiles(dtype::f16, dense, 4, 64, std::vector<float>(9 * 64), 9, std::vector<float>(9 * 4), false),
+      efim::error);
 }
 
 namespace {

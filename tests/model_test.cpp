@@ -351,6 +351,56 @@ TEST_CASE("CUDA decode launch over several matrices: every row of every part has
 
 namespace {
 
+// Every step of a matrix as the tensor-core tiles stage it (quant::tile_staging with K columns, Rows
+// rows and Threads threads a block): each cell of a block's rows x K columns written once, with the
+// weight dequantize_row gives (bit for bit) where the cell is one of the matrix, else zero.
+template <dtype T, int K, int Rows, int Threads>
+void check_tile_staging(const std::vector<std::byte>& w, std::size_t rows, std::size_t cols) {
+  using S = kernels::quant::tile_staging<T, K, Rows, Threads>;
+  constexpr int groups = kernels::quant::chunk_groups<T>;
+  const std::size_t rb = row_bytes(T, cols);
+  std::vector<float> want(rows * cols);
+  for (std::size_t r = 0; r < rows; ++r) dequantize_row(T, w.data() + r * rb, want.data() + r * cols, cols);
+  std::size_t wrong_count = 0, wrong_value = 0;
+  for (std::size_t r0 = 0; r0 < rows; r0 += Rows)
+    for (std::size_t k0 = 0; k0 < cols; k0 += K) {
+      std::vector<float> tile(Rows * K, std::numeric_limits<float>::quiet_NaN());
+      std::vector<int> written(Rows * K, 0);
+      for (int t = 0; t < Threads; ++t)
+        for (int j = 0; j < S::chunks; ++j) {
+          const auto row = static_cast<std::size_t>(S::row(t, j));
+          REQUIRE(row < static_cast<std::size_t>(Rows));
+          float v[S::span];
+          std::size_t at[groups];
+          if (S::live(r0, rows, k0, cols, t, j)) {
+            const std::size_t c = S::in_row(k0, t, j);
+            kernels::quant::decode_loaded<T>(
+                kernels::quant::load_chunk<T>(reinterpret_cast<const std::uint8_t*>(w.data() + (r0 + row) * rb), c), c,
+                v, at);
+            for (int g = 0; g < groups; ++g) at[g] -= k0;
+          } else {
+            std::fill(std::begin(v), std::end(v), 0.0f);
+            for (int g = 0; g < groups; ++g) at[g] = static_cast<std::size_t>(S::span * S::chunk(t, j) + 8 * g);
+          }
+          for (int g = 0; g < groups; ++g)
+            for (std::size_t i = 0; i < 8; ++i) {
+              REQUIRE(at[g] + i < static_cast<std::size_t>(K));
+              tile[row * K + at[g] + i] = v[8 * g + i];
+              ++written[row * K + at[g] + i];
+            }
+        }
+      for (std::size_t row = 0; row < static_cast<std::size_t>(Rows); ++row)
+        for (std::size_t col = 0; col < static_cast<std::size_t>(K); ++col) {
+          wrong_count += written[row * K + col] != 1;
+          const bool inside = r0 + row < rows && k0 + col < cols;
+          const float expect = inside ? want[(r0 + row) * cols + k0 + col] : 0.0f;
+          wrong_value += std::memcmp(&expect, &tile[row * K + col], sizeof expect) != 0;
+        }
+    }
+  CHECK(wrong_count == 0);
+  CHECK(wrong_value == 0);
+}
+
 // The magnitude of the offset a quantized weight's value carries apart from its quant (q5_1's m, the
 // k-quants' dmin * min of its sub-block; 0 for the others): the int8 products multiply it separately.
 double weight_offset(dtype t, const std::byte* row, std::size_t k) {
@@ -375,6 +425,26 @@ double weight_offset(dtype t, const std::byte* row, std::size_t k) {
 // products round them, the same integers, so the result is the host's int8 product (kernels::matmul,
 // products::int8) within the f32 rounding of both orders of float steps; and a row's result does not
 // depend on how many x rows share the product.
+TEST_CASE("CUDA tensor-core tiles: a step stages every weight of its block once, as dequantize_row",
+          "[kernels][cuda]") {
+  for (const dtype type : {dtype::q8_0, dtype::q4_0, dtype::q5_0, dtype::q5_1, dtype::q4_k, dtype::q5_k, dtype::q6_k}) {
+    // rows past one block; for the types of 32-weight blocks, last steps of 32 and 96 columns
+    std::vector<std::size_t> widths{256, 512};
+    if (info(type).block == 32) widths.insert(widths.end(), {160, 96});
+    for (const std::size_t cols : widths) {
+      INFO(to_string(type) << " x " << cols << " columns");
+      const std::size_t rows = 70;
+      rng r(cols + rows);
+      const typed_weights w = make_weights(r, type, rows, cols);
+      kernels::quant::visit_kept(type, [&](auto t) {
+        constexpr dtype T = decltype(t)::value;
+        check_tile_staging<T, 128, 64, 128>(w.bytes, rows, cols);  // policy::quant_tiles's
+        check_tile_staging<T, 256, 32, 64>(w.bytes, rows, cols);
+      });
+    }
+  }
+}
+
 TEST_CASE("CUDA int8 decode product, emulated: the host's int8 products within f32 rounding", "[kernels][cuda]") {
   thread_pool pool(2);
   rng r(33);

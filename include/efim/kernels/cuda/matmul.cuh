@@ -22,6 +22,7 @@
 #include "efim/kernels/common.hpp"
 #include "efim/kernels/cuda/quant_groups.hpp"
 #include "efim/kernels/cuda/quant_matmul.cuh"
+#include "efim/kernels/cuda/quant_tiles.cuh"
 #include "efim/kernels/cuda/runtime.cuh"
 
 namespace efim::kernels::device {
@@ -93,8 +94,15 @@ inline bool decodes_in_registers(const matrix& w, std::size_t m) noexcept {
          (quant::kept_quantized(w.type) || quant::dense_decodes(w.type, w.cols));
 }
 
+// Whether matmul multiplies m x rows by quantized w on tensor cores, the weights dequantized in shared
+// memory (quant_tiles), rather than in f16 slices: above decode_rows, up to policy::quant_tiles::max_rows.
+inline bool multiplies_in_tiles(const matrix& w, std::size_t m) noexcept {
+  return quant::kept_quantized(w.type) && m > policy::quant_matmul::decode_rows && m <= policy::quant_tiles::max_rows;
+}
+
 // Bytes of workspace `matmul` needs for m rows against w (x converted to w's type; 0 for f32).
 inline std::size_t matmul_workspace(const matrix& w, std::size_t m) noexcept {
+  if (multiplies_in_tiles(w, m)) return 0;
   if (quant::kept_quantized(w.type)) return quant_matmul_workspace(w.rows, w.cols, m);
   return w.type == dtype::f32 || decodes_in_registers(w, m) ? 0 : m * w.cols * 2;
 }
@@ -144,11 +152,11 @@ void cublas_product(const blas& h, const float* x, const matrix& w, float* y, st
 // y (m, w.rows) = [y +] x (m, w.cols) * w^T [+ bias (w.rows), added to each row after the product], on
 // the handle's stream; `workspace` holds at least matmul_workspace(w, m) bytes. Decode (up to
 // policy::quant_matmul::decode_rows x rows, decodes_in_registers) runs quant_decode, for dense weights
-// too; more rows run cuBLAS. products::int8 changes the quantized decode product to integers against
-// x rounded to 8 bits (quant_decode_int8; `rounded`, if given, is x rounded already for w's type's
-// span, quantize_x8); prefill and the other types multiply as with products::exact. The decode
-// products add the bias as they store y (one launch fewer, the same bits); cuBLAS's are followed by
-// add_bias.
+// too; a few more rows of quantized weights run quant_tiles where multiplies_in_tiles; the rest
+// cuBLAS. products::int8 changes the quantized decode product to integers against x rounded to 8 bits
+// (quant_decode_int8; `rounded`, if given, is x rounded already for w's type's span, quantize_x8);
+// prefill and the other types multiply as with products::exact. The decode products and the tiles
+// add the bias as they store y (one launch fewer, the same bits); cuBLAS's are followed by add_bias.
 template <class Policy = policy::convert>
 void matmul(const blas& h, const float* x, const matrix& w, float* y, std::size_t m, void* workspace,
             cudaStream_t stream, accumulate acc = accumulate::no, products p = products::exact,
@@ -165,6 +173,10 @@ void matmul(const blas& h, const float* x, const matrix& w, float* y, std::size_
       quant_decode_int8(w.type, w.data, w.rows, w.cols, x, m, y, workspace, stream, acc, bias, rounded);
     else
       quant_decode(w.type, w.data, w.rows, w.cols, x, m, y, stream, acc, bias);
+    return;
+  }
+  if (multiplies_in_tiles(w, m)) {
+    quant_tiles(w.type, w.data, w.rows, w.cols, x, m, y, stream, acc, bias);
     return;
   }
   detail::cublas_product<Policy>(h, x, w, y, m, workspace, stream, acc);

@@ -392,6 +392,31 @@ struct decode_parts {
   }
 };
 
+// How the tensor-core tiles (quant_tiles.cuh) stage a step of K columns of a block of Rows weight rows
+// with Threads threads: thread t's chunk j (j < chunks) is chunk chunk(t, j) of the step in the block's
+// row row(t, j) (consecutive threads, consecutive chunks of a row), the row's chunk in_row(k0, t, j);
+// decoded (decode_loaded), group g goes to column first[g] - k0 of the step. A chunk not `live` (its
+// row past the matrix's, or its columns past cols) stages zeros at columns span * chunk(t, j) on.
+// Host and device: the host tests check that a step stages every weight once, as dequantize_row.
+template <dtype T, int K, int Rows, int Threads>
+struct tile_staging {
+  static constexpr int span = 8 * chunk_groups<T>;  // weights a chunk
+  static constexpr int per_row = K / span, chunks = Rows * per_row / Threads;
+  static_assert(K % 128 == 0, "steps of whole chunks of every type (q4_k's four cover 128 weights)");
+  static_assert(Rows * per_row % Threads == 0, "every thread the same number of chunks a step");
+
+  EFIM_HOST_DEVICE static constexpr int row(int t, int j) noexcept { return (t + j * Threads) / per_row; }
+  EFIM_HOST_DEVICE static constexpr int chunk(int t, int j) noexcept { return (t + j * Threads) % per_row; }
+  EFIM_HOST_DEVICE static constexpr std::size_t in_row(std::size_t k0, int t, int j) noexcept {
+    return k0 / span + static_cast<std::size_t>(chunk(t, j));
+  }
+  // For a block whose first row is r0 of a matrix of `rows` rows and `cols` columns.
+  EFIM_HOST_DEVICE static constexpr bool live(std::size_t r0, std::size_t rows, std::size_t k0, std::size_t cols, int t,
+                                              int j) noexcept {
+    return r0 + static_cast<std::size_t>(row(t, j)) < rows && k0 + static_cast<std::size_t>(span * chunk(t, j)) < cols;
+  }
+};
+
 // Chunks whose bytes a lane of the decode product loads before it decodes the first of them.
 inline constexpr int chunks_in_flight = 4;
 

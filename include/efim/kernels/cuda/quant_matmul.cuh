@@ -243,6 +243,14 @@ __global__ void __launch_bounds__(Policy::threads)
   }
 }
 
+// Eight values rounded to f16 into out, 16-byte aligned, in one store.
+__device__ inline void store_f16x8(const float* v, __half* out) {
+  __half2 h[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) h[k] = __halves2half2(__float2half_rn(v[2 * k]), __float2half_rn(v[2 * k + 1]));
+  *reinterpret_cast<uint4*>(out) = *reinterpret_cast<const uint4*>(h);
+}
+
 // Rows first .. first + count of w as f16, row-major (count, cols), into out: one thread per group.
 template <class Policy, dtype T>
 __global__ void __launch_bounds__(Policy::threads)
@@ -254,10 +262,7 @@ __global__ void __launch_bounds__(Policy::threads)
     const std::size_t r = i / groups, g = i % groups;
     float v[8];
     quant::decode8<T>(w + (first + r) * row_bytes, g, v);
-    __half2 h[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) h[k] = __halves2half2(__float2half_rn(v[2 * k]), __float2half_rn(v[2 * k + 1]));
-    *reinterpret_cast<uint4*>(out + r * cols + 8 * g) = *reinterpret_cast<const uint4*>(h);
+    store_f16x8(v, out + r * cols + 8 * g);
   }
 }
 
