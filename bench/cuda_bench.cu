@@ -14,10 +14,12 @@
 // hidden 3584, 28 layers, 28/4 heads, ffn 18944) with random weights made in memory, or GGUF files
 // (--gguf; efim-model make writes them), the files llama.cpp's llama-bench is timed on beside it.
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -287,9 +289,13 @@ double run(const options& o, const std::string& name, const std::string& type, c
   const std::size_t widest = std::max({c.hidden, c.q_dim(), c.ffn}), x_rows = std::max(o.prefill, o.batch);
   device::buffer<float> x(x_rows * widest), y(x_rows * c.vocab);
   device::check(cudaMemsetAsync(x.data(), 0, x.size() * sizeof(float), ctx.stream()), "cudaMemset");
-  // (and the decode rows converted to 16 bits for cuBLAS, timed below against the decode kernel)
+  // (and the decode rows converted to 16 bits for cuBLAS, timed below against the decode kernel, and
+  // the f16 slices of o.batch rows, timed against the tiles whatever matmul takes)
+  std::size_t slices_bytes = 0;
+  for (const auto* w : {&dw.output, &dw.layers[0].w_gate, &dw.layers[0].w_down})
+    slices_bytes = std::max(slices_bytes, kernels::device::quant_matmul_workspace(w->rows, w->cols, o.batch));
   device::buffer<std::byte> conv(
-      std::max({dw.workspace(o.prefill), dw.workspace(1), dw.workspace(o.batch), o.batch * widest * 2}));
+      std::max({dw.workspace(o.prefill), dw.workspace(1), dw.workspace(o.batch), o.batch * widest * 2, slices_bytes}));
   // The step's matrices: each layer's seven, then the output matrix.
   std::vector<const kernels::device::matrix*> step_matrices;
   for (const auto& lw : dw.layers)
@@ -326,9 +332,9 @@ double run(const options& o, const std::string& name, const std::string& type, c
     in_registers = in_registers && kernels::device::decodes_in_registers(*w, o.batch);
   }
   enum class path { matmul, blas, tiles };
-  const auto time_products = [&](path how) {
+  const auto time_products = [&](path how, std::span<const kernels::device::matrix* const> matrices) {
     return best_ms(5, [&] {
-      for (const auto* w : step_matrices)
+      for (const auto* w : matrices)
         if (how == path::blas)
           kernels::device::detail::cublas_product<kernels::device::policy::convert>(
               ctx.blas(), x.data(), *w, y.data(), o.batch, conv.data(), ctx.stream(), kernels::accumulate::no);
@@ -340,9 +346,30 @@ double run(const options& o, const std::string& name, const std::string& type, c
     });
   };
   const bool tiles_or_slices = quantized && !in_registers;
-  const double decode_products_ms = in_registers ? time_products(path::matmul) : 0.0;
-  const double decode_blas_ms = (in_registers && dense) || tiles_or_slices ? time_products(path::blas) : 0.0;
-  const double decode_tiles_ms = tiles_or_slices ? time_products(path::tiles) : 0.0;
+  const double decode_products_ms = in_registers ? time_products(path::matmul, step_matrices) : 0.0;
+  const double decode_blas_ms =
+      (in_registers && dense) || tiles_or_slices ? time_products(path::blas, step_matrices) : 0.0;
+  const double decode_tiles_ms = tiles_or_slices ? time_products(path::tiles, step_matrices) : 0.0;
+  // and each kind of matrix alone (wq of every layer, then wk, ...; the output matrix), for a rule by
+  // shape: every layer's, so that a kind's bytes come from memory as in a step, not from L2
+  std::string by_matrix;
+  if (tiles_or_slices)
+    for (std::size_t kind = 0; kind < 8; ++kind) {
+      std::vector<const kernels::device::matrix*> same;
+      if (kind == 7)
+        same.push_back(&dw.output);
+      else
+        for (const auto& lw : dw.layers)
+          same.push_back(std::array{&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down}[kind]);
+      const double slices = time_products(path::blas, same), tiles = time_products(path::tiles, same);
+      const auto* w = same.front();
+      const bool one_type = std::all_of(same.begin(), same.end(), [&](const auto* v) { return v->type == w->type; });
+      char line[160];
+      std::snprintf(line, sizeof line, "      %zu x %zu %s (%zu of them): slices %.3f ms, tiles %.3f ms, %.2fx\n",
+                    w->rows, w->cols, one_type ? std::string(to_string(w->type)).c_str() : "mixed", same.size(), slices,
+                    tiles, slices / tiles);
+      by_matrix += line;
+    }
 
   // Decode: fill each sequence to o.context, then time o.steps steps of one token per sequence.
   for (std::size_t s = 0; s < o.batch; ++s)
@@ -395,6 +422,7 @@ double run(const options& o, const std::string& name, const std::string& type, c
         "(%.0f GB/s of weights): tiles / slices %.2fx\n",
         name.c_str(), type.c_str(), o.batch, decode_blas_ms, decode_tiles_ms,
         step_matrix_bytes / (decode_tiles_ms / 1e3) / 1e9, decode_blas_ms / decode_tiles_ms);
+  std::printf("%s", by_matrix.c_str());
   std::fflush(stdout);
   return step_ms;
 }

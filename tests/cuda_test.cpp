@@ -490,10 +490,6 @@ TEST_CASE("cuda: matrix products of f32, f16, bf16 weights equal the host's, dec
       }
 }
 
-// Quantized weights stay as the file stores them: the decode product (up to 8 x rows) is the lanes'
-// sums of quant::lane_dots added as a warp adds them, which the host emulates bit for bit; prefill
-// multiplies f16 slices of the dequantized weights (several slices for the largest matrix here) by x
-// rounded to f16, within that rounding of the double-precision sum.
 namespace {
 // The largest error of the device's y (m, rows) against the exact sum of x times the dequantized
 // weights ([+ y0] [+ bias]), relative to the sum of the magnitudes of its terms.
@@ -520,6 +516,10 @@ double worst_relative(dtype type, const std::vector<std::byte>& w, std::size_t r
 }
 }  // namespace
 
+// Quantized weights stay as the file stores them: the decode product (up to 8 x rows) is the lanes'
+// sums of quant::lane_dots added as a warp adds them, which the host emulates bit for bit; prefill
+// multiplies f16 slices of the dequantized weights (several slices for the largest matrix here) by x
+// rounded to f16, within that rounding of the double-precision sum.
 TEST_CASE("cuda: quantized weights kept as stored: decode equals its host emulation bit for bit, prefill the host",
           "[cuda][gpu]") {
   EFIM_NEED_DEVICE();
@@ -562,14 +562,16 @@ TEST_CASE("cuda: quantized products on tensor cores, the weights dequantized in 
   EFIM_NEED_DEVICE();
   using shape = std::tuple<std::size_t, std::size_t, std::size_t>;
   for (const dtype type : {dtype::q8_0, dtype::q4_0, dtype::q5_0, dtype::q5_1, dtype::q4_k, dtype::q5_k, dtype::q6_k}) {
-    // x rows in one tile, several, two blocks of 64; weight rows past a block's 64; a last step of 96
-    // or 32 columns (k steps of 128) for the types of 32-weight blocks.
+    // x rows in one tile, several, two blocks of 64; weight rows past a block's; a last step of 96, 32
+    // or 64 columns (k steps of 128) for the types of 32-weight blocks.
     std::vector<shape> shapes{{9, 70, 512},  {16, 130, 768}, {64, 300, 1024},
                               {65, 64, 256}, {100, 33, 256}, {1, 20, 256}};
-    if (info(type).block == 32) shapes.insert(shapes.end(), {{12, 45, 96}, {20, 17, 160}});
+    if (info(type).block == 32) shapes.insert(shapes.end(), {{12, 45, 96}, {20, 17, 160}, {33, 40, 192}});
     for (const auto& [m, rows, cols] : shapes)
-      for (const bool acc : {false, true}) {
-        INFO(to_string(type) << " " << m << " x " << rows << " x " << cols << (acc ? ", accumulating, bias" : ""));
+      for (const int variant : {0, 1, 2}) {  // y written, y + bias, y accumulated + bias
+        const bool acc = variant == 2, with_bias = variant > 0;
+        INFO(to_string(type) << " " << m << " x " << rows << " x " << cols << (acc ? ", accumulating" : "")
+                             << (with_bias ? ", bias" : ""));
         rng r(m * 11 + rows + cols);
         const auto values = random_floats(r, rows * cols);
         const std::size_t rb = row_bytes(type, cols);
@@ -577,11 +579,13 @@ TEST_CASE("cuda: quantized products on tensor cores, the weights dequantized in 
         for (std::size_t i = 0; i < rows; ++i) quantize_row(type, values.data() + i * cols, w.data() + i * rb, cols);
         const auto x = random_floats(r, m * cols, 2.0f);
         const auto y0 = random_floats(r, m * rows);
-        const auto bias = acc ? random_floats(r, rows) : std::vector<float>{};
+        const auto bias = with_bias ? random_floats(r, rows) : std::vector<float>{};
         const auto device = test_cuda::quant_tiles(type, w, rows, cols, x, m, y0, acc, bias);
         CHECK(worst_relative(type, w, rows, cols, x, m, y0, acc, bias, device) < 1e-3);  // x and w rounded to f16
         // An element's sum does not depend on m or on where its x row falls: the last rows alone, from
-        // the first row of the first tile, give the same bits.
+        // the first row of the first tile, give the same bits. (The kernel's order of sums is fixed; that
+        // a tensor-core product's element does not depend on its row within the fragment is the
+        // hardware's, which this checks on the GPU it runs on.)
         const std::size_t from = m / 2, tail = m - from;
         const auto alone =
             test_cuda::quant_tiles(type, w, rows, cols, std::vector<float>(x.begin() + from * cols, x.end()), tail,

@@ -420,17 +420,12 @@ double weight_offset(dtype t, const std::byte* row, std::size_t k) {
 
 }  // namespace
 
-// The CUDA backend's int8 decode product (kernels/cuda/quant_int8.hpp, host and device code), emulated
-// with the device's split over lanes and order of sums: the activations rounded as the host's int8
-// products round them, the same integers, so the result is the host's int8 product (kernels::matmul,
-// products::int8) within the f32 rounding of both orders of float steps; and a row's result does not
-// depend on how many x rows share the product.
 TEST_CASE("CUDA tensor-core tiles: a step stages every weight of its block once, as dequantize_row",
           "[kernels][cuda]") {
   for (const dtype type : {dtype::q8_0, dtype::q4_0, dtype::q5_0, dtype::q5_1, dtype::q4_k, dtype::q5_k, dtype::q6_k}) {
-    // rows past one block; for the types of 32-weight blocks, last steps of 32 and 96 columns
+    // rows past one block; for the types of 32-weight blocks, last steps of 32, 64 and 96 columns
     std::vector<std::size_t> widths{256, 512};
-    if (info(type).block == 32) widths.insert(widths.end(), {160, 96});
+    if (info(type).block == 32) widths.insert(widths.end(), {160, 192, 96});
     for (const std::size_t cols : widths) {
       INFO(to_string(type) << " x " << cols << " columns");
       const std::size_t rows = 70;
@@ -438,13 +433,19 @@ TEST_CASE("CUDA tensor-core tiles: a step stages every weight of its block once,
       const typed_weights w = make_weights(r, type, rows, cols);
       kernels::quant::visit_kept(type, [&](auto t) {
         constexpr dtype T = decltype(t)::value;
-        check_tile_staging<T, 128, 64, 128>(w.bytes, rows, cols);  // policy::quant_tiles's
+        check_tile_staging<T, 128, 32, 64>(w.bytes, rows, cols);  // policy::quant_tiles's
+        check_tile_staging<T, 128, 64, 128>(w.bytes, rows, cols);
         check_tile_staging<T, 256, 32, 64>(w.bytes, rows, cols);
       });
     }
   }
 }
 
+// The CUDA backend's int8 decode product (kernels/cuda/quant_int8.hpp, host and device code), emulated
+// with the device's split over lanes and order of sums: the activations rounded as the host's int8
+// products round them, the same integers, so the result is the host's int8 product (kernels::matmul,
+// products::int8) within the f32 rounding of both orders of float steps; and a row's result does not
+// depend on how many x rows share the product.
 TEST_CASE("CUDA int8 decode product, emulated: the host's int8 products within f32 rounding", "[kernels][cuda]") {
   thread_pool pool(2);
   rng r(33);

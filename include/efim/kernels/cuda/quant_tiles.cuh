@@ -34,7 +34,7 @@ namespace efim::kernels::device {
 
 namespace policy {
 struct quant_tiles {
-  static constexpr int warps = 4;     // 16 weight rows each: a block's 64
+  static constexpr int warps = 2;     // 16 weight rows each: a block's 32 (112 blocks for 3,584 rows)
   static constexpr int x_tiles = 4;   // 16 x rows each: a block's up to 64 (more x rows: more blocks)
   static constexpr int k_step = 128;  // columns staged in shared memory at a time (a multiple of 128)
   // x rows above decode_rows up to which device::matmul multiplies quantized weights here rather than
