@@ -175,9 +175,11 @@ void matmul(const blas& h, const float* x, const matrix& w, float* y, std::size_
       quant_decode(w.type, w.data, w.rows, w.cols, x, m, y, stream, acc, bias);
     return;
   }
-  if (multiplies_in_tiles(w, m)) {
-    quant_tiles(w.type, w.data, w.rows, w.cols, x, m, y, stream, acc, bias);
-    return;
+  if constexpr (policy::quant_tiles::max_rows > 0) {  // (no kernels instantiated while matmul takes none)
+    if (multiplies_in_tiles(w, m)) {
+      quant_tiles(w.type, w.data, w.rows, w.cols, x, m, y, stream, acc, bias);
+      return;
+    }
   }
   detail::cublas_product<Policy>(h, x, w, y, m, workspace, stream, acc);
   if (bias != nullptr) add_bias(y, bias, m, w.rows, stream);
