@@ -331,7 +331,7 @@ double run(const options& o, const std::string& name, const std::string& type, c
     quantized = quantized && kernels::quant::kept_quantized(w->type);
     in_registers = in_registers && kernels::device::decodes_in_registers(*w, o.batch);
   }
-  enum class path { matmul, blas, tiles };
+  enum class path { matmul, blas, tiles, tiles16 };  // (tiles16: x rounded to f16 first, then the tiles)
   const auto time_products = [&](path how, std::span<const kernels::device::matrix* const> matrices) {
     return best_ms(5, [&] {
       for (const auto* w : matrices)
@@ -340,7 +340,11 @@ double run(const options& o, const std::string& name, const std::string& type, c
               ctx.blas(), x.data(), *w, y.data(), o.batch, conv.data(), ctx.stream(), kernels::accumulate::no);
         else if (how == path::tiles)
           kernels::device::quant_tiles(w->type, w->data, w->rows, w->cols, x.data(), o.batch, y.data(), ctx.stream());
-        else
+        else if (how == path::tiles16) {
+          kernels::device::to_16bit(x.data(), conv.data(), o.batch * w->cols, false, ctx.stream());
+          kernels::device::quant_tiles(w->type, w->data, w->rows, w->cols, reinterpret_cast<const __half*>(conv.data()),
+                                       o.batch, y.data(), ctx.stream());
+        } else
           kernels::device::matmul(ctx.blas(), x.data(), *w, y.data(), o.batch, conv.data(), ctx.stream(),
                                   kernels::accumulate::no, p);
     });
@@ -350,6 +354,7 @@ double run(const options& o, const std::string& name, const std::string& type, c
   const double decode_blas_ms =
       (in_registers && dense) || tiles_or_slices ? time_products(path::blas, step_matrices) : 0.0;
   const double decode_tiles_ms = tiles_or_slices ? time_products(path::tiles, step_matrices) : 0.0;
+  const double decode_tiles16_ms = tiles_or_slices ? time_products(path::tiles16, step_matrices) : 0.0;
   // and each kind of matrix alone (wq of every layer, then wk, ...; the output matrix), for a rule by
   // shape: every layer's, so that a kind's bytes come from memory as in a step, not from L2
   std::string by_matrix;
@@ -361,13 +366,16 @@ double run(const options& o, const std::string& name, const std::string& type, c
       else
         for (const auto& lw : dw.layers)
           same.push_back(std::array{&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down}[kind]);
-      const double slices = time_products(path::blas, same), tiles = time_products(path::tiles, same);
+      const double slices = time_products(path::blas, same), tiles = time_products(path::tiles, same),
+                   tiles16 = time_products(path::tiles16, same);
       const auto* w = same.front();
       const bool one_type = std::all_of(same.begin(), same.end(), [&](const auto* v) { return v->type == w->type; });
-      char line[160];
-      std::snprintf(line, sizeof line, "      %zu x %zu %s (%zu of them): slices %.3f ms, tiles %.3f ms, %.2fx\n",
-                    w->rows, w->cols, one_type ? std::string(to_string(w->type)).c_str() : "mixed", same.size(), slices,
-                    tiles, slices / tiles);
+      char line[224];
+      std::snprintf(
+          line, sizeof line,
+          "      %zu x %zu %s (%zu of them): slices %.3f ms, tiles %.3f ms (%.2fx), x in f16 first %.3f ms (%.2fx)\n",
+          w->rows, w->cols, one_type ? std::string(to_string(w->type)).c_str() : "mixed", same.size(), slices, tiles,
+          slices / tiles, tiles16, slices / tiles16);
       by_matrix += line;
     }
 
@@ -419,9 +427,10 @@ double run(const options& o, const std::string& name, const std::string& type, c
   if (tiles_or_slices)
     std::printf(
         "%-5s %-6s       decode products alone (%zu x rows): f16 slices %.3f ms, tensor-core tiles %.3f ms "
-        "(%.0f GB/s of weights): tiles / slices %.2fx\n",
+        "(%.0f GB/s of weights): tiles / slices %.2fx; x in f16 first %.3f ms: %.2fx\n",
         name.c_str(), type.c_str(), o.batch, decode_blas_ms, decode_tiles_ms,
-        step_matrix_bytes / (decode_tiles_ms / 1e3) / 1e9, decode_blas_ms / decode_tiles_ms);
+        step_matrix_bytes / (decode_tiles_ms / 1e3) / 1e9, decode_blas_ms / decode_tiles_ms, decode_tiles16_ms,
+        decode_blas_ms / decode_tiles16_ms);
   std::printf("%s", by_matrix.c_str());
   std::fflush(stdout);
   return step_ms;

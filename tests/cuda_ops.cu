@@ -253,15 +253,22 @@ std::vector<float> matmul(dtype type, const std::vector<std::byte>& w, std::size
 
 std::vector<float> quant_tiles(dtype type, const std::vector<std::byte>& w, std::size_t rows, std::size_t cols,
                                const std::vector<float>& x, std::size_t m, std::vector<float> y, bool accumulate,
-                               const std::vector<float>& bias) {
+                               const std::vector<float>& bias, bool x_f16) {
   stream st;
   auto dw = upload(w, st.s);
   auto dx = upload(x, st.s);
+  std::vector<half> x16(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) x16[i].bits = f32_to_f16(x[i]);
+  auto dx16 = upload(x16, st.s);
   auto dy = upload(y, st.s);
   auto db = upload(bias, st.s);
-  kernels::device::quant_tiles(type, dw.data(), rows, cols, dx.data(), m, dy.data(), st.s,
-                               accumulate ? kernels::accumulate::yes : kernels::accumulate::no,
-                               bias.empty() ? nullptr : db.data());
+  const auto acc = accumulate ? kernels::accumulate::yes : kernels::accumulate::no;
+  const float* const b = bias.empty() ? nullptr : db.data();
+  if (x_f16)
+    kernels::device::quant_tiles(type, dw.data(), rows, cols, reinterpret_cast<const __half*>(dx16.data()), m,
+                                 dy.data(), st.s, acc, b);
+  else
+    kernels::device::quant_tiles(type, dw.data(), rows, cols, dx.data(), m, dy.data(), st.s, acc, b);
   return download(dy, y.size(), st.s);
 }
 

@@ -67,10 +67,10 @@ std::vector<float> matmul(dtype type, const std::vector<std::byte>& w, std::size
                           kernels::products products = kernels::products::exact,
                           const std::vector<float>& bias = {});
 // The same product by kernels::device::quant_tiles (quantized w, on tensor cores, the weights dequantized
-// in shared memory), whatever rows matmul would give it.
+// in shared memory), whatever rows matmul would give it; x_f16: x rounded to f16 on the host first.
 std::vector<float> quant_tiles(dtype type, const std::vector<std::byte>& w, std::size_t rows, std::size_t cols,
                                const std::vector<float>& x, std::size_t m, std::vector<float> y, bool accumulate,
-                               const std::vector<float>& bias = {});
+                               const std::vector<float>& bias = {}, bool x_f16 = false);
 // The products of x (m, cols) with several matrices of one type and width (q, k and v), each with its
 // bias (empty: none), in one launch (matmul_parts) or one matmul each: each matrix's y.
 std::vector<std::vector<float>> matmul_parts(dtype type, const std::vector<std::vector<std::byte>>& ws,

@@ -582,6 +582,9 @@ TEST_CASE("cuda: quantized products on tensor cores, the weights dequantized in 
         const auto bias = with_bias ? random_floats(r, rows) : std::vector<float>{};
         const auto device = test_cuda::quant_tiles(type, w, rows, cols, x, m, y0, acc, bias);
         CHECK(worst_relative(type, w, rows, cols, x, m, y0, acc, bias, device) < 1e-3);  // x and w rounded to f16
+        // x rounded to f16 before: the same bits
+        const auto from_f16 = test_cuda::quant_tiles(type, w, rows, cols, x, m, y0, acc, bias, true);
+        CHECK(std::memcmp(from_f16.data(), device.data(), device.size() * sizeof(float)) == 0);
         // An element's sum does not depend on m or on where its x row falls: the last rows alone, from
         // the first row of the first tile, give the same bits. (The kernel's order of sums is fixed; that
         // a tensor-core product's element does not depend on its row within the fragment is the

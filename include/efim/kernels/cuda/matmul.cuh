@@ -107,6 +107,15 @@ inline std::size_t matmul_workspace(const matrix& w, std::size_t m) noexcept {
   return w.type == dtype::f32 || decodes_in_registers(w, m) ? 0 : m * w.cols * 2;
 }
 
+// x (n values) rounded to f16, or to bf16 where bf16, into out (16-bit values), on the stream.
+template <class Policy = policy::convert>
+void to_16bit(const float* x, void* out, std::size_t n, bool bf16, cudaStream_t stream) {
+  const std::size_t blocks = (n + Policy::threads - 1) / Policy::threads;
+  detail::to_16bit_kernel<Policy><<<static_cast<unsigned>(blocks < Policy::max_blocks ? blocks : Policy::max_blocks),
+                                    Policy::threads, 0, stream>>>(x, out, n, bf16);
+  check(cudaGetLastError(), "to_16bit launch");
+}
+
 namespace detail {
 // matmul's cuBLAS products (f32, f16, bf16 weights; quantized ones in f16 slices).
 template <class Policy>
@@ -124,11 +133,7 @@ void cublas_product(const blas& h, const float* x, const matrix& w, float* y, st
   }
   const bool bf16 = w.type == dtype::bf16;  // (quantized weights go through f16)
   const std::size_t total = m * w.cols;
-  const std::size_t blocks = (total + Policy::threads - 1) / Policy::threads;
-  detail::to_16bit_kernel<Policy>
-      <<<static_cast<unsigned>(blocks < Policy::max_blocks ? blocks : Policy::max_blocks), Policy::threads, 0, stream>>>(
-          x, workspace, total, bf16);
-  check(cudaGetLastError(), "matmul: x conversion launch");
+  to_16bit<Policy>(x, workspace, total, bf16, stream);
   if (quantized) {  // a slice of weight rows at a time, dequantized to f16 after the x rows
     auto* const slice = static_cast<std::byte*>(workspace) + total * 2;
     const std::size_t step = quant_slice_rows(w.rows, w.cols);

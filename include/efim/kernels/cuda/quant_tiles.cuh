@@ -14,8 +14,10 @@
 //   y's elements are stored with the decode kernel's accumulate and bias (decode_store).
 // The same roundings as the f16 slices (x and the weights to f16 once), the sums in another order: the
 // results agree with the host within that rounding, not bit for bit with the slices. An element's sum
-// does not depend on m or on where its rows fall in the grid. Which row counts device::matmul gives
-// it is policy::quant_tiles::max_rows, decided by measurement (efim-cuda-bench times both at --batch).
+// does not depend on m or on where its rows fall in the grid. x may come rounded to f16 already (the
+// same bits; each block then reads half the bytes of x, which every block reads whole). Which row
+// counts device::matmul gives it is policy::quant_tiles::max_rows, decided by measurement
+// (efim-cuda-bench times both at --batch).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <mma.h>
@@ -23,6 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "efim/core/dtype.hpp"
 #include "efim/kernels/common.hpp"
@@ -49,9 +52,10 @@ namespace detail {
 // Each thread takes S::chunks chunks of the block's weight rows a step (quant::tile_staging; a chunk:
 // 8 weights, or 32 for q4_k and q5_k, from one to four loads), their bytes loaded a step ahead, during
 // the products.
-template <class Policy, dtype T>
+// x: f32 rows (rounded to f16 as they are staged), or rows rounded to f16 already (the same values).
+template <class Policy, dtype T, class XT>
 __global__ void __launch_bounds__(Policy::warps * 32)
-    quant_tiles_kernel(const std::uint8_t* w, std::size_t rows, std::size_t row_bytes, std::size_t cols, const float* x,
+    quant_tiles_kernel(const std::uint8_t* w, std::size_t rows, std::size_t row_bytes, std::size_t cols, const XT* x,
                        std::size_t m, float* y, bool acc, const float* bias) {
   namespace wmma = nvcuda::wmma;
   constexpr int W = Policy::warps, R = 16 * W, X = 16 * Policy::x_tiles, K = Policy::k_step, threads = 32 * W;
@@ -84,14 +88,24 @@ __global__ void __launch_bounds__(Policy::warps * 32)
   load(0);
   for (std::size_t k0 = 0; k0 < cols; k0 += K) {
     const int kn = cols - k0 < static_cast<std::size_t>(K) ? static_cast<int>(cols - k0) : K;  // a multiple of 32
-    // The x rows' columns k0 .. k0 + K as f16, four at a time; past x_rows or kn, zeros.
-    for (int i = tid; i < 16 * tiles * (K / 4); i += threads) {
-      const int r = i / (K / 4), c4 = 4 * (i % (K / 4));
-      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      if (r < x_rows && c4 < kn) v = *reinterpret_cast<const float4*>(x + (x0 + r) * cols + k0 + c4);
-      auto* const dst = reinterpret_cast<__half2*>(x_sh + r * ld + c4);
-      dst[0] = __floats2half2_rn(v.x, v.y);
-      dst[1] = __floats2half2_rn(v.z, v.w);
+    // The x rows' columns k0 .. k0 + K as f16, 16 bytes of x a load; past x_rows or kn, zeros.
+    if constexpr (std::is_same_v<XT, __half>) {
+      for (int i = tid; i < 16 * tiles * (K / 8); i += threads) {
+        const int r = i / (K / 8), c8 = 8 * (i % (K / 8));
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (r < x_rows && c8 < kn) v = *reinterpret_cast<const uint4*>(x + (x0 + r) * cols + k0 + c8);
+        *reinterpret_cast<uint4*>(x_sh + r * ld + c8) = v;
+      }
+    } else {
+      static_assert(std::is_same_v<XT, float>, "x rows in f32 or f16");
+      for (int i = tid; i < 16 * tiles * (K / 4); i += threads) {
+        const int r = i / (K / 4), c4 = 4 * (i % (K / 4));
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (r < x_rows && c4 < kn) v = *reinterpret_cast<const float4*>(x + (x0 + r) * cols + k0 + c4);
+        auto* const dst = reinterpret_cast<__half2*>(x_sh + r * ld + c4);
+        dst[0] = __floats2half2_rn(v.x, v.y);
+        dst[1] = __floats2half2_rn(v.z, v.w);
+      }
     }
     // The weight rows' chunks decoded (each weight as dequantize_row gives it) and rounded to f16;
     // past rows or kn, zeros.
@@ -141,14 +155,9 @@ __global__ void __launch_bounds__(Policy::warps * 32)
   }
 }
 
-}  // namespace detail
-
-// y (m, rows) = [y +] x (m, cols) * dequantize(w)^T [+ bias (rows)] on tensor cores, the weights read
-// once (above). w: a quantized type (quant::kept_quantized), rows of row_bytes(type, cols) bytes from a
-// 16-byte aligned address; x 16-byte aligned; cols a multiple of 32. No workspace.
-template <class Policy = policy::quant_tiles>
-void quant_tiles(dtype type, const void* w, std::size_t rows, std::size_t cols, const float* x, std::size_t m, float* y,
-                 cudaStream_t stream, accumulate acc = accumulate::no, const float* bias = nullptr) {
+template <class Policy, class X>
+void launch_quant_tiles(dtype type, const void* w, std::size_t rows, std::size_t cols, const X* x, std::size_t m,
+                        float* y, cudaStream_t stream, accumulate acc, const float* bias) {
   require(quant::kept_quantized(type), errc::invalid_argument,
           "device::quant_tiles: weights in " + std::string(to_string(type)) + " (a block-quantized type)");
   require(cols % 32 == 0, errc::invalid_argument, "device::quant_tiles: a row must be whole blocks of 32");
@@ -162,10 +171,29 @@ void quant_tiles(dtype type, const void* w, std::size_t rows, std::size_t cols, 
   const std::size_t rb = row_bytes(type, cols);
   const auto* wb = static_cast<const std::uint8_t*>(w);
   quant::visit_kept(type, [&](auto t) {
-    detail::quant_tiles_kernel<Policy, decltype(t)::value>
+    detail::quant_tiles_kernel<Policy, decltype(t)::value, X>
         <<<grid, Policy::warps * 32, 0, stream>>>(wb, rows, rb, cols, x, m, y, acc == accumulate::yes, bias);
   });
   check(cudaGetLastError(), "quant_tiles launch");
+}
+
+}  // namespace detail
+
+// y (m, rows) = [y +] x (m, cols) * dequantize(w)^T [+ bias (rows)] on tensor cores, the weights read
+// once (above). w: a quantized type (quant::kept_quantized), rows of row_bytes(type, cols) bytes from a
+// 16-byte aligned address; x 16-byte aligned; cols a multiple of 32. No workspace.
+template <class Policy = policy::quant_tiles>
+void quant_tiles(dtype type, const void* w, std::size_t rows, std::size_t cols, const float* x, std::size_t m, float* y,
+                 cudaStream_t stream, accumulate acc = accumulate::no, const float* bias = nullptr) {
+  detail::launch_quant_tiles<Policy>(type, w, rows, cols, x, m, y, stream, acc, bias);
+}
+
+// The same with x rounded to f16 already (the same bits as from the f32 rows it was rounded from; half
+// the bytes each block reads of x, and no rounding in the kernel): x16 16-byte aligned.
+template <class Policy = policy::quant_tiles>
+void quant_tiles(dtype type, const void* w, std::size_t rows, std::size_t cols, const __half* x16, std::size_t m,
+                 float* y, cudaStream_t stream, accumulate acc = accumulate::no, const float* bias = nullptr) {
+  detail::launch_quant_tiles<Policy>(type, w, rows, cols, x16, m, y, stream, acc, bias);
 }
 
 }  // namespace efim::kernels::device
