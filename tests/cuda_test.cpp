@@ -42,6 +42,15 @@ std::vector<float> random_floats(rng& r, std::size_t n, float scale = 1.0f) {
   return v;
 }
 
+// A (rows, cols) matrix of random_floats quantized to `type` row by row.
+std::vector<std::byte> random_quantized(rng& r, dtype type, std::size_t rows, std::size_t cols) {
+  const auto values = random_floats(r, rows * cols);
+  const std::size_t rb = row_bytes(type, cols);
+  std::vector<std::byte> w(rows * rb);
+  for (std::size_t i = 0; i < rows; ++i) quantize_row(type, values.data() + i * cols, w.data() + i * rb, cols);
+  return w;
+}
+
 // The largest |a - b| / max(|b|, floor) over the elements: f32 sums in another order differ in the
 // last bits, near-zero results are compared against `floor`.
 float max_relative_error(const std::vector<float>& a, const std::vector<float>& b, float floor = 1e-3f) {
@@ -448,10 +457,7 @@ TEST_CASE("cuda: matrix products of f32, f16, bf16 weights equal the host's, dec
       for (const bool acc : {false, true}) {
         INFO(to_string(type) << " " << m << " x " << rows << " x " << cols << (acc ? ", accumulating" : ""));
         rng r(m * 7 + rows + cols);
-        const auto values = random_floats(r, rows * cols);
-        std::vector<std::byte> w(rows * row_bytes(type, cols));
-        for (std::size_t i = 0; i < rows; ++i)
-          quantize_row(type, values.data() + i * cols, w.data() + i * row_bytes(type, cols), cols);
+        const auto w = random_quantized(r, type, rows, cols);
         const auto x = random_floats(r, m * cols, 2.0f);
         const auto y0 = random_floats(r, m * rows);
         auto host = y0;
@@ -531,10 +537,8 @@ TEST_CASE("cuda: quantized weights kept as stored: decode equals its host emulat
         if (acc && rows > 10000) continue;  // (the three-slice matrix once: its host reference is the slow part)
         INFO(to_string(type) << " " << m << " x " << rows << " x " << cols << (acc ? ", accumulating" : ""));
         rng r(m * 7 + rows + cols);
-        const auto values = random_floats(r, rows * cols);
         const std::size_t rb = row_bytes(type, cols);
-        std::vector<std::byte> w(rows * rb);
-        for (std::size_t i = 0; i < rows; ++i) quantize_row(type, values.data() + i * cols, w.data() + i * rb, cols);
+        const auto w = random_quantized(r, type, rows, cols);
         const auto x = random_floats(r, m * cols, 2.0f);
         const auto y0 = random_floats(r, m * rows);
         const auto device = test_cuda::matmul(type, w, rows, cols, x, m, y0, acc);
@@ -573,10 +577,7 @@ TEST_CASE("cuda: quantized products on tensor cores, the weights dequantized in 
         INFO(to_string(type) << " " << m << " x " << rows << " x " << cols << (acc ? ", accumulating" : "")
                              << (with_bias ? ", bias" : ""));
         rng r(m * 11 + rows + cols);
-        const auto values = random_floats(r, rows * cols);
-        const std::size_t rb = row_bytes(type, cols);
-        std::vector<std::byte> w(rows * rb);
-        for (std::size_t i = 0; i < rows; ++i) quantize_row(type, values.data() + i * cols, w.data() + i * rb, cols);
+        const auto w = random_quantized(r, type, rows, cols);
         const auto x = random_floats(r, m * cols, 2.0f);
         const auto y0 = random_floats(r, m * rows);
         const auto bias = with_bias ? random_floats(r, rows) : std::vector<float>{};
@@ -662,10 +663,8 @@ TEST_CASE("cuda: the int8 decode product equals its host emulation bit for bit",
       for (const bool acc : {false, true}) {
         INFO(to_string(type) << " " << m << " x " << rows << " x " << cols << (acc ? ", accumulating" : ""));
         rng r(m * 5 + rows + cols);
-        const auto values = random_floats(r, rows * cols);
         const std::size_t rb = row_bytes(type, cols);
-        std::vector<std::byte> w(rows * rb);
-        for (std::size_t i = 0; i < rows; ++i) quantize_row(type, values.data() + i * cols, w.data() + i * rb, cols);
+        const auto w = random_quantized(r, type, rows, cols);
         const auto x = random_floats(r, m * cols, 2.0f);
         const auto y0 = random_floats(r, m * rows);
         const auto bias = acc ? random_floats(r, rows) : std::vector<float>{};  // added as add_bias adds it

@@ -279,11 +279,17 @@ void by_parts(const decode_parts& parts, std::size_t m, F&& launch) {
   launch(std::true_type{});
 }
 
-// What both decode products require of a launch over parts with m x rows (`what` names the product).
+// What the decode kernels require of m x rows (`what` names the product).
 template <class Policy>
-void require_decode_launch(const decode_parts& parts, std::size_t m, const char* what) {
+void require_decode_rows(std::size_t m, const char* what) {
   static_assert(Policy::decode_rows <= 8, "the decode kernel is instantiated for up to 8 x rows");
   require(m >= 1 && m <= Policy::decode_rows, errc::invalid_argument, std::string(what) + ": 1 to 8 x rows");
+}
+
+// What both decode products require of a launch over parts with m x rows.
+template <class Policy>
+void require_decode_launch(const decode_parts& parts, std::size_t m, const char* what) {
+  require_decode_rows<Policy>(m, what);
   require(parts.count >= 1, errc::invalid_argument, std::string(what) + ": no matrix");
   require(parts.warps == Policy::warps, errc::invalid_argument, std::string(what) + ": parts of other blocks");
 }
@@ -467,8 +473,7 @@ void quant_decode_swiglu(dtype type, const void* gate, const void* up, std::size
                          const float* x, std::size_t m, float* out, cudaStream_t stream, const float* bias_up = nullptr,
                          products p = products::exact, void* workspace = nullptr,
                          const quant::x8_rows* rounded = nullptr) {
-  static_assert(Policy::decode_rows <= 8, "the decode kernel is instantiated for up to 8 x rows");
-  require(m >= 1 && m <= Policy::decode_rows, errc::invalid_argument, "device::quant_decode_swiglu: 1 to 8 x rows");
+  detail::require_decode_rows<Policy>(m, "device::quant_decode_swiglu");
   detail::require_decodable(type, cols, "device::quant_decode_swiglu");
   require(rows <= 0x7FFFFFFFull * Policy::warps, errc::invalid_argument,
           "device::quant_decode_swiglu: too many rows for the grid");
