@@ -1193,8 +1193,9 @@ inline void matmul_typed(thread_pool& pool, const float* x, const weight_view& w
     // through the single-row stream (no software prefetch, so no cold start) goes in four runs per
     // thread (the pool's most), claimed in turn, so that a thread the machine's other load slows leaves
     // the other less to wait for at the end of each matrix: Zen 4, 2 threads, the f16 model's decode with
-    // one and four runs per thread alternating in one process, four gave 2.6-4.5% more tokens/s (paired
-    // medians of five runs). (The int8 decode, whose runs start cold, lost 2.5% with four on q4_0.)
+    // one and four runs per thread alternating in one process, four gave 3.1% more tokens/s on average
+    // (paired medians of ten runs, -0.4% to +6.3%). (The int8 decode, whose runs start cold, lost 2.5%
+    // with four on q4_0.)
     const std::size_t units = (w.rows + 15) / 16, runs = (single_stream<T>(m) ? 4 : 1) * pool.size();
     pool.parallel_for(
         units, [&](std::size_t b, std::size_t e) { stream_rows<T>(x, m, w, b * 16, std::min(e * 16, w.rows), y, acc); },
