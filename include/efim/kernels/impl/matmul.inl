@@ -975,6 +975,17 @@ inline void stream_block(const float* x, std::size_t i0, const weight_view& w, s
 #endif
 
 #if EFIM_K_AVX512
+// Whether stream_rows hands m x rows to the AVX2 path's tiles (see there).
+template <dtype T>
+inline bool avx2_tiles(std::size_t m) noexcept {
+#if defined(EFIM_K_AVX2_PATH_DEFINED)
+  return !unpacked<T> && amd_cpu() && (T == dtype::f16 || m == 1);
+#else
+  (void)m;
+  return false;
+#endif
+}
+
 // Decode (m <= 8): weight rows [r0, r1) in blocks of 16, each block read from memory once (the next
 // one prefetched meanwhile) and reused from cache by the 4-, 2- and 1-row tiles of x that cover m
 // (4 x 4, 2 x 8 or 1 x 8 tiles: 16 or 8 accumulators, one reduction network).
@@ -989,8 +1000,7 @@ inline void stream_rows(const float* x, std::size_t m, const weight_view& w, std
   // path's single-row stream (no software prefetch) and 2 x 2 tiles read half of what these 8-row tiles
   // with the next block prefetched read (Emerald Rapids, 2 threads, 151,936 x 768: f16 14.3 -> 23.5
   // GB/s of weights, bf16 13.7 -> 21.5, f32 18.4 -> 22.1; f16 at 4 x rows 15.8 -> 32.6 GMAC/s).
-  if (!unpacked<T> && amd_cpu() && (T == dtype::f16 || m == 1))
-    return isa_avx2::stream_rows<T>(x, m, w, r0, r1, y, acc);
+  if (avx2_tiles<T>(m)) return isa_avx2::stream_rows<T>(x, m, w, r0, r1, y, acc);
 #endif
   const std::size_t rb = row_bytes(w.type, w.cols);
   for (std::size_t j0 = r0; j0 < r1; j0 += 16) {
@@ -1019,12 +1029,7 @@ inline void stream_rows(const float* x, std::size_t m, const weight_view& w, std
 // Whether stream_rows reads one x row through the AVX2 path's single-row stream.
 template <dtype T>
 inline bool single_stream(std::size_t m) noexcept {
-#if defined(EFIM_K_AVX2_PATH_DEFINED)
-  return !unpacked<T> && amd_cpu() && m == 1;
-#else
-  (void)m;
-  return false;
-#endif
+  return m == 1 && avx2_tiles<T>(m);
 }
 
 // Prefill (m > 8): weight rows [r0, r1) panel by panel. Each panel is dequantized (or copied) once
