@@ -997,7 +997,8 @@ inline void stream_rows(const float* x, std::size_t m, const weight_view& w, std
   // path's tiles (one row: f16 1.3x, f32 1.3-1.4x, bf16 1.6-2.5x, q8_0 1.1-1.3x on Zen 4, whose 512-bit
   // conversions are double-pumped), whose lane sums and reduction give the same bits. (A generic path compiled for
   // AVX-512 comes before the AVX2 one and keeps its own tiles.) On AMD only: on Intel cores the AVX2
-  // path's single-row stream (no software prefetch) and 2 x 2 tiles read half of what these 8-row tiles
+  // path's single-row stream (no software prefetch; before four_streams, not measured there since) and
+  // 2 x 2 tiles read half of what these 8-row tiles
   // with the next block prefetched read (Emerald Rapids, 2 threads, 151,936 x 768: f16 14.3 -> 23.5
   // GB/s of weights, bf16 13.7 -> 21.5, f32 18.4 -> 22.1; f16 at 4 x rows 15.8 -> 32.6 GMAC/s).
   if (avx2_tiles<T>(m)) return isa_avx2::stream_rows<T>(x, m, w, r0, r1, y, acc);
@@ -1026,7 +1027,7 @@ inline void stream_rows(const float* x, std::size_t m, const weight_view& w, std
   }
 }
 
-// Whether stream_rows reads one x row through the AVX2 path's single-row stream.
+// Whether stream_rows reads one x row through the AVX2 path's four streams (isa_avx2::four_streams).
 template <dtype T>
 inline bool single_stream(std::size_t m) noexcept {
   return m == 1 && avx2_tiles<T>(m);
@@ -1088,11 +1089,49 @@ inline void panel_rows(const float* x, std::size_t m, const weight_view& w, std:
 }
 
 #elif EFIM_K_AVX2
+// Whether stream_rows reads one x row in four streams (four_streams).
+template <dtype T>
+inline bool single_stream(std::size_t m) noexcept {
+  return !unpacked<T> && m == 1;
+}
+
+// One x row against weight rows [r0, r1) of a type that unpacks no nibbles, with no software prefetch:
+// the rows in four sequential streams, a quarter of them each, read side by side by 1 x 4 tiles (rows
+// r0 + i, r0 + q + i, r0 + 2q + i and r0 + 3q + i), the rows past the last whole quarter one at a time.
+// Each stream goes on where its last row ended, so the hardware prefetchers follow all four as they
+// follow one; the four rows' canonical sums are independent chains, where one row's chain waits on
+// each step of 16 weights (4 cycles for 32 bytes of f16) and, behind it, the loads after a stall. Same
+// bits: a row's sum does not depend on its tile. Zen 4, 2 threads, the f16 model's decode alternating
+// with one stream in one process: +6.7% tokens/s (paired median of 16 rounds, every round ahead) with
+// two streams, +17% with four, four over two +2.5%, eight (1 x 8 tiles: the 16 sums fill the registers)
+// -5% against four; q8_0's exact decode +21% with four. Rows side by side in one stream (row j and j + 1,
+// 1 x 2 and 1 x 4 tiles) read 0.58x and 0.55x of one row at a time: the prefetchers lose them.
+template <dtype T>
+inline void four_streams(const float* x, const weight_view& w, std::size_t r0, std::size_t r1, float* y,
+                         accumulate acc) noexcept {
+  const std::size_t rb = row_bytes(w.type, w.cols), q = (r1 - r0) / 4;
+  const float* const xs[1] = {x};
+  alignas(64) float out[16];
+  for (std::size_t i = 0; i < q; ++i) {
+    const std::byte* const ws[4] = {w.data + (r0 + i) * rb, w.data + (r0 + q + i) * rb,
+                                    w.data + (r0 + 2 * q + i) * rb, w.data + (r0 + 3 * q + i) * rb};
+    stream_tile<T, 1, 4>(xs, ws, w.cols, out, nullptr);
+    for (std::size_t s = 0; s < 4; ++s) store_tile(out + s, 1, y + r0 + s * q + i, 0, 1, 1, acc);
+  }
+  for (std::size_t r = r0 + 4 * q; r < r1; ++r) {
+    const std::byte* const ws[1] = {w.data + r * rb};
+    stream_tile<T, 1, 1>(xs, ws, w.cols, out, nullptr);
+    store_tile(out, 1, y + r, 0, 1, 1, acc);
+  }
+}
+
 // Decode (m <= 8): weight rows [r0, r1) in blocks of 16, each read from memory once (the next block
-// prefetched meanwhile) and reused from cache by the 2 x 2 and 1-row tiles of x that cover m.
+// prefetched meanwhile) and reused from cache by the 2 x 2 and 1-row tiles of x that cover m; one x row
+// of a type that unpacks no nibbles in four streams (four_streams).
 template <dtype T>
 inline void stream_rows(const float* x, std::size_t m, const weight_view& w, std::size_t r0, std::size_t r1, float* y,
                         accumulate acc) noexcept {
+  if (single_stream<T>(m)) return four_streams<T>(x, w, r0, r1, y, acc);
   const std::size_t rb = row_bytes(w.type, w.cols);
   for (std::size_t j0 = r0; j0 < r1; j0 += 16) {
     const std::size_t nj = std::min<std::size_t>(16, r1 - j0);
@@ -1106,20 +1145,12 @@ inline void stream_rows(const float* x, std::size_t m, const weight_view& w, std
         stream_block<T, 1, 4>(x, i0, w, rb, j0, nj, y, acc, pf_begin, pf_end);  // unpacking-bound: 4 rows share x
         i0 += 1;
       } else {
-        // One row after another, no software prefetch: the hardware prefetchers follow a single
-        // sequential stream best (f16 decode 1.1-1.2x the 1 x 4 tile's speed on Zen 4, and steadier).
-        stream_block<T, 1, 1>(x, i0, w, rb, j0, nj, y, acc, pf_begin, pf_begin);
+        stream_block<T, 1, 1>(x, i0, w, rb, j0, nj, y, acc, pf_begin, pf_end);  // the last of an odd m
         i0 += 1;
       }
       pf_begin = pf_end;  // the first tile of x prefetched it all
     }
   }
-}
-
-// Whether stream_rows reads one x row through the single-row stream.
-template <dtype T>
-inline bool single_stream(std::size_t m) noexcept {
-  return !unpacked<T> && m == 1;
 }
 
 // Prefill (m > 8): weight rows [r0, r1) panel by panel, as the AVX-512 path does (aligned scratch,
@@ -1195,12 +1226,12 @@ inline void matmul_typed(thread_pool& pool, const float* x, const weight_view& w
   if (m <= 8) {
     // One run of 16-row blocks per thread, equal in bytes: each run starts cold (its first block is
     // not prefetched), and a decode step's matrices take only tens of microseconds. But one x row
-    // through the single-row stream (no software prefetch, so no cold start) goes in four runs per
+    // through the AVX2 path's streams (no software prefetch, so no cold start) goes in four runs per
     // thread (the pool's most), claimed in turn, so that a thread the machine's other load slows leaves
     // the other less to wait for at the end of each matrix: Zen 4, 2 threads, the f16 model's decode with
     // one and four runs per thread alternating in one process, four gave 3.1% more tokens/s on average
-    // (paired medians of ten runs, -0.4% to +6.3%). (The int8 decode, whose runs start cold, lost 2.5%
-    // with four on q4_0.)
+    // (paired medians of ten runs, -0.4% to +6.3%; with four_streams since, one run per thread lost 4%,
+    // two were within 1.5%). (The int8 decode, whose runs start cold, lost 2.5% with four on q4_0.)
     const std::size_t units = (w.rows + 15) / 16, runs = (single_stream<T>(m) ? 4 : 1) * pool.size();
     pool.parallel_for(
         units, [&](std::size_t b, std::size_t e) { stream_rows<T>(x, m, w, b * 16, std::min(e * 16, w.rows), y, acc); },
