@@ -997,10 +997,10 @@ inline void stream_rows(const float* x, std::size_t m, const weight_view& w, std
   // path's tiles (one row: f16 1.3x, f32 1.3-1.4x, bf16 1.6-2.5x, q8_0 1.1-1.3x on Zen 4, whose 512-bit
   // conversions are double-pumped), whose lane sums and reduction give the same bits. (A generic path compiled for
   // AVX-512 comes before the AVX2 one and keeps its own tiles.) On AMD only: on Intel cores the AVX2
-  // path's single-row stream (no software prefetch; before four_streams, not measured there since) and
-  // 2 x 2 tiles read half of what these 8-row tiles
-  // with the next block prefetched read (Emerald Rapids, 2 threads, 151,936 x 768: f16 14.3 -> 23.5
-  // GB/s of weights, bf16 13.7 -> 21.5, f32 18.4 -> 22.1; f16 at 4 x rows 15.8 -> 32.6 GMAC/s).
+  // path's one-row stream (no software prefetch; before four_streams, not measured there since) and 2 x
+  // 2 tiles read half of what these 8-row tiles with the next block prefetched read (Emerald Rapids, 2
+  // threads, 151,936 x 768: f16 14.3 -> 23.5 GB/s of weights, bf16 13.7 -> 21.5, f32 18.4 -> 22.1; f16
+  // at 4 x rows 15.8 -> 32.6 GMAC/s).
   if (avx2_tiles<T>(m)) return isa_avx2::stream_rows<T>(x, m, w, r0, r1, y, acc);
 #endif
   const std::size_t rb = row_bytes(w.type, w.cols);
@@ -1029,7 +1029,7 @@ inline void stream_rows(const float* x, std::size_t m, const weight_view& w, std
 
 // Whether stream_rows reads one x row through the AVX2 path's four streams (isa_avx2::four_streams).
 template <dtype T>
-inline bool single_stream(std::size_t m) noexcept {
+inline bool four_stream_rows(std::size_t m) noexcept {
   return m == 1 && avx2_tiles<T>(m);
 }
 
@@ -1091,7 +1091,7 @@ inline void panel_rows(const float* x, std::size_t m, const weight_view& w, std:
 #elif EFIM_K_AVX2
 // Whether stream_rows reads one x row in four streams (four_streams).
 template <dtype T>
-inline bool single_stream(std::size_t m) noexcept {
+inline bool four_stream_rows(std::size_t m) noexcept {
   return !unpacked<T> && m == 1;
 }
 
@@ -1131,7 +1131,7 @@ inline void four_streams(const float* x, const weight_view& w, std::size_t r0, s
 template <dtype T>
 inline void stream_rows(const float* x, std::size_t m, const weight_view& w, std::size_t r0, std::size_t r1, float* y,
                         accumulate acc) noexcept {
-  if (single_stream<T>(m)) return four_streams<T>(x, w, r0, r1, y, acc);
+  if (four_stream_rows<T>(m)) return four_streams<T>(x, w, r0, r1, y, acc);
   const std::size_t rb = row_bytes(w.type, w.cols);
   for (std::size_t j0 = r0; j0 < r1; j0 += 16) {
     const std::size_t nj = std::min<std::size_t>(16, r1 - j0);
@@ -1232,7 +1232,7 @@ inline void matmul_typed(thread_pool& pool, const float* x, const weight_view& w
     // one and four runs per thread alternating in one process, four gave 3.1% more tokens/s on average
     // (paired medians of ten runs, -0.4% to +6.3%; with four_streams since, one run per thread lost 4%,
     // two were within 1.5%). (The int8 decode, whose runs start cold, lost 2.5% with four on q4_0.)
-    const std::size_t units = (w.rows + 15) / 16, runs = (single_stream<T>(m) ? 4 : 1) * pool.size();
+    const std::size_t units = (w.rows + 15) / 16, runs = (four_stream_rows<T>(m) ? 4 : 1) * pool.size();
     pool.parallel_for(
         units, [&](std::size_t b, std::size_t e) { stream_rows<T>(x, m, w, b * 16, std::min(e * 16, w.rows), y, acc); },
         (units + runs - 1) / runs);
