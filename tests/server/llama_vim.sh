@@ -87,8 +87,16 @@ if [ -n "${EFIM_TEAM_REPLICAS:-}" ]; then
   sleep 0.5
   wait_for 'llama.vim \| c: [0-9]+, r: [0-9]+/[0-9]+' 60
 fi
-sleep 0.3
-shown=$(screen)  # the suggestion now on the screen is the one Tab accepts
+# The suggestion Tab accepts: ghost text after "ret" on line 4, the same in two captures 0.3 s apart
+# (llama.vim's speculative requests may clear and redraw it meanwhile).
+last=""
+for _ in $(seq 1 100); do
+  sleep 0.3
+  shown=$(screen)
+  line=$(sed -n 4p <<< "$shown" | tr -d '[:space:]')
+  [ ${#line} -gt 3 ] && [ "$line" = "$last" ] && break
+  last=$line
+done
 echo "llama_vim: suggestion shown:"
 sed -n '4,6p' <<< "$shown" | cut -c1-120
 tmux -L "$sock" send-keys -t vim Tab
