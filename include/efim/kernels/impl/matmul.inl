@@ -1098,14 +1098,15 @@ inline bool four_stream_rows(std::size_t m) noexcept {
 // One x row against weight rows [r0, r1) of a type that unpacks no nibbles, with no software prefetch:
 // the rows in four sequential streams, a quarter of them each, read side by side by 1 x 4 tiles (rows
 // r0 + i, r0 + q + i, r0 + 2q + i and r0 + 3q + i), the rows past the last whole quarter one at a time.
-// Each stream goes on where its last row ended, so the hardware prefetchers follow all four as they
-// follow one; the four rows' canonical sums are independent chains, where one row's chain waits on
+// Each stream goes on where its last row ended, so the hardware prefetchers can follow all four as
+// they follow one; the four rows' canonical sums are independent chains, where one row's chain waits on
 // each step of 16 weights (4 cycles for 32 bytes of f16) and, behind it, the loads after a stall. Same
 // bits: a row's sum does not depend on its tile. Zen 4, 2 threads, the f16 model's decode alternating
 // with one stream in one process: +6.7% tokens/s (paired median of 16 rounds, every round ahead) with
 // two streams, +17% with four, four over two +2.5%, eight (1 x 8 tiles: the 16 sums fill the registers)
 // -5% against four; q8_0's exact decode +21% with four. Rows side by side in one stream (row j and j + 1,
-// 1 x 2 and 1 x 4 tiles) read 0.58x and 0.55x of one row at a time: the prefetchers lose them.
+// 1 x 2 and 1 x 4 tiles) read 0.58x and 0.55x of one row at a time (the prefetchers seem to lose
+// them; no hardware counters in the VM measured to show it).
 template <dtype T>
 inline void four_streams(const float* x, const weight_view& w, std::size_t r0, std::size_t r1, float* y,
                          accumulate acc) noexcept {
