@@ -865,7 +865,11 @@ TEST_CASE("cuda: the decoder's logits equal the host's (every architecture, weig
 // With int8 products the device rounds the activations of every product of up to 8 rows to 8 bits
 // (prefill stays on f16 slices), the host those of every product. Over passes of decode steps alone
 // both multiply the same integers: the logits differ from the exact ones', and agree with the host's
-// int8 logits within the bound of the exact products (a quant that rounds the other way on one side).
+// int8 logits but for an activation whose f32 value, a few ulps apart on the two sides (sums in
+// another order), lies at a rounding boundary: one 8-bit step (1/127 of its block's largest) moves
+// these small random models' logits by about what the f16 rounding of the exact test moves them
+// (1.05e-2 seen for q5_k on an H200, where the host's own int8 logits are 1.3e-2 to 3.7e-2 from its
+// exact ones), so the bound is twice the exact products'.
 TEST_CASE("cuda: the decoder with int8 products: decode logits equal the host's int8 logits", "[cuda][gpu][model]") {
   EFIM_NEED_DEVICE();
   for (const auto type : {dtype::q8_0, dtype::q4_0, dtype::q5_0, dtype::q5_1, dtype::q4_k, dtype::q5_k, dtype::q6_k}) {
@@ -879,11 +883,18 @@ TEST_CASE("cuda: the decoder with int8 products: decode logits equal the host's 
     const auto int8 = test_cuda::forward(w, dtype::f32, 64, 16, spec.passes, {.products = kernels::products::int8});
     const auto exact = test_cuda::forward(w, dtype::f32, 64, 16, spec.passes);
     const auto host = host_forward(w, dtype::f32, 64, 16, spec.passes, kernels::products::int8);
+    const auto host_exact = host_forward(w, dtype::f32, 64, 16, spec.passes);
+    float off = 0, rounding = 0;  // over the passes: from the host's int8 logits, and its exact ones from them
     for (std::size_t i = 0; i < host.size(); ++i) {
       INFO("pass " << i);
       CHECK(int8[i] != exact[i]);  // the integer products ran
-      CHECK(logit_error(int8[i], host[i]) < logit_bound(type));
+      CHECK(logit_error(int8[i], host[i]) < 2 * logit_bound(type));
+      off += logit_error(int8[i], host[i]);
+      rounding += logit_error(host_exact[i], host[i]);
     }
+    // The device's int8 logits follow the host's int8 numerics, not the exact ones: on average nearer
+    // to them than the whole of the 8-bit rounding moves the host's.
+    CHECK(off < 0.5f * rounding);
   }
 }
 
