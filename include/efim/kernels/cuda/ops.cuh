@@ -38,9 +38,13 @@ struct elementwise {
 namespace agent {
 
 // One row: the sum of squares in a strided pass, a block reduction, then the scaled row. Each
-// thread writes only what it read, so y may alias x.
+// thread writes only what it read, so y may alias x. A thread takes its values `unroll` at a time,
+// all of them loaded before the first is used (one memory latency for them, where y's stores, which
+// may alias x, kept the compiler from loading the next value before the last store): the same values
+// in the same order, the same bits.
 template <class Policy>
 struct rmsnorm {
+  static constexpr int unroll = 4;
   using reduce = cub::BlockReduce<float, Policy::threads>;
   struct storage {
     typename reduce::TempStorage reduce;
@@ -48,13 +52,30 @@ struct rmsnorm {
   };
   __device__ static void run(storage& temp, const float* x, const float* weight, float* y, std::size_t n,
                              float eps) {
+    constexpr std::size_t step = Policy::threads;
     float sum = 0.0f;
-    for (std::size_t i = threadIdx.x; i < n; i += Policy::threads) sum = fmaf(x[i], x[i], sum);
+    std::size_t i = threadIdx.x;
+    for (; i + (unroll - 1) * step < n; i += unroll * step) {
+      float v[unroll];
+#pragma unroll
+      for (int u = 0; u < unroll; ++u) v[u] = x[i + u * step];
+#pragma unroll
+      for (int u = 0; u < unroll; ++u) sum = fmaf(v[u], v[u], sum);
+    }
+    for (; i < n; i += step) sum = fmaf(x[i], x[i], sum);
     const float total = reduce(temp.reduce).Sum(sum);
     if (threadIdx.x == 0) temp.scale = 1.0f / sqrtf(total / static_cast<float>(n) + eps);
     __syncthreads();
     const float scale = temp.scale;
-    for (std::size_t i = threadIdx.x; i < n; i += Policy::threads) y[i] = x[i] * scale * weight[i];
+    i = threadIdx.x;
+    for (; i + (unroll - 1) * step < n; i += unroll * step) {
+      float v[unroll], w[unroll];
+#pragma unroll
+      for (int u = 0; u < unroll; ++u) v[u] = x[i + u * step], w[u] = weight[i + u * step];
+#pragma unroll
+      for (int u = 0; u < unroll; ++u) y[i + u * step] = v[u] * scale * w[u];
+    }
+    for (; i < n; i += step) y[i] = x[i] * scale * weight[i];
   }
 };
 
