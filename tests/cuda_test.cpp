@@ -893,7 +893,7 @@ TEST_CASE("cuda: the decoder with int8 products: decode logits equal the host's 
       rounding += logit_error(host_exact[i], host[i]);
     }
     // The device's int8 logits follow the host's int8 numerics, not the exact ones: on average nearer
-    // to them than the whole of the 8-bit rounding moves the host's.
+    // to them than half of what the 8-bit rounding moves the host's.
     CHECK(off < 0.5f * rounding);
   }
 }
