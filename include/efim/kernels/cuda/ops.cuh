@@ -22,6 +22,9 @@ namespace efim::kernels::device {
 namespace policy {
 struct rmsnorm {
   static constexpr int threads = 256;  // one block per row
+  // Rows of whole groups of 8 values up to this many (16-byte aligned) take a thread per group, its
+  // values in registers (agent::rmsnorm_wide): one memory latency, not one per pass.
+  static constexpr std::size_t wide_cols = 8192;
 };
 struct layernorm {
   static constexpr int threads = 256;  // one block per row
@@ -79,6 +82,49 @@ struct rmsnorm {
   }
 };
 
+// One row of n values, n a multiple of 8 up to 32 * 8 * 32 (rmsnorm_wide_threads(n) threads: a warp
+// per 256 values): thread t loads values 8t .. 8t + 7 and their weights (16-byte loads) before anything
+// else, the sum of squares is the threads' sums (8 in order) added across each warp (xor shuffles) and
+// then over the warps in order, and the scaled values are stored from the registers they were read
+// into (y may alias x) and left in v for the caller (a thread past n has none: false).
+struct rmsnorm_wide {
+  struct storage {
+    float warp_sums[32];
+  };
+  __device__ static bool run(storage& temp, const float* x, const float* weight, float* y, unsigned n, float eps,
+                             float (&v)[8]) {
+    const unsigned t = threadIdx.x, at = 8 * t;
+    const bool mine = at < n;
+    float w[8] = {};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = 0.0f;
+    if (mine) {
+      const float4* xs = reinterpret_cast<const float4*>(x + at);
+      const float4* ws = reinterpret_cast<const float4*>(weight + at);
+      const float4 x0 = xs[0], x1 = xs[1], w0 = ws[0], w1 = ws[1];
+      v[0] = x0.x, v[1] = x0.y, v[2] = x0.z, v[3] = x0.w, v[4] = x1.x, v[5] = x1.y, v[6] = x1.z, v[7] = x1.w;
+      w[0] = w0.x, w[1] = w0.y, w[2] = w0.z, w[3] = w0.w, w[4] = w1.x, w[5] = w1.y, w[6] = w1.z, w[7] = w1.w;
+    }
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) sum = fmaf(v[i], v[i], sum);
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
+    if (t % 32 == 0) temp.warp_sums[t / 32] = sum;
+    __syncthreads();
+    float total = 0.0f;
+    for (unsigned k = 0; k < blockDim.x / 32; ++k) total += temp.warp_sums[k];
+    const float scale = 1.0f / sqrtf(total / static_cast<float>(n) + eps);
+    if (!mine) return false;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = v[i] * scale * w[i];
+    float4* ys = reinterpret_cast<float4*>(y + at);
+    ys[0] = make_float4(v[0], v[1], v[2], v[3]);
+    ys[1] = make_float4(v[4], v[5], v[6], v[7]);
+    return true;
+  }
+};
+
 // One row: the mean, then the sum of squared deviations (two block reductions), then the scaled,
 // shifted row. As in rmsnorm, y may alias x.
 template <class Policy>
@@ -116,6 +162,14 @@ __global__ void __launch_bounds__(Policy::threads)
   __shared__ typename agent::rmsnorm<Policy>::storage temp;
   const std::size_t row = blockIdx.x;
   agent::rmsnorm<Policy>::run(temp, x + row * n, weight, y + row * n, n, eps);
+}
+
+__global__ void __launch_bounds__(1024)
+    rmsnorm_wide_kernel(const float* x, const float* weight, float* y, unsigned n, float eps) {
+  __shared__ agent::rmsnorm_wide::storage temp;
+  const std::size_t row = blockIdx.x;
+  float v[8];
+  agent::rmsnorm_wide::run(temp, x + row * n, weight, y + row * n, n, eps, v);
 }
 
 template <class Policy>
@@ -222,13 +276,28 @@ inline unsigned grid_for(std::size_t n) noexcept {
 
 }  // namespace detail
 
+// Whether rmsnorm takes rows of n values through agent::rmsnorm_wide (whole groups of 8, at most the
+// policy's wide_cols, every row 16-byte aligned), and with how many threads: a warp per 256 values.
+template <class Policy = policy::rmsnorm>
+inline bool rmsnorm_is_wide(const float* x, const float* weight, const float* y, std::size_t n) noexcept {
+  static_assert(Policy::wide_cols <= 8 * 1024, "a thread per 8 values, at most 1024 threads");
+  const auto aligned = [](const float* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
+  return n % 8 == 0 && n <= Policy::wide_cols && aligned(x) && aligned(weight) && aligned(y);
+}
+inline unsigned rmsnorm_wide_threads(std::size_t n) noexcept { return static_cast<unsigned>((n + 255) / 256 * 32); }
+
 // Dispatch: the launch shape for the policy, then a check that the launch was taken.
 template <class Policy = policy::rmsnorm>
 void dispatch_rmsnorm(const float* x, const float* weight, float* y, std::size_t rows, std::size_t n, float eps,
                       cudaStream_t stream) {
   if (rows == 0 || n == 0) return;
   require(rows <= 0x7FFFFFFFu, errc::invalid_argument, "device::rmsnorm: more than 2^31 - 1 rows");
-  detail::rmsnorm_kernel<Policy><<<static_cast<unsigned>(rows), Policy::threads, 0, stream>>>(x, weight, y, n, eps);
+  if (rmsnorm_is_wide<Policy>(x, weight, y, n)) {
+    detail::rmsnorm_wide_kernel<<<static_cast<unsigned>(rows), rmsnorm_wide_threads(n), 0, stream>>>(
+        x, weight, y, static_cast<unsigned>(n), eps);
+  } else {
+    detail::rmsnorm_kernel<Policy><<<static_cast<unsigned>(rows), Policy::threads, 0, stream>>>(x, weight, y, n, eps);
+  }
   check(cudaGetLastError(), "rmsnorm launch");
 }
 template <class Policy = policy::layernorm>

@@ -14,7 +14,7 @@
 //   q5_1   24-byte blocks of 32: scale, offset, fifth bits, nibbles         (2-byte loads)
 //   q4_k  144-byte blocks of 256: d, dmin, 12 bytes of 6-bit scales, nibbles  (4- and 8-byte loads)
 //   q5_k  176-byte blocks of 256: as q4_k with 32 bytes of fifth bits      (4- and 8-byte loads)
-//   q6_k  210-byte blocks of 256: low nibbles, high 2 bits, int8 scales, d (2-byte loads)
+//   q6_k  210-byte blocks of 256: low nibbles, high 2 bits, int8 scales, d (2- and 4-byte loads)
 // and the dense types, whose decode product reads them the same way (rows of whole groups, 16-byte
 // aligned: dense_decodes):
 //   f16, bf16  a group from one 16-byte load;  f32  a group from two
@@ -84,6 +84,21 @@ EFIM_HOST_DEVICE std::uint64_t load8_16(const std::uint8_t* p) noexcept {
   std::uint64_t v = 0;
   for (int i = 0; i < 4; ++i) v |= static_cast<std::uint64_t>(load<std::uint16_t>(p + 2 * i)) << (16 * i);
   return v;
+}
+
+// The same where the address is 4-byte aligned for every lane of a warp or for none (q6_k: a warp's lanes
+// read one block, at offsets that are multiples of 4): two 4-byte loads, or a 2-, a 4- and a 2-byte load.
+EFIM_HOST_DEVICE std::uint64_t load8_16_uniform(const std::uint8_t* p) noexcept {
+#if defined(__CUDA_ARCH__)
+  if (reinterpret_cast<std::uintptr_t>(p) % 4 == 0)
+    return static_cast<std::uint64_t>(load<std::uint32_t>(p)) | static_cast<std::uint64_t>(load<std::uint32_t>(p + 4))
+                                                                    << 32;
+  return static_cast<std::uint64_t>(load<std::uint16_t>(p)) |
+         static_cast<std::uint64_t>(load<std::uint32_t>(p + 2)) << 16 |
+         static_cast<std::uint64_t>(load<std::uint16_t>(p + 6)) << 48;
+#else
+  return load8_16(p);
+#endif
 }
 
 // Sixteen bytes from a 16-byte aligned address (on the device one load), as two little-endian words.
@@ -217,8 +232,8 @@ EFIM_HOST_DEVICE chunk_bytes load_chunk(const std::uint8_t* row, std::size_t c) 
   } else if constexpr (T == dtype::q6_k) {  // q0: low bits; h0: high bits; s0: two int8 scales; s1: d
     const std::uint8_t* p = row + c / 32 * 210;
     const std::size_t i0 = c % 32 * 8, h = i0 / 128, r = i0 % 128 / 32, l = i0 % 32;
-    b.q0 = detail::load8_16(p + 64 * h + 32 * (r % 2) + l);
-    b.h0 = detail::load8_16(p + 128 + 32 * h + l);
+    b.q0 = detail::load8_16_uniform(p + 64 * h + 32 * (r % 2) + l);
+    b.h0 = detail::load8_16_uniform(p + 128 + 32 * h + l);
     b.s0 = load<std::uint16_t>(p + 192 + (i0 / 16) / 2 * 2);
     b.s1 = load<std::uint16_t>(p + 208);
   } else {

@@ -161,14 +161,11 @@ __device__ inline void round_x8_32(const float* x, std::int8_t* q, float* d, int
   if (lane == 0) *d = f16_to_f32(f32_to_f16(__fdiv_rn(amax, 127.0f)));
 }
 
-// One super-block of 256 values (x, 16-byte aligned; lane l reads values 8 l .. 8 l + 7) rounded as
+// One super-block of 256 values (lane l holding values 8 l .. 8 l + 7 in v) rounded as
 // kquant::quantize(block_q8_k) rounds it (finite x), into q[0..255], *d and sums[0..15] (each 16
 // quants' sum): the value of largest magnitude is the first of them (the lowest index on a tie), as
 // the host's scan finds it.
-__device__ inline void round_x8_256(const float* x, std::int8_t* q, float* d, std::int32_t* sums, int lane) {
-  const float4* src = reinterpret_cast<const float4*>(x + 8 * lane);
-  const float4 lo = src[0], hi = src[1];
-  const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+__device__ inline void round_x8_256_held(const float (&v)[8], std::int8_t* q, float* d, std::int32_t* sums, int lane) {
   float amax = 0.0f, max = 0.0f;
   int at = 8 * lane;
 #pragma unroll
@@ -197,6 +194,37 @@ __device__ inline void round_x8_256(const float* x, std::int8_t* q, float* d, st
   *reinterpret_cast<uint2*>(q + 8 * lane) = make_uint2(packed[0], packed[1]);
   sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 1);
   if (lane % 2 == 0) sums[lane / 2] = sum;
+}
+
+// The same from x (16-byte aligned; lane l reads values 8 l .. 8 l + 7).
+__device__ inline void round_x8_256(const float* x, std::int8_t* q, float* d, std::int32_t* sums, int lane) {
+  const float4* src = reinterpret_cast<const float4*>(x + 8 * lane);
+  const float4 lo = src[0], hi = src[1];
+  const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+  round_x8_256_held(v, q, d, sums, lane);
+}
+
+// Blocks of 32 values held 8 a lane (lanes 4k .. 4k + 3 hold block k of the warp's 256: values 8 lane
+// .. 8 lane + 7) rounded as round_x8_32 rounds them (the same scale and quants: the largest magnitude is
+// the same whatever the order it is found in), into q[8 lane ..] and d[lane / 4]; `mine`: whether the
+// lane holds values (lanes past a row's end do not store; their groups of 4 hold none either).
+__device__ inline void round_x8_32_by8(const float (&v)[8], std::int8_t* q, float* d, int lane, bool mine) {
+  float amax = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) amax = fmaxf(amax, v[j] == v[j] ? fabsf(v[j]) : 0.0f);
+  amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
+  amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
+  if (!mine) return;
+  const float id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
+  std::uint32_t packed[2] = {0, 0};
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    float t = __fmul_rn(v[j], id);
+    t = t == t ? fminf(127.0f, fmaxf(-127.0f, t)) : 0.0f;
+    packed[j / 4] |= (static_cast<std::uint32_t>(__float2int_rn(t)) & 0xFFu) << (8 * (j % 4));
+  }
+  *reinterpret_cast<uint2*>(q + 8 * lane) = make_uint2(packed[0], packed[1]);
+  if (lane % 4 == 0) d[lane / 4] = f16_to_f32(f32_to_f16(__fdiv_rn(amax, 127.0f)));
 }
 
 // x rounded per 32 (round_x8_32): a warp per block.
@@ -240,6 +268,25 @@ __global__ void __launch_bounds__(Policy::threads)
       round_x8_256(y + at, q + at, d + row * blocks + b, sums + at / 16, lane);
     else
       round_x8_32(y + at, q + at, d + row * blocks + b, lane);
+  }
+}
+
+// rmsnorm_x8_kernel for rows that rmsnorm takes wide (agent::rmsnorm_wide: the same bits), each warp
+// rounding the normed values its lanes hold in registers: its 256 values as one super-block, or as 8
+// blocks of 32 (a row's last warp may hold fewer: whole blocks of 32, as n is).
+__global__ void __launch_bounds__(1024)
+    rmsnorm_wide_x8_kernel(const float* x, const float* weight, float* y, unsigned n, float eps, unsigned span,
+                           std::int8_t* q, float* d, std::int32_t* sums) {
+  __shared__ agent::rmsnorm_wide::storage temp;
+  const std::size_t row = blockIdx.x;
+  float v[8];
+  const bool mine = agent::rmsnorm_wide::run(temp, x + row * n, weight, y + row * n, n, eps, v);
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const std::size_t warp = threadIdx.x / 32, at = row * n + 256 * warp;  // the warp's first value
+  if (span == 256) {
+    if (256 * warp < n) round_x8_256_held(v, q + at, d + at / 256, sums + at / 16, lane);  // (n: whole super-blocks)
+  } else {
+    round_x8_32_by8(v, q + at, d + at / 32, lane, mine);
   }
 }
 
@@ -421,8 +468,12 @@ quant::x8_rows rmsnorm_x8(dtype t, const float* x, const float* weight, float* y
   auto* const d = reinterpret_cast<float*>(base + quant::x8_scales_at(rows, n));
   auto* const sums = reinterpret_cast<std::int32_t*>(base + quant::x8_sums_at(rows, n));
   if (rows == 0 || n == 0) return {q, d, sums, n};
-  detail::rmsnorm_x8_kernel<Policy>
-      <<<static_cast<unsigned>(rows), Policy::threads, 0, stream>>>(x, weight, y, n, eps, span, q, d, sums);
+  if (rmsnorm_is_wide<Policy>(x, weight, y, n))
+    detail::rmsnorm_wide_x8_kernel<<<static_cast<unsigned>(rows), rmsnorm_wide_threads(n), 0, stream>>>(
+        x, weight, y, static_cast<unsigned>(n), eps, static_cast<unsigned>(span), q, d, sums);
+  else
+    detail::rmsnorm_x8_kernel<Policy>
+        <<<static_cast<unsigned>(rows), Policy::threads, 0, stream>>>(x, weight, y, n, eps, span, q, d, sums);
   check(cudaGetLastError(), "rmsnorm_x8 launch");
   return {q, d, sums, n};
 }
