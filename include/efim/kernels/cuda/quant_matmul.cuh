@@ -146,19 +146,27 @@ __global__ void __launch_bounds__(Policy::warps * 32)
   }
 }
 
+// The steps of kquant::quantize's rounding per 32 (block_q8_32), each the host's operation with one
+// rounding: a value's magnitude for the block's largest (NaN left out, as the host's `ax > amax` leaves
+// it), the quant of v given id = 127 / largest (0 for a zero block), and the block's scale (through the
+// same f16 conversion).
+__device__ inline float x8_32_magnitude(float v) { return v == v ? fabsf(v) : 0.0f; }
+__device__ inline float x8_32_inverse(float amax) { return amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f; }
+__device__ inline int x8_32_quant(float v, float id) {
+  const float t = __fmul_rn(v, id);
+  return __float2int_rn(t == t ? fminf(127.0f, fmaxf(-127.0f, t)) : 0.0f);
+}
+__device__ inline float x8_32_scale(float amax) { return f16_to_f32(f32_to_f16(__fdiv_rn(amax, 127.0f))); }
+
 // One block of 32 values (x, a warp's lanes each reading its own) rounded as kquant::quantize
-// (block_q8_32) rounds it, into q[0..31] and *d. (Every operation is the host's, one rounding each: the
-// scale through the same f16 conversion.)
+// (block_q8_32) rounds it, into q[0..31] and *d.
 __device__ inline void round_x8_32(const float* x, std::int8_t* q, float* d, int lane) {
   const float v = x[lane];
-  float amax = v == v ? fabsf(v) : 0.0f;  // NaN left out, as the host's `ax > amax` leaves it
+  float amax = x8_32_magnitude(v);
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
-  const float id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
-  float t = __fmul_rn(v, id);
-  t = t == t ? fminf(127.0f, fmaxf(-127.0f, t)) : 0.0f;
-  q[lane] = static_cast<std::int8_t>(__float2int_rn(t));
-  if (lane == 0) *d = f16_to_f32(f32_to_f16(__fdiv_rn(amax, 127.0f)));
+  q[lane] = static_cast<std::int8_t>(x8_32_quant(v, x8_32_inverse(amax)));
+  if (lane == 0) *d = x8_32_scale(amax);
 }
 
 // One super-block of 256 values (lane l holding values 8 l .. 8 l + 7 in v) rounded as
@@ -211,20 +219,17 @@ __device__ inline void round_x8_256(const float* x, std::int8_t* q, float* d, st
 __device__ inline void round_x8_32_by8(const float (&v)[8], std::int8_t* q, float* d, int lane, bool mine) {
   float amax = 0.0f;
 #pragma unroll
-  for (int j = 0; j < 8; ++j) amax = fmaxf(amax, v[j] == v[j] ? fabsf(v[j]) : 0.0f);
+  for (int j = 0; j < 8; ++j) amax = fmaxf(amax, x8_32_magnitude(v[j]));
   amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
   amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
   if (!mine) return;
-  const float id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
+  const float id = x8_32_inverse(amax);
   std::uint32_t packed[2] = {0, 0};
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    float t = __fmul_rn(v[j], id);
-    t = t == t ? fminf(127.0f, fmaxf(-127.0f, t)) : 0.0f;
-    packed[j / 4] |= (static_cast<std::uint32_t>(__float2int_rn(t)) & 0xFFu) << (8 * (j % 4));
-  }
+  for (int j = 0; j < 8; ++j)
+    packed[j / 4] |= (static_cast<std::uint32_t>(x8_32_quant(v[j], id)) & 0xFFu) << (8 * (j % 4));
   *reinterpret_cast<uint2*>(q + 8 * lane) = make_uint2(packed[0], packed[1]);
-  if (lane % 4 == 0) d[lane / 4] = f16_to_f32(f32_to_f16(__fdiv_rn(amax, 127.0f)));
+  if (lane % 4 == 0) d[lane / 4] = x8_32_scale(amax);
 }
 
 // x rounded per 32 (round_x8_32): a warp per block.
