@@ -50,6 +50,9 @@ const char* const usage = R"(usage: efim-cuda-bench [options]
   --graphs G          on, off or both (default): decode steps run as CUDA graphs (captured once per
                       step shape, replayed after) or launched kernel by kernel; both times each and
                       prints the decode ratio graphs / launches
+  --attention A       pages, rows or both (default): the scalar attention kernel of decode steps
+                      (kernels::device::attention_kernel); both times the decode steps with each in
+                      turn, three rounds on the same model and cache, and prints rows / pages
 )";
 
 [[noreturn]] void fail(const std::string& why) {
@@ -222,7 +225,13 @@ struct options {
   std::size_t context = 1024, batch = 1, prefill = 512, steps = 64;
   std::vector<kernels::products> products{kernels::products::exact, kernels::products::int8};
   std::vector<bool> graphs{true, false};
+  std::vector<kernels::device::attention_kernel> attention{kernels::device::attention_kernel::pages,
+                                                           kernels::device::attention_kernel::rows};
 };
+
+const char* attention_name(kernels::device::attention_kernel k) {
+  return k == kernels::device::attention_kernel::rows ? "rows" : "pages";
+}
 
 bool any_quantized(const model::weights& w) {
   if (kernels::quant::kept_quantized(w.output.type)) return true;
@@ -393,10 +402,18 @@ double run(const options& o, const std::string& name, const std::string& type, c
       step[s] = {std::span<const token_id>(tokens[s]).subspan(at, 1), static_cast<position>(at), tables[s], true};
     m.forward(ctx, kv, step, logits);
   };
-  decode(o.context);  // warm-up (its KV is written again by the first timed step)
-  const auto t0 = now();
-  for (std::size_t i = 0; i < o.steps; ++i) decode(o.context + i);
-  const double step_ms = ms_since(t0) / static_cast<double>(o.steps);
+  // Each attention kernel in turn, three rounds (the same positions again: their K/V are written again
+  // with the same values), the best round of each; the first kernel's is the row's decode.
+  std::vector<double> attention_ms(o.attention.size(), 1e30);
+  for (int round = 0; round < (o.attention.size() > 1 ? 3 : 1); ++round)
+    for (std::size_t a = 0; a < o.attention.size(); ++a) {
+      m.set_scalar_attention(o.attention[a]);
+      decode(o.context);  // warm-up (its KV is written again by the first timed step)
+      const auto t0 = now();
+      for (std::size_t i = 0; i < o.steps; ++i) decode(o.context + i);
+      attention_ms[a] = std::min(attention_ms[a], ms_since(t0) / static_cast<double>(o.steps));
+    }
+  const double step_ms = attention_ms[0];
 
   const double kv_elem = static_cast<double>(info(o.kv).bytes);
   const double kv_bytes = static_cast<double>(o.batch) * static_cast<double>(c.layers) * 2.0 *
@@ -432,6 +449,11 @@ double run(const options& o, const std::string& name, const std::string& type, c
         step_matrix_bytes / (decode_tiles_ms / 1e3) / 1e9, decode_blas_ms / decode_tiles_ms, decode_tiles16_ms,
         decode_blas_ms / decode_tiles16_ms);
   std::printf("%s", by_matrix.c_str());
+  for (std::size_t a = 1; a < o.attention.size(); ++a)
+    std::printf("%-5s %-6s %-5s %-8s decode attention %s: %.3f ms/step, %s / %s %.3fx tokens/s\n", name.c_str(),
+                type.c_str(), p == kernels::products::int8 ? "int8" : "exact", graphs ? "graphs" : "launches",
+                attention_name(o.attention[a]), attention_ms[a], attention_name(o.attention[a]),
+                attention_name(o.attention[0]), attention_ms[0] / attention_ms[a]);
   std::fflush(stdout);
   return step_ms;
 }
@@ -494,6 +516,15 @@ int main(int argc, char** argv) try {
       const std::string_view g = v;
       if (g != "on" && g != "off" && g != "both") fail("--graphs is on, off or both, not '" + std::string(g) + "'");
       o.graphs = g == "both" ? std::vector<bool>{true, false} : std::vector<bool>{g == "on"};
+    } else if (flag == "--attention") {
+      using kernels::device::attention_kernel;
+      const std::string_view a = v;
+      if (a == "both")
+        o.attention = {attention_kernel::pages, attention_kernel::rows};
+      else if (a == "pages" || a == "rows")
+        o.attention = {a == "rows" ? attention_kernel::rows : attention_kernel::pages};
+      else
+        fail("--attention is pages, rows or both, not '" + std::string(a) + "'");
     } else {
       fail("unknown option " + std::string(flag) + " (see --help)");
     }

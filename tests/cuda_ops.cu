@@ -158,12 +158,14 @@ template <class E>
 std::vector<float> paged_attention(const kv::paged_layout& l, const std::vector<E>& k_cache,
                                    const std::vector<E>& v_cache, const std::vector<float>& q,
                                    const std::vector<kernels::token_slot>& tokens, std::size_t heads, float scale,
-                                   std::size_t target_blocks, std::size_t& splits, bool folded) {
+                                   std::size_t target_blocks, std::size_t& splits, bool folded, bool rows_kernel) {
   namespace kd = kernels::device;
   kernels::attention_step step;
   step.plan(tokens, l.block_size, heads, l.kv_heads, kd::policy::attention::rows);
-  const auto split =
-      kd::plan_attention_split(step.tiles.size(), kd::longest_tile(step.tiles), l.block_size, target_blocks);
+  const std::size_t longest = kd::longest_tile(step.tiles);
+  const auto split = rows_kernel
+                         ? kd::plan_attention_split_rows(step.tiles.size(), longest, l.block_size, target_blocks)
+                         : kd::plan_attention_split(step.tiles.size(), longest, l.block_size, target_blocks);
   splits = split.splits;
   stream st;
   auto dk = upload(k_cache, st.s), dv = upload(v_cache, st.s);
@@ -192,11 +194,11 @@ std::vector<float> paged_attention(const kv::paged_layout& l, const std::vector<
 template std::vector<float> paged_attention<float>(const kv::paged_layout&, const std::vector<float>&,
                                                    const std::vector<float>&, const std::vector<float>&,
                                                    const std::vector<kernels::token_slot>&, std::size_t, float,
-                                                   std::size_t, std::size_t&, bool);
+                                                   std::size_t, std::size_t&, bool, bool);
 template std::vector<float> paged_attention<half>(const kv::paged_layout&, const std::vector<half>&,
                                                   const std::vector<half>&, const std::vector<float>&,
                                                   const std::vector<kernels::token_slot>&, std::size_t, float,
-                                                  std::size_t, std::size_t&, bool);
+                                                  std::size_t, std::size_t&, bool, bool);
 
 bool attention_mma_fits(const kv::paged_layout& l) { return kernels::device::attention_mma_fits(l); }
 
@@ -233,6 +235,17 @@ static_assert(kd::plan_attention_split(4, 100000, 16, 264).splits == 66 &&
               kd::plan_attention_split(4, 100000, 16, 264).splits * kd::plan_attention_split(4, 100000, 16, 264).pages >=
                   6250);
 static_assert(kd::plan_attention_split(1, 0, 16, 264).splits == 1);
+// The rows kernel's cut: ranges of at least 32 keys (two pages of 16, one of 64), so 64 keys are two.
+static_assert(kd::plan_attention_split_rows(4, 60, 16, 264).splits == 2 &&
+              kd::plan_attention_split_rows(4, 60, 16, 264).pages == 2);
+static_assert(kd::plan_attention_split_rows(4, 60, 64, 264).splits == 1);
+static_assert(kd::plan_attention_split_rows(300, 4096, 16, 264).splits == 1);
+static_assert(kd::plan_attention_split_rows(2, 1024, 16, 264).splits == 32 &&
+              kd::plan_attention_split_rows(2, 1024, 16, 264).pages == 2);
+static_assert(kd::plan_attention_split_rows(4, 100000, 16, 264).splits == 66);
+static_assert(kd::plan_attention_split_rows(2, 33, 8, 264).splits == 2 &&
+              kd::plan_attention_split_rows(2, 33, 8, 264).pages == 3);  // 5 pages of 8: ranges of 3 and 2
+static_assert(kd::plan_attention_split_rows(1, 0, 16, 264).splits == 1);
 
 std::vector<float> matmul(dtype type, const std::vector<std::byte>& w, std::size_t rows, std::size_t cols,
                           const std::vector<float>& x, std::size_t m, std::vector<float> y, bool accumulate,

@@ -48,12 +48,14 @@ void block_copy(const kv::paged_layout& l, std::vector<E>& k_cache, std::vector<
 // with each tile's pages cut for about `target_blocks` thread blocks (1: never split-K). `splits`
 // reports the ranges per tile the plan chose. `folded`: the ranges merged in the attention launch (a
 // counter per tile), launched twice over the same counters, the second run's rows returned (throws
-// if a counter is not back to 0); else by the merge kernel.
+// if a counter is not back to 0); else by the merge kernel. `rows_kernel`: planned and run as
+// kernels::device::attention_kernel::rows (a warp per row), else as ::pages (a warp per page).
 template <class E>
 std::vector<float> paged_attention(const kv::paged_layout& l, const std::vector<E>& k_cache,
                                    const std::vector<E>& v_cache, const std::vector<float>& q,
                                    const std::vector<kernels::token_slot>& tokens, std::size_t heads, float scale,
-                                   std::size_t target_blocks, std::size_t& splits, bool folded = false);
+                                   std::size_t target_blocks, std::size_t& splits, bool folded = false,
+                                   bool rows_kernel = false);
 // Whether paged_attention_mma takes caches of this layout; it (tensor cores) over f16 caches, planned
 // as a prefill step on them is.
 bool attention_mma_fits(const kv::paged_layout& l);

@@ -341,22 +341,27 @@ void attention_on_both(const kv::paged_layout& l, std::size_t heads, const std::
   std::vector<float> host(q.size());
   thread_pool pool(2);
   kernels::paged_attention<E>(pool, l, k.data(), v.data(), q.data(), host.data(), tokens, heads, scale);
-  // One block per tile, then each tile's pages cut into ranges (split-K) as for a decode step.
-  for (const std::size_t target : {1, 4096}) {
-    std::size_t splits = 0;
-    const auto device = test_cuda::paged_attention<E>(l, k, v, q, tokens, heads, scale, target, splits);
-    INFO("target " << target << " blocks: " << splits << " page ranges per tile");
-    // Weighted means of values in [-1, 1]: an absolute bound, f32 sums in another order.
-    CHECK(max_relative_error(device, host, 1.0f) < 2e-6f);
-    if (target == 1) CHECK(splits == 1);
-    if (target > 1 && fresh == 1) CHECK(splits > 1);  // a decode step over 517 keys: 9 pages or more
-    // The ranges merged by the last block of each tile in the same launch: the merge kernel's bits.
-    std::size_t folded_splits = 0;
-    const auto folded = test_cuda::paged_attention<E>(l, k, v, q, tokens, heads, scale, target, folded_splits, true);
-    CHECK(folded_splits == splits);
-    REQUIRE(folded.size() == device.size());
-    CHECK(std::memcmp(folded.data(), device.data(), folded.size() * sizeof(float)) == 0);
-  }
+  // One block per tile, then each tile's pages cut into ranges (split-K) as for a decode step; by the
+  // pages kernel (a warp per page) and the rows kernel (a warp per row), each planned its own way.
+  for (const bool rows_kernel : {false, true})
+    for (const std::size_t target : {1, 4096}) {
+      std::size_t splits = 0;
+      const auto device =
+          test_cuda::paged_attention<E>(l, k, v, q, tokens, heads, scale, target, splits, false, rows_kernel);
+      INFO((rows_kernel ? "rows" : "pages")
+           << " kernel, target " << target << " blocks: " << splits << " page ranges per tile");
+      // Weighted means of values in [-1, 1]: an absolute bound, f32 sums in another order.
+      CHECK(max_relative_error(device, host, 1.0f) < 2e-6f);
+      if (target == 1) CHECK(splits == 1);
+      if (target > 1 && fresh == 1) CHECK(splits > 1);  // a decode step over 517 keys: 9 pages or more
+      // The ranges merged by the last block of each tile in the same launch: the merge kernel's bits.
+      std::size_t folded_splits = 0;
+      const auto folded =
+          test_cuda::paged_attention<E>(l, k, v, q, tokens, heads, scale, target, folded_splits, true, rows_kernel);
+      CHECK(folded_splits == splits);
+      REQUIRE(folded.size() == device.size());
+      CHECK(std::memcmp(folded.data(), device.data(), folded.size() * sizeof(float)) == 0);
+    }
   // On tensor cores (f16 caches whose block and head sizes are multiples of 16): the queries and the
   // probabilities rounded to f16 (a host emulation of those roundings on these cases: up to 3.1e-4).
   if constexpr (std::is_same_v<E, half>) {
@@ -373,8 +378,9 @@ TEST_CASE("cuda: paged attention equals the host kernel (decode, prefill over ca
   struct shape {
     std::size_t blocks, kv_heads, block_size, head_dim, heads;
   };
-  for (const shape s : {shape{40, 2, 16, 64, 14}, shape{40, 4, 32, 128, 28}, shape{30, 4, 48, 16, 4},
-                        shape{30, 1, 64, 80, 16}, shape{60, 2, 8, 256, 4}, shape{40, 2, 16, 256, 4}}) {
+  for (const shape s :
+       {shape{40, 2, 16, 64, 14}, shape{40, 4, 32, 128, 28}, shape{30, 4, 48, 16, 4}, shape{30, 1, 64, 80, 16},
+        shape{60, 2, 8, 256, 4}, shape{40, 2, 16, 256, 4}, shape{30, 2, 16, 13, 6}}) {
     const kv::paged_layout l{s.blocks, s.kv_heads, s.block_size, s.head_dim};
     INFO("block " << s.block_size << ", head_dim " << s.head_dim << ", heads " << s.heads << "/" << s.kv_heads);
     for (const std::size_t fresh : {1, 7, 300}) {

@@ -305,6 +305,57 @@ TEST_CASE("CUDA quantized and dense groups decode as dequantize_row, and a warp'
   }
 }
 
+// The decode products' walk over a row (for_lane_chunks, 32 lanes): every chunk once; for q6_k, whose
+// 210-byte super-blocks alternate between 4- and 2-byte aligned starts, the chunks a warp reads together
+// (step s of every lane) lie in super-blocks of one parity wherever a run of 8 super-blocks is whole.
+TEST_CASE("CUDA decode walk: every chunk once, and a warp's q6_k reads of one alignment", "[kernels][cuda]") {
+  for (const std::size_t blocks : {1, 3, 8, 9, 16, 22, 74}) {
+    INFO(blocks << " super-blocks a row");
+    const std::size_t chunks = blocks * 8;  // q6_k: 32 weights a chunk
+    std::vector<int> seen(chunks, 0);
+    std::vector<std::vector<std::size_t>> at_step;  // [step] the chunks the 32 lanes read
+    const std::vector<std::uint8_t> row(blocks * 210, 0);
+    for (int lane = 0; lane < 32; ++lane) {
+      std::size_t step = 0;
+      kernels::quant::for_lane_chunks<dtype::q6_k>(row.data(), chunks, lane, 32, [&](const auto&, std::size_t c) {
+        REQUIRE(c < chunks);
+        ++seen[c];
+        if (at_step.size() <= step) at_step.resize(step + 1);
+        at_step[step++].push_back(c);
+      });
+    }
+    CHECK(std::count(seen.begin(), seen.end(), 1) == static_cast<std::ptrdiff_t>(chunks));
+    for (std::size_t step = 0; step < at_step.size(); ++step) {
+      if ((step / 2 + 1) * 64 > chunks) break;  // (the last run, of fewer than 8 super-blocks: in order)
+      const std::size_t parity = at_step[step].front() / 8 % 2;
+      for (const std::size_t c : at_step[step]) CHECK(c / 8 % 2 == parity);
+    }
+    // The other types walk in order.
+    CHECK(kernels::quant::walk_chunk<dtype::q4_k>(37, chunks) == 37);
+  }
+  // The products over such rows (the walk permuted) still agree with the exact dot products.
+  rng r(5);
+  for (const dtype t : {dtype::q6_k, dtype::q4_k}) {
+    const std::size_t cols = 256 * 9, rows = 3;
+    typed_weights w = make_weights(r, t, rows, cols);
+    const auto x = random_vector(r, 2 * cols);
+    for (std::size_t j = 0; j < rows; ++j) {
+      const auto* row = reinterpret_cast<const std::uint8_t*>(w.bytes.data() + j * row_bytes(t, cols));
+      float sums[8];
+      kernels::quant::warp_dots(t, row, cols, x.data(), 2, sums);
+      for (int i = 0; i < 2; ++i) {
+        double exact = 0.0, magnitude = 0.0;
+        for (std::size_t k = 0; k < cols; ++k) {
+          const double p = static_cast<double>(w.dequantized[j * cols + k]) * x[i * cols + k];
+          exact += p;
+          magnitude += std::fabs(p);
+        }
+        CHECK(std::fabs(sums[i] - exact) <= static_cast<double>(cols) * 0x1p-24 * magnitude);
+      }
+    }
+  }
+}
+
 // One decode launch over several matrices (q, k and v: kernels::quant::decode_parts): block b's warps
 // take rows of part part_of(b), and over the launch's blocks every row of every part has exactly one
 // warp (parts of uneven and zero sizes, blocks of 4 warps as the decode kernels' and of 1).

@@ -69,6 +69,12 @@ class transformer<kernels::cuda> {
   enum class tensor_cores { never, when_filled, always };
   void set_tensor_core_attention(tensor_cores t) noexcept { tensor_cores_ = t; }
   [[nodiscard]] tensor_cores tensor_core_attention() const noexcept { return tensor_cores_; }
+  // Which scalar attention kernel takes the steps not on tensor cores (decode steps, small prefill
+  // steps, f32 KV): kernels::device::attention_kernel::pages (a block's warps take pages in turn, each
+  // through the tile's rows) or ::rows (each warp takes rows through the range's keys), each with its
+  // own split-K plan. Both agree with the host kernel within f32 rounding; not with each other bit for bit.
+  void set_scalar_attention(kernels::device::attention_kernel k) noexcept { scalar_attention_ = k; }
+  [[nodiscard]] kernels::device::attention_kernel scalar_attention() const noexcept { return scalar_attention_; }
   // Steps so far of up to graph_rows tokens: launched directly (a shape's first step), captured,
   // replayed; with graphs off, none.
   [[nodiscard]] std::size_t graph_direct() const noexcept { return graphs_.direct(); }
@@ -122,9 +128,13 @@ class transformer<kernels::cuda> {
              (4 * tiles >= target_blocks && 2 * n * c.heads >= tiles * rows);
     }
     if (!mma_) step_.plan(slots_, kv.layout().block_size, c.heads, c.kv_heads, attention_policy::rows);
-    split_ = mma_ ? kernels::device::attention_split{}
-                  : kernels::device::plan_attention_split(step_.tiles.size(), kernels::device::longest_tile(step_.tiles),
-                                                          kv.layout().block_size, target_blocks);
+    const std::size_t longest = kernels::device::longest_tile(step_.tiles);
+    split_ =
+        mma_ ? kernels::device::attention_split{}
+        : scalar_attention_ == kernels::device::attention_kernel::rows
+            ? kernels::device::plan_attention_split_rows(step_.tiles.size(), longest, kv.layout().block_size,
+                                                         target_blocks)
+            : kernels::device::plan_attention_split(step_.tiles.size(), longest, kv.layout().block_size, target_blocks);
     // (Sized for the most ranges any context can be cut into: a sequence's decode steps then never
     // reallocate it, which would end their graphs.)
     grow(attention_ws_, kernels::device::attention_workspace_bound(step_.tiles.size(), target_blocks, hd));
@@ -203,6 +213,7 @@ class transformer<kernels::cuda> {
       key.tiles = step_.tiles.size();
       key.splits = split_.splits;
       key.pages = split_.splits > 1 ? split_.pages : 0;  // (read only where a tile is cut)
+      key.attention = split_.kernel;
       key.generation = generation_;
       key.kv = kv.type() == dtype::f16 ? static_cast<const void*>(kv.keys<half>(0)) : kv.keys<float>(0);
       key.kv_type = kv.type();
@@ -339,6 +350,7 @@ class transformer<kernels::cuda> {
   // What a step run as a graph depends on besides device memory's contents.
   struct step_key {
     std::size_t tokens = 0, tiles = 0, splits = 0, pages = 0, generation = 0;
+    kernels::device::attention_kernel attention = kernels::device::attention_kernel::pages;
     const void* kv = nullptr;
     dtype kv_type = dtype::f32;
     std::size_t kv_layers = 0, kv_blocks = 0, block_size = 0, logits = 0;
@@ -351,6 +363,7 @@ class transformer<kernels::cuda> {
   kernels::products products_;
   bool use_graphs_ = true;
   tensor_cores tensor_cores_ = tensor_cores::when_filled;
+  kernels::device::attention_kernel scalar_attention_ = kernels::device::attention_kernel::pages;
   bool mma_ = false;  // this step's attention on tensor cores
   std::size_t generation_ = 0;
   kernels::device::graph_cache<step_key> graphs_;

@@ -41,7 +41,20 @@ struct attention {
   static constexpr int rows = 8;      // (token, head) rows per tile: the host's detail::max_rows
   static constexpr int lane_dims = 8;  // dimensions per lane: head_dim <= 256
 };
+// The rows kernel (agent::attention_rows): the same tiles of up to `rows` rows (attention_plan's).
+struct attention_rows {
+  static constexpr int warps = 4;
+  static constexpr int threads = warps * 32;
+  static constexpr int rows = attention::rows;
+  static constexpr int chunk = 32;          // keys a warp scores at once, a key a lane
+  static constexpr int max_head_dim = 256;  // 8 dimensions a lane
+};
 }  // namespace policy
+
+// Which scalar kernel a paged_attention launch runs: `pages` (agent::attention: a block's warps take
+// its range's pages in turn, each through all of the tile's rows) or `rows` (agent::attention_rows: its
+// warps take the tile's rows, each through all of the range's keys).
+enum class attention_kernel : std::uint8_t { pages, rows };
 
 namespace detail {
 
@@ -81,6 +94,37 @@ __device__ inline float merge_ranges(const float* first, std::size_t splits, std
     value = fmaf(__ldcg(slot + 2 * R + r * hd + d), f, value);
   }
   return value / total;
+}
+
+// (token, head) row r of a tile as an index into q and out (rows of head_dim values).
+__device__ inline std::size_t tile_row(const attention_tile& tile, std::size_t heads, unsigned r) {
+  const std::size_t t = tile.first_token + r / tile.heads, h = tile.first_head + r % tile.heads;
+  return t * heads + h;
+}
+
+// The merge folded into the attention launch: after this block wrote its range's slot of `partial`,
+// the tile's last block to finish (its counter, counted by every block after its slot is written and
+// fenced) merges all ranges as the merge kernel does, then leaves the counter at 0 for the next
+// launch. Every thread of the block calls it.
+template <int R, int Threads>
+__device__ inline void merge_if_last(const float* partial, unsigned* counters, float* out, const attention_tile& tile,
+                                     std::size_t heads, int rows, std::size_t hd) {
+  __shared__ unsigned is_last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();  // (after the barrier: the block's writes, as grid-wide synchronizations fence)
+    is_last = atomicAdd(counters + blockIdx.x, 1u) == gridDim.y - 1 ? 1u : 0u;
+  }
+  __syncthreads();
+  if (is_last == 0) return;
+  __threadfence();
+  const float* first = partial + static_cast<std::size_t>(blockIdx.x) * gridDim.y * R * (hd + 2);
+  for (std::size_t i = threadIdx.x; i < static_cast<std::size_t>(rows) * hd; i += Threads) {
+    const std::size_t r = i / hd, d = i % hd;
+    out[tile_row(tile, heads, static_cast<unsigned>(r)) * hd + d] = merge_ranges<R>(first, gridDim.y, r, d, hd);
+  }
+  if (threadIdx.x == 0) counters[blockIdx.x] = 0;
 }
 
 template <class Policy, class E>
@@ -223,27 +267,262 @@ struct attention {
       }
       slot[2 * R + static_cast<std::size_t>(r) * hd + d] = value;
     }
-    if (partial == nullptr || counters == nullptr) return;
+    if (partial != nullptr && counters != nullptr)
+      merge_if_last<R, Policy::threads>(partial, counters, out, tile, heads, rows, hd);
+  }
+};
 
-    // The merge folded in: the tile's last block to finish (its counter, counted by every block after
-    // its range's slot is written and fenced) merges all ranges as the merge kernel does, then leaves the
-    // counter at 0 for the next launch.
-    __shared__ unsigned is_last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      __threadfence();  // (after the barrier: the block's writes, as grid-wide synchronizations fence)
-      is_last = atomicAdd(counters + blockIdx.x, 1u) == gridDim.y - 1 ? 1u : 0u;
+// The rows kernel (paged_attention with attention_kernel::rows): the same tiles and page ranges, cut
+// the other way inside a block. A warp takes rows of the tile, not pages: warp w holds rows w,
+// w + warps, ... (two of a tile's eight) through every key of the block's range, 32 keys at a time, a
+// key a lane. A lane scores its key against the warp's rows (K read down its slot, the queries read
+// four dimensions at a time from shared memory, where they are zero past head_dim); the warp's online
+// softmax step then runs per row as in attention; and the chunk's values are read a row at a time by
+// the whole warp, each lane holding D consecutive dimensions (one 4-, 8- or 16-byte load a row). A
+// warp's rows are its own: no merge across warps, and no 64-bit division in the loops. Where a tile
+// has fewer rows than half the warps (one or two: a decode step without grouped query heads), the
+// warps sharing a row take its key chunks in turn and are merged in shared memory.
+template <class Policy, class E, int D>
+struct attention_rows {
+  static constexpr int R = Policy::rows, W = Policy::warps, RW = (R + W - 1) / W;
+  static_assert(Policy::chunk == 32, "a key a lane");
+  static_assert(D == 2 || D == 4 || D == 8, "dimensions per lane: 2, 4 or 8");
+
+  __host__ __device__ static constexpr std::size_t padded(std::size_t head_dim) noexcept {
+    return (head_dim + 3) / 4 * 4;
+  }
+  // Dynamic shared memory: the rows' queries (R rows of padded(hd) floats), then, for warps sharing a
+  // row, each warp's maximum, sum and weighted sums (W + W + W * hd floats).
+  static constexpr std::size_t shared_bytes(std::size_t head_dim) noexcept {
+    return (R * padded(head_dim) + 2 * W + W * head_dim) * sizeof(float);
+  }
+
+  // D consecutive elements of a value row from p (`valid` of them in the row), widened: one load
+  // where they are whole and aligned (`aligned`: head_dim is a multiple of D), else one at a time.
+  __device__ static void load_lane(const E* p, int valid, bool aligned, float (&v)[D]) {
+    if (aligned && valid >= D) {
+      if constexpr (std::is_same_v<E, half>) {
+        std::uint32_t u[D / 2];
+        if constexpr (D == 2) {
+          u[0] = *reinterpret_cast<const std::uint32_t*>(p);
+        } else if constexpr (D == 4) {
+          const uint2 w = *reinterpret_cast<const uint2*>(p);
+          u[0] = w.x, u[1] = w.y;
+        } else {
+          const uint4 w = *reinterpret_cast<const uint4*>(p);
+          u[0] = w.x, u[1] = w.y, u[2] = w.z, u[3] = w.w;
+        }
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i) {  // (the lower half of a word first)
+          v[2 * i] = __half2float(__ushort_as_half(static_cast<unsigned short>(u[i] & 0xFFFFu)));
+          v[2 * i + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(u[i] >> 16)));
+        }
+      } else if constexpr (D == 2) {
+        const float2 f = *reinterpret_cast<const float2*>(p);
+        v[0] = f.x, v[1] = f.y;
+      } else {
+#pragma unroll
+        for (int i = 0; i < D; i += 4) {
+          const float4 f = *reinterpret_cast<const float4*>(p + i);
+          v[i] = f.x, v[i + 1] = f.y, v[i + 2] = f.z, v[i + 3] = f.w;
+        }
+      }
+      return;
+    }
+#pragma unroll
+    for (int i = 0; i < D; ++i) v[i] = i < valid ? detail::load(p[i]) : 0.0f;
+  }
+
+  __device__ static void run(float* shared, const kv::paged_layout& l, const E* k_cache, const E* v_cache,
+                             const float* q, float* out, const block_id* table, const attention_tile& tile,
+                             position first_pos, std::size_t heads, float scale, std::size_t pages_per_split,
+                             float* partial, unsigned* counters) {
+    const int rows = static_cast<int>(tile.tokens * tile.heads);
+    const unsigned hd = static_cast<unsigned>(l.head_dim), hd4 = static_cast<unsigned>(padded(l.head_dim));
+    const unsigned bs = static_cast<unsigned>(l.block_size);
+    const std::size_t g = tile.first_head / (heads / l.kv_heads);
+    const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+    // Warps per row: 4 for a tile of one row, 2 for two, else 1 (a row to a warp, RW rows at most).
+    const int share = rows == 1 ? 4 : rows == 2 ? 2 : 1;
+    const int phase = warp % share, groups = W / share;
+    const auto row_of = [&](int rr) { return warp / share + rr * groups; };
+    float* q_sh = shared;                                    // (R, hd4)
+    float* m_sh = q_sh + static_cast<std::size_t>(R) * hd4;  // (W)
+    float* l_sh = m_sh + W;                                  // (W)
+    float* acc_sh = l_sh + W;                                // (W, hd)
+
+    // The rows' queries, each by the first warp holding it, zero past hd.
+#pragma unroll
+    for (int rr = 0; rr < RW; ++rr) {
+      const int r = row_of(rr);
+      if (r >= rows || phase != 0) continue;
+      const float* from = q + tile_row(tile, heads, static_cast<unsigned>(r)) * hd;
+      for (unsigned d = static_cast<unsigned>(lane); d < hd4; d += 32)
+        q_sh[static_cast<unsigned>(r) * hd4 + d] = d < hd ? from[d] : 0.0f;
     }
     __syncthreads();
-    if (is_last == 0) return;
-    __threadfence();
-    const float* first = partial + static_cast<std::size_t>(blockIdx.x) * gridDim.y * R * (hd + 2);
-    for (std::size_t i = threadIdx.x; i < static_cast<std::size_t>(rows) * hd; i += Policy::threads) {
-      const std::size_t r = i / hd, d = i % hd;
-      out[row_index(static_cast<int>(r)) * hd + d] = merge_ranges<R>(first, gridDim.y, r, d, hd);
+
+    // The block's keys: those of its range of pages that the tile's last row sees.
+    const std::size_t longest = static_cast<std::size_t>(first_pos) + tile.tokens;
+    const std::size_t all_pages = (longest + bs - 1) / bs;
+    const std::size_t first_page = static_cast<std::size_t>(blockIdx.y) * pages_per_split;
+    const std::size_t end_page = first_page + pages_per_split < all_pages ? first_page + pages_per_split : all_pages;
+    const std::size_t end_key = end_page * bs < longest ? end_page * bs : longest;
+    const bool aligned = hd % D == 0;
+    const int lane_dims = static_cast<int>(hd) - lane * D;  // of this lane's D dimensions, those in a row
+    const unsigned hd_main = hd & ~3u;
+
+    float m[RW], sum[RW], acc[RW][D];
+#pragma unroll
+    for (int rr = 0; rr < RW; ++rr) {
+      m[rr] = -INFINITY;
+      sum[rr] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < D; ++i) acc[rr][i] = 0.0f;
     }
-    if (threadIdx.x == 0) counters[blockIdx.x] = 0;
+
+    for (std::size_t base = first_page * bs + static_cast<std::size_t>(phase) * 32; base < end_key;
+         base += static_cast<std::size_t>(share) * 32) {
+      const std::size_t key = base + static_cast<std::size_t>(lane);
+      const bool present = key < end_key;
+      std::uint32_t v_row = 0;  // this lane's key's value row: (block, kv_head, slot) as one index
+      float s[RW];
+#pragma unroll
+      for (int rr = 0; rr < RW; ++rr) s[rr] = 0.0f;
+      if (present) {
+        const std::size_t page = key / bs, slot = key - page * bs;
+        const std::size_t block = static_cast<std::size_t>(table[page]);
+        v_row = static_cast<std::uint32_t>((block * l.kv_heads + g) * bs + slot);
+        const E* kp = k_cache + l.key_offset(block, g) + slot;
+#pragma unroll 4
+        for (unsigned d = 0; d < hd_main; d += 4) {
+          const float k0 = detail::load(kp[static_cast<std::size_t>(d) * bs]);
+          const float k1 = detail::load(kp[static_cast<std::size_t>(d + 1) * bs]);
+          const float k2 = detail::load(kp[static_cast<std::size_t>(d + 2) * bs]);
+          const float k3 = detail::load(kp[static_cast<std::size_t>(d + 3) * bs]);
+#pragma unroll
+          for (int rr = 0; rr < RW; ++rr) {
+            if (row_of(rr) >= rows) continue;
+            const float4 qv = *reinterpret_cast<const float4*>(q_sh + static_cast<unsigned>(row_of(rr)) * hd4 + d);
+            s[rr] = fmaf(qv.x, k0, s[rr]);
+            s[rr] = fmaf(qv.y, k1, s[rr]);
+            s[rr] = fmaf(qv.z, k2, s[rr]);
+            s[rr] = fmaf(qv.w, k3, s[rr]);
+          }
+        }
+        for (unsigned d = hd_main; d < hd; ++d) {
+          const float k = detail::load(kp[static_cast<std::size_t>(d) * bs]);
+#pragma unroll
+          for (int rr = 0; rr < RW; ++rr)
+            if (row_of(rr) < rows) s[rr] = fmaf(q_sh[static_cast<unsigned>(row_of(rr)) * hd4 + d], k, s[rr]);
+        }
+      }
+      float p[RW];
+#pragma unroll
+      for (int rr = 0; rr < RW; ++rr) {
+        p[rr] = 0.0f;
+        const int r = row_of(rr);
+        if (r >= rows) continue;  // (uniform across the warp: the shuffles below stay converged)
+        const std::size_t visible = static_cast<std::size_t>(first_pos) + static_cast<unsigned>(r) / tile.heads + 1;
+        const float score = present && key < visible ? s[rr] * scale : -INFINITY;
+        const float top = detail::warp_max(score);
+        if (top == -INFINITY) continue;  // no key of this chunk is visible to row r
+        const float next = fmaxf(m[rr], top);
+        const float factor = m[rr] == -INFINITY ? 0.0f : expf(m[rr] - next);
+        p[rr] = score == -INFINITY ? 0.0f : expf(score - next);
+        sum[rr] = fmaf(sum[rr], factor, detail::warp_sum(p[rr]));
+#pragma unroll
+        for (int i = 0; i < D; ++i) acc[rr][i] *= factor;
+        m[rr] = next;
+      }
+      const unsigned n = end_key - base < 32 ? static_cast<unsigned>(end_key - base) : 32u;
+#pragma unroll 4
+      for (unsigned j = 0; j < n; ++j) {
+        const std::uint32_t vr = __shfl_sync(0xFFFFFFFFu, v_row, static_cast<int>(j));
+        float v[D];
+        if (lane_dims > 0) {
+          load_lane(v_cache + static_cast<std::size_t>(vr) * hd + static_cast<unsigned>(lane * D), lane_dims, aligned,
+                    v);
+        } else {
+#pragma unroll
+          for (int i = 0; i < D; ++i) v[i] = 0.0f;
+        }
+#pragma unroll
+        for (int rr = 0; rr < RW; ++rr) {
+          if (row_of(rr) >= rows) continue;
+          const float pj = __shfl_sync(0xFFFFFFFFu, p[rr], static_cast<int>(j));
+#pragma unroll
+          for (int i = 0; i < D; ++i) acc[rr][i] = fmaf(pj, v[i], acc[rr][i]);
+        }
+      }
+    }
+
+    // Warps sharing a row (a tile of one or two rows: each warp holds at most one): their parts into
+    // shared memory, merged by the first of them (its phase 0) as attention merges its warps.
+    if (share > 1) {  // (uniform across the block)
+      const int r = row_of(0);
+      if (r < rows) {
+        if (lane == 0) {
+          m_sh[warp] = m[0];
+          l_sh[warp] = sum[0];
+        }
+#pragma unroll
+        for (int i = 0; i < D; ++i)
+          if (i < lane_dims) acc_sh[static_cast<unsigned>(warp) * hd + static_cast<unsigned>(lane * D + i)] = acc[0][i];
+      }
+      __syncthreads();
+      if (phase == 0 && r < rows) {
+        float top = -INFINITY;
+        for (int w = warp; w < warp + share; ++w) top = fmaxf(top, m_sh[w]);
+        float total = 0.0f, value[D];
+#pragma unroll
+        for (int i = 0; i < D; ++i) value[i] = 0.0f;
+        for (int w = warp; w < warp + share; ++w) {
+          const float mw = m_sh[w];
+          if (mw == -INFINITY) continue;  // a warp that saw no key of this row
+          const float f = expf(mw - top);
+          total = fmaf(l_sh[w], f, total);
+#pragma unroll
+          for (int i = 0; i < D; ++i)
+            if (i < lane_dims)
+              value[i] = fmaf(acc_sh[static_cast<unsigned>(w) * hd + static_cast<unsigned>(lane * D + i)], f, value[i]);
+        }
+        m[0] = top;
+        sum[0] = total;
+#pragma unroll
+        for (int i = 0; i < D; ++i) acc[0][i] = value[i];
+      }
+    }
+
+    // The rows out (one range), or into this range's slot of the workspace (a row that saw no key:
+    // maximum -inf, sums 0), by the warps that hold them.
+    if (phase == 0) {
+      float* slot = partial == nullptr
+                        ? nullptr
+                        : partial + (static_cast<std::size_t>(blockIdx.x) * gridDim.y + blockIdx.y) * R * (hd + 2);
+#pragma unroll
+      for (int rr = 0; rr < RW; ++rr) {
+        const int r = row_of(rr);
+        if (r >= rows) continue;
+        if (slot == nullptr) {
+          float* to = out + tile_row(tile, heads, static_cast<unsigned>(r)) * hd;
+#pragma unroll
+          for (int i = 0; i < D; ++i)
+            if (i < lane_dims) to[lane * D + i] = acc[rr][i] / sum[rr];
+          continue;
+        }
+        if (lane == 0) {
+          slot[r] = m[rr];
+          slot[R + r] = sum[rr];
+        }
+#pragma unroll
+        for (int i = 0; i < D; ++i)
+          if (i < lane_dims)
+            slot[2 * R + static_cast<std::size_t>(r) * hd + static_cast<unsigned>(lane * D + i)] = acc[rr][i];
+      }
+    }
+    if (partial != nullptr && counters != nullptr)
+      merge_if_last<R, Policy::threads>(partial, counters, out, tile, heads, rows, hd);
   }
 };
 
@@ -280,6 +559,17 @@ __global__ void __launch_bounds__(Policy::threads)
                                    scale, pages_per_split, partial, counters);
 }
 
+template <class Policy, class E, int D>
+__global__ void __launch_bounds__(Policy::threads)
+    attention_rows_kernel(kv::paged_layout l, const E* k_cache, const E* v_cache, const float* q, float* out,
+                          const block_id* tables, const attention_tile_ref* tiles, std::size_t heads, float scale,
+                          std::size_t pages_per_split, float* partial, unsigned* counters) {
+  extern __shared__ float shared[];
+  const attention_tile_ref t = tiles[blockIdx.x];
+  agent::attention_rows<Policy, E, D>::run(shared, l, k_cache, v_cache, q, out, tables + t.table, t.tile, t.first_pos,
+                                           heads, scale, pages_per_split, partial, counters);
+}
+
 template <class Policy>
 __global__ void __launch_bounds__(Policy::threads)
     attention_merge_kernel(const float* partial, std::size_t splits, float* out, const attention_tile_ref* tiles,
@@ -299,6 +589,7 @@ constexpr std::size_t attention_shared_bytes(std::size_t head_dim) noexcept {
 // range may run past its sequence: such a block finds no key and the merge skips it).
 struct attention_split {
   std::size_t splits = 1, pages = 0;
+  attention_kernel kernel = attention_kernel::pages;  // (the plan's; either kernel runs any cut)
 };
 
 // Cuts the pages of the longest tile (`longest` keys) so that the step has about `target_blocks`
@@ -314,6 +605,23 @@ constexpr attention_split plan_attention_split(std::size_t n_tiles, std::size_t 
   const std::size_t splits = wanted < per_warp ? wanted : per_warp;
   const std::size_t per_split = (pages + splits - 1) / splits;
   return {(pages + per_split - 1) / per_split, per_split};
+}
+
+// The same for the rows kernel, whose warps each walk all of a range's keys: ranges of at least one
+// chunk of keys (Policy::chunk, rounded up to whole pages) where the context allows, so that a short
+// context is still cut (64 keys in pages of 16: two ranges of 32, where attention's warps take a page
+// each in one range), never more than ceil(target_blocks / n_tiles) ranges a tile.
+template <class Policy = policy::attention_rows>
+constexpr attention_split plan_attention_split_rows(std::size_t n_tiles, std::size_t longest, std::size_t block_size,
+                                                    std::size_t target_blocks) noexcept {
+  const std::size_t pages = block_size == 0 ? 0 : (longest + block_size - 1) / block_size;
+  if (n_tiles == 0 || pages == 0 || 2 * n_tiles >= target_blocks) return {1, pages, attention_kernel::rows};
+  const std::size_t chunk_pages = (static_cast<std::size_t>(Policy::chunk) + block_size - 1) / block_size;
+  const std::size_t most = (pages + chunk_pages - 1) / chunk_pages;
+  const std::size_t wanted = (target_blocks + n_tiles - 1) / n_tiles;
+  const std::size_t splits = wanted < most ? wanted : most;
+  const std::size_t per_split = (pages + splits - 1) / splits;
+  return {(pages + per_split - 1) / per_split, per_split, attention_kernel::rows};
 }
 
 // The longest tile's keys (its last row's position + 1): plan_attention_split's `longest`.
@@ -347,7 +655,10 @@ constexpr std::size_t attention_workspace_bound(std::size_t n_tiles, std::size_t
 // `workspace` holds attention_workspace_bytes(n_tiles, split, head_dim) bytes of device memory, and
 // the ranges are merged by a second kernel, or, given `counters` (n_tiles unsigned integers, zero;
 // each launch leaves them zero), by the last block of each tile to finish, in the same launch and with
-// the same arithmetic (agent::merge_ranges): the same bits.
+// the same arithmetic (agent::merge_ranges): the same bits. `split.kernel` picks the scalar kernel
+// (attention_kernel): `rows` (plan_attention_split_rows) runs agent::attention_rows where the policy's
+// tiles are its tiles and a layer's value rows (blocks x kv_heads x block_size) fit 32 bits, else the
+// pages kernel runs the same cut.
 template <class E, class Policy = policy::attention>
 void paged_attention(const kv::paged_layout& l, const E* k_cache, const E* v_cache, const float* q, float* out,
                      const block_id* tables, const attention_tile_ref* tiles, std::size_t n_tiles, std::size_t heads,
@@ -355,6 +666,9 @@ void paged_attention(const kv::paged_layout& l, const E* k_cache, const E* v_cac
                      unsigned* counters = nullptr) {
   static_assert(std::is_same_v<E, float> || std::is_same_v<E, half>, "KV elements are float or half");
   static_assert(attention_shared_bytes<Policy>(32 * Policy::lane_dims) <= 48 * 1024, "the policy needs opt-in memory");
+  static_assert(agent::attention_rows<policy::attention_rows, float, 8>::shared_bytes(
+                    policy::attention_rows::max_head_dim) <= 48 * 1024,
+                "the rows policy needs opt-in memory");
   (void)query_group(heads, l.kv_heads);
   if (l.head_dim > 32 * static_cast<std::size_t>(Policy::lane_dims))
     throw error(errc::invalid_argument, "device::paged_attention: head_dim " + std::to_string(l.head_dim) +
@@ -368,8 +682,30 @@ void paged_attention(const kv::paged_layout& l, const E* k_cache, const E* v_cac
   const std::size_t per_split = split.splits == 1 ? ~std::size_t{0} / 2 : split.pages;
   float* partial = split.splits == 1 ? nullptr : static_cast<float*>(workspace);
   const dim3 grid(static_cast<unsigned>(n_tiles), static_cast<unsigned>(split.splits));
-  detail::attention_kernel<Policy, E><<<grid, Policy::threads, attention_shared_bytes<Policy>(l.head_dim), stream>>>(
-      l, k_cache, v_cache, q, out, tables, tiles, heads, scale, per_split, partial, counters);
+  bool launched = false;
+  if constexpr (Policy::rows == policy::attention_rows::rows) {
+    using rows_policy = policy::attention_rows;
+    if (split.kernel == attention_kernel::rows && l.head_dim <= rows_policy::max_head_dim &&
+        l.blocks * l.kv_heads <= 0xFFFFFFFFu / l.block_size) {
+      const auto launch = [&](auto d) {
+        constexpr int D = decltype(d)::value;
+        using agent_t = agent::attention_rows<rows_policy, E, D>;
+        detail::attention_rows_kernel<rows_policy, E, D>
+            <<<grid, rows_policy::threads, agent_t::shared_bytes(l.head_dim), stream>>>(
+                l, k_cache, v_cache, q, out, tables, tiles, heads, scale, per_split, partial, counters);
+      };
+      if (l.head_dim <= 64)
+        launch(std::integral_constant<int, 2>{});
+      else if (l.head_dim <= 128)
+        launch(std::integral_constant<int, 4>{});
+      else
+        launch(std::integral_constant<int, 8>{});
+      launched = true;
+    }
+  }
+  if (!launched)
+    detail::attention_kernel<Policy, E><<<grid, Policy::threads, attention_shared_bytes<Policy>(l.head_dim), stream>>>(
+        l, k_cache, v_cache, q, out, tables, tiles, heads, scale, per_split, partial, counters);
   check(cudaGetLastError(), "paged_attention launch");
   if (partial == nullptr || counters != nullptr) return;
   const dim3 merge_grid(static_cast<unsigned>(n_tiles),

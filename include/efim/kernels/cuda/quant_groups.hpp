@@ -20,7 +20,9 @@
 //   f16, bf16  a group from one 16-byte load;  f32  a group from two
 // The wider loads need the row's first byte aligned to 16 (a device allocation, rows of whole blocks of
 // 144 or 176 bytes, both multiples of 16); the host reads through memcpy. The decode product reads
-// q4_k and q5_k a chunk of 16 quant bytes (32 weights) at a time, in one 16-byte load (decode_chunk).
+// q4_k and q5_k a chunk of 16 quant bytes (32 weights) at a time, in one 16-byte load (decode_chunk);
+// q6_k a chunk of 32 weights (8 of each of the four quarters of a half super-block that share their
+// bytes of high bits) from four 8-byte reads: two of low bits, one of high bits, one of scales.
 // Small integers become floats through their bits on the device (small_float): the same values as a
 // conversion, exactly, in two full-rate instructions where the conversion runs at a quarter rate.
 #include <cmath>
@@ -180,10 +182,13 @@ EFIM_HOST_DEVICE void sub_block_scale(std::uint32_t dd, const std::uint32_t (&wo
 }  // namespace detail
 
 // The groups a lane decodes at a time in the decode product (a "chunk"): for q4_k and q5_k the 32
-// weights of 16 quant bytes (16 weights of each of two sub-blocks: 4 groups), read in one load; one group
+// weights of 16 quant bytes (16 weights of each of two sub-blocks: 4 groups), read in one load; for
+// q6_k the 32 weights l .. l + 7 of each quarter (32 weights) of a half super-block: the low bits of
+// quarters 0 and 2 share bytes, those of 1 and 3 too, and all four share the bytes of high bits, so a
+// chunk reads 8 bytes of each kind once (where 8-weight chunks read the high bits four times); one group
 // for the others (their blocks are only 2-byte aligned).
 template <dtype T>
-inline constexpr int chunk_groups = T == dtype::q4_k || T == dtype::q5_k ? 4 : 1;
+inline constexpr int chunk_groups = T == dtype::q4_k || T == dtype::q5_k || T == dtype::q6_k ? 4 : 1;
 
 // The bytes of one chunk as loaded (load_chunk), before they are decoded (decode_loaded): the decode
 // product loads several chunks before it decodes the first, so that their loads are in flight together.
@@ -229,12 +234,15 @@ EFIM_HOST_DEVICE chunk_bytes load_chunk(const std::uint8_t* row, std::size_t c) 
   } else if constexpr (T == dtype::f32) {  // q0, q1, h0, h1: 8 values
     detail::load16(row + 32 * c, b.q0, b.q1);
     detail::load16(row + 32 * c + 16, b.h0, b.h1);
-  } else if constexpr (T == dtype::q6_k) {  // q0: low bits; h0: high bits; s0: two int8 scales; s1: d
-    const std::uint8_t* p = row + c / 32 * 210;
-    const std::size_t i0 = c % 32 * 8, h = i0 / 128, r = i0 % 128 / 32, l = i0 % 32;
-    b.q0 = detail::load8_16_uniform(p + 64 * h + 32 * (r % 2) + l);
+  } else if constexpr (T == dtype::q6_k) {  // q0, q1: low bits (quarters 0, 2; 1, 3); h0: high bits;
+    // h1: the half's 8 int8 scales; s1: d. Chunk c: half h = c % 8 / 4 of super-block c / 8, weights l ..
+    // l + 7 (l = 8 (c % 4)) of each of its quarters.
+    const std::uint8_t* p = row + c / 8 * 210;
+    const std::size_t h = c % 8 / 4, l = c % 4 * 8;
+    b.q0 = detail::load8_16_uniform(p + 64 * h + l);
+    b.q1 = detail::load8_16_uniform(p + 64 * h + 32 + l);
     b.h0 = detail::load8_16_uniform(p + 128 + 32 * h + l);
-    b.s0 = load<std::uint16_t>(p + 192 + (i0 / 16) / 2 * 2);
+    b.h1 = detail::load8_16_uniform(p + 192 + 8 * h);
     b.s1 = load<std::uint16_t>(p + 208);
   } else {
     static_assert(T == dtype::q8_0, "load_chunk: not a type the device decodes in registers");
@@ -247,6 +255,9 @@ template <dtype T>
 EFIM_HOST_DEVICE void chunk_first(std::size_t c, std::size_t* first) noexcept {
   if constexpr (chunk_groups<T> == 1) {
     first[0] = 8 * c;
+  } else if constexpr (T == dtype::q6_k) {  // weights l .. l + 7 of each quarter of half c % 8 / 4
+    const std::size_t base = c / 8 * 256 + 128 * (c % 8 / 4) + 8 * (c % 4);
+    first[0] = base, first[1] = base + 32, first[2] = base + 64, first[3] = base + 96;
   } else {  // q4_k, q5_k: weights 16 half .. 16 half + 15 of sub-blocks 2 pair and 2 pair + 1
     const std::size_t base = c / 8 * 256 + 64 * (c % 8 / 2) + 16 * (c % 2);
     first[0] = base, first[1] = base + 8, first[2] = base + 32, first[3] = base + 40;
@@ -306,15 +317,18 @@ EFIM_HOST_DEVICE void decode_loaded(const chunk_bytes& b, std::size_t c, float* 
   } else if constexpr (T == dtype::f32) {
     const std::uint64_t words[4] = {b.q0, b.q1, b.h0, b.h1};
     for (int i = 0; i < 8; ++i) w[i] = detail::bits_float(static_cast<std::uint32_t>(words[i / 2] >> (32 * (i % 2))));
-  } else if constexpr (T == dtype::q6_k) {
-    const std::size_t i0 = c % 32 * 8;  // the weight index of w[0] within the super-block
-    const int r = static_cast<int>(i0 % 128 / 32);
-    const auto sc = static_cast<std::int8_t>(static_cast<std::uint8_t>((i0 / 16) % 2 == 0 ? b.s0 & 0xFFu : b.s0 >> 8));
-    const float ds = half_to_float(static_cast<std::uint16_t>(b.s1)) * static_cast<float>(sc);
-    for (int i = 0; i < 8; ++i) {
-      const std::uint32_t lo = r < 2 ? byte_of(b.q0, i) & 15u : byte_of(b.q0, i) >> 4;
-      const std::uint32_t hi = (byte_of(b.h0, i) >> (2 * r)) & 3u;
-      w[i] = ds * small_float<32>(lo | (hi << 4));
+  } else if constexpr (T == dtype::q6_k) {  // w[8 r ..]: weights l .. l + 7 of quarter r
+    const int l = static_cast<int>(c % 4) * 8;
+    const float d = half_to_float(static_cast<std::uint16_t>(b.s1));
+    for (int r = 0; r < 4; ++r) {
+      const auto sc = static_cast<std::int8_t>(byte_of(b.h1, 2 * r + l / 16));  // (16 weights a scale)
+      const float ds = d * static_cast<float>(sc);
+      const std::uint64_t q = r % 2 == 0 ? b.q0 : b.q1;
+      for (int i = 0; i < 8; ++i) {
+        const std::uint32_t lo = r < 2 ? byte_of(q, i) & 15u : byte_of(q, i) >> 4;
+        const std::uint32_t hi = (byte_of(b.h0, i) >> (2 * r)) & 3u;
+        w[8 * r + i] = ds * small_float<32>(lo | (hi << 4));
+      }
     }
   } else {
     static_assert(T == dtype::q8_0, "decode_loaded: not a type the device decodes in registers");
@@ -334,6 +348,19 @@ EFIM_HOST_DEVICE void decode8(const std::uint8_t* row, std::size_t g, float* w) 
   if constexpr (chunk_groups<T> == 1) {
     std::size_t first;
     decode_chunk<T>(row, g, w, &first);
+  } else if constexpr (T == dtype::q6_k) {  // the group alone: weights i0 .. i0 + 7 of its super-block
+    using detail::byte_of;
+    const std::uint8_t* p = row + g / 32 * 210;
+    const std::size_t i0 = g % 32 * 8, h = i0 / 128, r = i0 % 128 / 32, l = i0 % 32;
+    const std::uint64_t q = detail::load8_16(p + 64 * h + 32 * (r % 2) + l),
+                        qh = detail::load8_16(p + 128 + 32 * h + l);
+    const auto sc = static_cast<std::int8_t>(p[192 + i0 / 16]);
+    const float ds = detail::half_to_float(detail::load<std::uint16_t>(p + 208)) * static_cast<float>(sc);
+    for (int i = 0; i < 8; ++i) {
+      const std::uint32_t lo = r < 2 ? byte_of(q, i) & 15u : byte_of(q, i) >> 4;
+      const std::uint32_t hi = (byte_of(qh, i) >> (2 * r)) & 3u;
+      w[i] = ds * detail::small_float<32>(lo | (hi << 4));
+    }
   } else {  // q4_k, q5_k: the group alone (sub-block j, its weights o .. o + 7)
     using detail::byte_of;
     using detail::load;
@@ -435,9 +462,28 @@ struct tile_staging {
 // Chunks whose bytes a lane of the decode product loads before it decodes the first of them.
 inline constexpr int chunks_in_flight = 4;
 
-// A lane's walk over a row of `chunks` chunks in the decode products: chunks lane, lane + lanes, ... in
-// turn, use(bytes, c) for each; the bytes of chunks_in_flight of them are loaded before the first is
-// handed on (so that on the device their loads are in flight together), the order stays this one.
+// The chunk of a row that step v of the decode products' walk reads (a row of `chunks` chunks): v
+// itself, but for q6_k, whose 210-byte super-blocks alternate between 4- and 2-byte aligned starts (in
+// a row of an even number of them) and whose 8 chunks each go to 8 lanes: in each run of 8 super-blocks
+// (64 chunks), steps 0..31 read super-blocks 0, 2, 4 and 6 of the run and steps 32..63 super-blocks 1,
+// 3, 5 and 7, so that the 32 lanes of a warp read super-blocks of one alignment together
+// (load8_16_uniform); a last run of fewer super-blocks in order.
+template <dtype T>
+EFIM_HOST_DEVICE std::size_t walk_chunk(std::size_t v, std::size_t chunks) noexcept {
+  if constexpr (T == dtype::q6_k) {
+    const std::size_t run = v / 64, w = v % 64;
+    if ((run + 1) * 64 > chunks) return v;
+    return run * 64 + (2 * (w % 32 / 8) + w / 32) * 8 + w % 8;
+  } else {
+    (void)chunks;
+    return v;
+  }
+}
+
+// A lane's walk over a row of `chunks` chunks in the decode products: steps lane, lane + lanes, ... in
+// turn, each reading chunk c = walk_chunk(step), use(bytes, c) for each; the bytes of chunks_in_flight
+// of them are loaded before the first is handed on (so that on the device their loads are in flight
+// together), the order stays this one.
 template <dtype T, class F>
 EFIM_HOST_DEVICE void for_lane_chunks(const std::uint8_t* row, std::size_t chunks, int lane, int lanes,
                                       F&& use) noexcept {
@@ -449,14 +495,14 @@ EFIM_HOST_DEVICE void for_lane_chunks(const std::uint8_t* row, std::size_t chunk
 #pragma unroll
 #endif
     for (int u = 0; u < U; ++u)
-      if (c0 + u * stride < chunks) b[u] = load_chunk<T>(row, c0 + u * stride);
+      if (c0 + u * stride < chunks) b[u] = load_chunk<T>(row, walk_chunk<T>(c0 + u * stride, chunks));
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
     for (int u = 0; u < U; ++u) {
-      const std::size_t c = c0 + u * stride;
-      if (c >= chunks) break;
-      use(b[u], c);
+      const std::size_t v = c0 + u * stride;
+      if (v >= chunks) break;
+      use(b[u], walk_chunk<T>(v, chunks));
     }
   }
 }

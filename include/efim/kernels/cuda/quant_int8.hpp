@@ -13,8 +13,10 @@
 // A lane of the warp that multiplies one weight row takes the decode product's chunks (quant_groups.hpp:
 // the same loads) in the same order, and turns each into signed 8-bit weights (the quant less its bias:
 // q8_0 as stored, q4_0 - 8, q5_0 - 16, q6_k - 32; q5_1, q4_k and q5_k unsigned, their mins apart):
-//   8-weight chunks (q8_0, q4_0, q5_0, q5_1, q6_k): isum = DP4A over the 8 (q6_k: times the group's
-//     scale); acc = fma(d * dx, isum, acc), q5_1 then acc = fma(m * dx, sum(a), acc);
+//   8-weight chunks (q8_0, q4_0, q5_0, q5_1): isum = DP4A over the 8; acc = fma(d * dx, isum, acc),
+//     q5_1 then acc = fma(m * dx, sum(a), acc);
+//   q6_k chunks (8 weights of each quarter of a half super-block): isum = the sum over the quarters of
+//     their scale times DP4A over their 8; acc = fma(d * dx, isum, acc);
 //   q4_k / q5_k chunks (16 weights of each of two sub-blocks): isum = sc0 * dot0 + sc1 * dot1 and
 //     msum = mn0 * bsum0 + mn1 * bsum1; acc = fma(d * dx, isum, acc), then fma(-(dmin * dx), msum, acc).
 // So each float step covers 8 or 32 weights where the host takes one per block or super-block: the
@@ -152,12 +154,13 @@ EFIM_HOST_DEVICE std::uint32_t high_word(std::uint64_t v) noexcept { return stat
 
 // A chunk's weights as signed bytes, and what its float steps need: 8-weight chunks fill w[0..1];
 // q4_k / q5_k fill w[0..3] (sub-block 2 pair, its weights 16 half .. 16 half + 15) and w[4..7]
-// (sub-block 2 pair + 1, the same weights). d: the scale (k-quants: d times nothing yet), m: q5_1's
-// offset or the k-quants' dmin; sc / mn: the integer scales and mins (q6_k: sc[0] alone).
+// (sub-block 2 pair + 1, the same weights); q6_k fills w[2 r], w[2 r + 1] with quarter r's 8. d: the
+// scale (k-quants: d times nothing yet), m: q5_1's offset or the k-quants' dmin; sc / mn: the integer
+// scales and mins (q4_k / q5_k: sc[0..1] and mn[0..1]; q6_k: sc[r] for quarter r).
 struct chunk8 {
   std::uint32_t w[8] = {};
   float d = 0, m = 0;
-  std::int32_t sc[2] = {}, mn[2] = {};
+  std::int32_t sc[4] = {}, mn[2] = {};
 };
 
 template <dtype T>
@@ -206,13 +209,16 @@ EFIM_HOST_DEVICE chunk8 int8_loaded(const chunk_bytes& b, std::size_t c) noexcep
         k.w[4 + i] |= ((h[i] >> (2 * pair + 1)) & 0x01010101u) << 4;
       }
     }
-  } else if constexpr (T == dtype::q6_k) {
-    const std::size_t i0 = c % 32 * 8;
-    const int r = static_cast<int>(i0 % 128 / 32);
-    const std::uint64_t lo = r < 2 ? b.q0 & 0x0F0F0F0F0F0F0F0Full : (b.q0 >> 4) & 0x0F0F0F0F0F0F0F0Full;
-    const std::uint64_t hi = ((b.h0 >> (2 * r)) & 0x0303030303030303ull) << 4;
-    k.w[0] = sub_bytes(low_word(lo | hi), 0x20202020u), k.w[1] = sub_bytes(high_word(lo | hi), 0x20202020u);
-    k.sc[0] = static_cast<std::int8_t>(static_cast<std::uint8_t>((i0 / 16) % 2 == 0 ? b.s0 & 0xFFu : b.s0 >> 8));
+  } else if constexpr (T == dtype::q6_k) {  // quarter r: low bits in q0 (r even) or q1, r < 2 the low nibbles
+    const int l = static_cast<int>(c % 4) * 8;
+    for (int r = 0; r < 4; ++r) {
+      const std::uint64_t q = r % 2 == 0 ? b.q0 : b.q1;
+      const std::uint64_t lo = r < 2 ? q & 0x0F0F0F0F0F0F0F0Full : (q >> 4) & 0x0F0F0F0F0F0F0F0Full;
+      const std::uint64_t hi = ((b.h0 >> (2 * r)) & 0x0303030303030303ull) << 4;
+      k.w[2 * r] = sub_bytes(low_word(lo | hi), 0x20202020u);
+      k.w[2 * r + 1] = sub_bytes(high_word(lo | hi), 0x20202020u);
+      k.sc[r] = static_cast<std::int8_t>(static_cast<std::uint8_t>(b.h1 >> (8 * (2 * r + l / 16))));
+    }
     k.d = detail::half_to_float(static_cast<std::uint16_t>(b.s1));
   } else {
     static_assert(T == dtype::q8_0, "int8_loaded: not a type the device keeps quantized");
@@ -230,13 +236,21 @@ EFIM_HOST_DEVICE float int8_chunk_step(const chunk8& k, std::size_t first, const
   if constexpr (chunk_groups<T> == 1) {
     std::uint32_t v[2];
     detail::load_x8(a, v);
-    std::int32_t isum = detail::dp4a(k.w[1], v[1], detail::dp4a(k.w[0], v[0], 0));
-    if constexpr (T == dtype::q6_k) isum *= k.sc[0];
+    const std::int32_t isum = detail::dp4a(k.w[1], v[1], detail::dp4a(k.w[0], v[0], 0));
     acc = fmaf(k.d * dx, static_cast<float>(isum), acc);
     if constexpr (T == dtype::q5_1) {
       const std::int32_t asum = detail::dp4a(0x01010101u, v[1], detail::dp4a(0x01010101u, v[0], 0));
       acc = fmaf(k.m * dx, static_cast<float>(asum), acc);
     }
+  } else if constexpr (T == dtype::q6_k) {  // 8 weights at first + 32 r for each quarter r: one integer sum
+    // (|isum| <= 4 * 128 * 8 * 32 * 127 < 2^24: exact in the float step)
+    std::int32_t isum = 0;
+    for (int r = 0; r < 4; ++r) {
+      std::uint32_t v[2];
+      detail::load_x8(a + 32 * r, v);
+      isum += k.sc[r] * detail::dp4a(k.w[2 * r + 1], v[1], detail::dp4a(k.w[2 * r], v[0], 0));
+    }
+    acc = fmaf(k.d * dx, static_cast<float>(isum), acc);
   } else {  // q4_k / q5_k: 16 weights at first, 16 at first + 32
     std::uint32_t v0[4], v1[4];
     detail::load_x16(a, v0);
