@@ -305,6 +305,25 @@ TEST_CASE("CUDA quantized and dense groups decode as dequantize_row, and a warp'
   }
 }
 
+// The k-quants' scales and mins of a pair of sub-blocks at once (no branch on the pair) are
+// scale_min's, for random scale bytes, every pair.
+TEST_CASE("CUDA q4_k / q5_k scales of a pair of sub-blocks equal scale_min's", "[kernels][cuda]") {
+  rng r(9);
+  std::size_t wrong = 0;
+  for (int n = 0; n < 20000; ++n) {
+    const std::uint32_t w[3] = {static_cast<std::uint32_t>(r.next()), static_cast<std::uint32_t>(r.next()),
+                                static_cast<std::uint32_t>(r.next())};
+    for (int pair = 0; pair < 4; ++pair) {
+      std::uint32_t sc, m, sc0, m0, sc1, m1;
+      kernels::quant::detail::scale_min_pair(w, pair, sc, m);
+      kernels::quant::detail::scale_min(w, 2 * pair, sc0, m0);
+      kernels::quant::detail::scale_min(w, 2 * pair + 1, sc1, m1);
+      if (sc != (sc0 | sc1 << 8) || m != (m0 | m1 << 8)) ++wrong;
+    }
+  }
+  CHECK(wrong == 0);
+}
+
 // The decode products' walk over a row (for_lane_chunks, 32 lanes): every chunk once; for q6_k, whose
 // 210-byte super-blocks alternate between 4- and 2-byte aligned starts, the chunks a warp reads together
 // (step s of every lane) lie in super-blocks of one parity wherever a run of 8 super-blocks is whole.

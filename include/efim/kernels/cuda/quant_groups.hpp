@@ -165,8 +165,32 @@ EFIM_HOST_DEVICE void scale_min(const std::uint32_t (&w)[3], int j, std::uint32_
   }
 }
 
+// The same for sub-blocks 2 pair and 2 pair + 1 together (pair 0..3), without a branch on the pair (a
+// warp's lanes hold different pairs): the two sub-blocks' 6-bit fields lie in the same 16 bits of each
+// of the three words (bits 16 (pair % 2) on), both layouts' pairs of fields are computed 16 bits at a
+// time and one is selected. sc, m: the first sub-block's in bits 0..7, the second's in bits 8..15.
+EFIM_HOST_DEVICE void scale_min_pair(const std::uint32_t (&w)[3], int pair, std::uint32_t& sc,
+                                     std::uint32_t& m) noexcept {
+  const int shift = 16 * (pair % 2);
+  const std::uint32_t x = (w[0] >> shift) & 0xFFFFu, y = (w[1] >> shift) & 0xFFFFu, z = (w[2] >> shift) & 0xFFFFu;
+  const bool high = pair >= 2;  // sub-blocks 4..7: low 4 bits in bytes 8..11, high 2 in the top of 0..7
+  sc = high ? (z & 0x0F0Fu) | ((x >> 2) & 0x3030u) : x & 0x3F3Fu;
+  m = high ? ((z >> 4) & 0x0F0Fu) | ((y >> 2) & 0x3030u) : y & 0x3F3Fu;
+}
+
 EFIM_HOST_DEVICE void scale_words(const std::uint8_t* scales, std::uint32_t (&w)[3]) noexcept {
   w[0] = load<std::uint32_t>(scales), w[1] = load<std::uint32_t>(scales + 4), w[2] = load<std::uint32_t>(scales + 8);
+}
+
+// Both sub-blocks of a pair (scale_min_pair): sub_block_scale's values for 2 pair and 2 pair + 1.
+EFIM_HOST_DEVICE void pair_scales(std::uint32_t dd, const std::uint32_t (&words)[3], int pair, float (&ds)[2],
+                                  float (&mm)[2]) noexcept {
+  std::uint32_t sc, m;
+  scale_min_pair(words, pair, sc, m);
+  const float d = half_to_float(static_cast<std::uint16_t>(dd & 0xFFFFu));
+  const float dmin = half_to_float(static_cast<std::uint16_t>(dd >> 16));
+  ds[0] = d * small_float(sc & 0xFFu), ds[1] = d * small_float(sc >> 8);
+  mm[0] = dmin * small_float(m & 0xFFu), mm[1] = dmin * small_float(m >> 8);
 }
 
 // q4_k / q5_k: sub-block j's weight of quant v is ds * v - mm; ds = d * scale and mm = dmin * min (both
@@ -292,9 +316,9 @@ EFIM_HOST_DEVICE void decode_loaded(const chunk_bytes& b, std::size_t c, float* 
   } else if constexpr (T == dtype::q4_k || T == dtype::q5_k) {
     const int pair = static_cast<int>(c % 8) / 2;  // sub-blocks 2 pair and 2 pair + 1
     const std::uint32_t words[3] = {b.s1, b.s2, b.s3};
-    float ds0, mm0, ds1, mm1;
-    detail::sub_block_scale(b.s0, words, 2 * pair, ds0, mm0);
-    detail::sub_block_scale(b.s0, words, 2 * pair + 1, ds1, mm1);
+    float ds[2], mm[2];
+    detail::pair_scales(b.s0, words, pair, ds, mm);
+    const float ds0 = ds[0], mm0 = mm[0], ds1 = ds[1], mm1 = mm[1];
     for (int t = 0; t < 16; ++t) {  // quant byte t: weight 16 half + t of both sub-blocks
       const std::uint32_t q = byte_of(t < 8 ? b.q0 : b.q1, t % 8);
       std::uint32_t lo = q & 15u, hi = q >> 4;

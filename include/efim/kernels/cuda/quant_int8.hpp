@@ -193,10 +193,9 @@ EFIM_HOST_DEVICE chunk8 int8_loaded(const chunk_bytes& b, std::size_t c) noexcep
     const int pair = static_cast<int>(c % 8) / 2;
     const std::uint32_t words[3] = {b.s1, b.s2, b.s3};
     std::uint32_t sc, mn;
-    detail::scale_min(words, 2 * pair, sc, mn);
-    k.sc[0] = static_cast<std::int32_t>(sc), k.mn[0] = static_cast<std::int32_t>(mn);
-    detail::scale_min(words, 2 * pair + 1, sc, mn);
-    k.sc[1] = static_cast<std::int32_t>(sc), k.mn[1] = static_cast<std::int32_t>(mn);
+    detail::scale_min_pair(words, pair, sc, mn);
+    k.sc[0] = static_cast<std::int32_t>(sc & 0xFFu), k.sc[1] = static_cast<std::int32_t>(sc >> 8);
+    k.mn[0] = static_cast<std::int32_t>(mn & 0xFFu), k.mn[1] = static_cast<std::int32_t>(mn >> 8);
     k.d = detail::half_to_float(static_cast<std::uint16_t>(b.s0 & 0xFFFFu));
     k.m = detail::half_to_float(static_cast<std::uint16_t>(b.s0 >> 16));
     const std::uint32_t q[4] = {low_word(b.q0), high_word(b.q0), low_word(b.q1), high_word(b.q1)};
