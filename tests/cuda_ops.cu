@@ -285,7 +285,8 @@ std::vector<float> quant_tiles(dtype type, const std::vector<std::byte>& w, std:
   return download(dy, y.size(), st.s);
 }
 
-std::vector<std::vector<float>> matmul_parts(dtype type, const std::vector<std::vector<std::byte>>& ws,
+std::vector<std::vector<float>> matmul_parts(const std::vector<dtype>& types,
+                                             const std::vector<std::vector<std::byte>>& ws,
                                              const std::vector<std::size_t>& rows, std::size_t cols,
                                              const std::vector<float>& x, std::size_t m,
                                              const std::vector<std::vector<float>>& biases, kernels::products products,
@@ -301,7 +302,7 @@ std::vector<std::vector<float>> matmul_parts(dtype type, const std::vector<std::
     dw.push_back(upload(ws[k], st.s));
     dy.emplace_back(m * rows[k]);
     db.push_back(upload(biases[k], st.s));
-    mats.push_back({type, rows[k], cols, dw.back().data()});
+    mats.push_back({types[k], rows[k], cols, dw.back().data()});
   }
   std::vector<kernels::device::product_part> parts;
   for (std::size_t k = 0; k < ws.size(); ++k) {

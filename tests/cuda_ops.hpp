@@ -73,9 +73,10 @@ std::vector<float> matmul(dtype type, const std::vector<std::byte>& w, std::size
 std::vector<float> quant_tiles(dtype type, const std::vector<std::byte>& w, std::size_t rows, std::size_t cols,
                                const std::vector<float>& x, std::size_t m, std::vector<float> y, bool accumulate,
                                const std::vector<float>& bias = {}, bool x_f16 = false);
-// The products of x (m, cols) with several matrices of one type and width (q, k and v), each with its
-// bias (empty: none), in one launch (matmul_parts) or one matmul each: each matrix's y.
-std::vector<std::vector<float>> matmul_parts(dtype type, const std::vector<std::vector<std::byte>>& ws,
+// The products of x (m, cols) with several matrices of one width (q, k and v), matrix k of types[k],
+// each with its bias (empty: none), in one launch (matmul_parts) or one matmul each: each matrix's y.
+std::vector<std::vector<float>> matmul_parts(const std::vector<dtype>& types,
+                                             const std::vector<std::vector<std::byte>>& ws,
                                              const std::vector<std::size_t>& rows, std::size_t cols,
                                              const std::vector<float>& x, std::size_t m,
                                              const std::vector<std::vector<float>>& biases, kernels::products products,

@@ -750,12 +750,13 @@ TEST_CASE("cuda: several decode products in one launch give the bits of each apa
         for (const bool with_bias : {false, true}) {
           std::vector<std::vector<float>> biases;
           for (const std::size_t n : rows) biases.push_back(with_bias ? random_floats(r, n) : std::vector<float>{});
+          const std::vector<dtype> types(rows.size(), type);
           if (m > 1 && rows.size() > 1) {
-            CHECK_THROWS_AS(test_cuda::matmul_parts(type, ws, rows, cols, x, m, biases, products, true), error);
+            CHECK_THROWS_AS(test_cuda::matmul_parts(types, ws, rows, cols, x, m, biases, products, true), error);
             continue;
           }
-          const auto one = test_cuda::matmul_parts(type, ws, rows, cols, x, m, biases, products, true);
-          const auto apart = test_cuda::matmul_parts(type, ws, rows, cols, x, m, biases, products, false);
+          const auto one = test_cuda::matmul_parts(types, ws, rows, cols, x, m, biases, products, true);
+          const auto apart = test_cuda::matmul_parts(types, ws, rows, cols, x, m, biases, products, false);
           REQUIRE(one.size() == apart.size());
           for (std::size_t k = 0; k < one.size(); ++k) {
             REQUIRE(one[k].size() == apart[k].size());
@@ -763,6 +764,66 @@ TEST_CASE("cuda: several decode products in one launch give the bits of each apa
           }
         }
       }
+}
+
+// A llama.cpp mix's q, k and v at one decode row: q and k of the base type, v of its type of more bits
+// (q4_k / q5_k and q6_k; q5_0 / q5_1 and q8_0 where rows are not whole super-blocks), multiplied in one
+// int8 launch: each matrix's products the bits of its product alone. Exact products, and types that
+// are no such pair, are refused one launch.
+TEST_CASE("cuda: a mix's q, k and v of two types in one int8 launch give the bits of each apart", "[cuda][gpu]") {
+  EFIM_NEED_DEVICE();
+  struct mix {
+    dtype base, more;
+  };
+  for (const mix t : {mix{dtype::q4_k, dtype::q6_k}, mix{dtype::q5_k, dtype::q6_k}, mix{dtype::q5_0, dtype::q8_0},
+                      mix{dtype::q5_1, dtype::q8_0}})
+    for (const auto& [types, rows] : std::vector<std::pair<std::vector<dtype>, std::vector<std::size_t>>>{
+             {{t.base, t.base, t.more}, {896, 130, 130}},
+             {{t.base, t.more, t.more}, {257, 31, 66}},
+             {{t.base, t.more}, {64, 5}}}) {
+      const std::size_t cols = 512;
+      INFO(to_string(t.base) << " + " << to_string(t.more) << ", " << rows.size() << " parts");
+      rng r(rows[0] + static_cast<std::size_t>(t.base));
+      std::vector<std::vector<std::byte>> ws;
+      for (std::size_t k = 0; k < rows.size(); ++k) {
+        const std::size_t rb = row_bytes(types[k], cols);
+        const auto values = random_floats(r, rows[k] * cols);
+        auto& w = ws.emplace_back(rows[k] * rb);
+        for (std::size_t i = 0; i < rows[k]; ++i)
+          quantize_row(types[k], values.data() + i * cols, w.data() + i * rb, cols);
+      }
+      const auto x = random_floats(r, cols, 2.0f);
+      std::vector<std::vector<float>> biases;
+      for (const std::size_t n : rows) biases.push_back(random_floats(r, n));
+      const auto one = test_cuda::matmul_parts(types, ws, rows, cols, x, 1, biases, kernels::products::int8, true);
+      const auto apart = test_cuda::matmul_parts(types, ws, rows, cols, x, 1, biases, kernels::products::int8, false);
+      REQUIRE(one.size() == apart.size());
+      for (std::size_t k = 0; k < one.size(); ++k) {
+        REQUIRE(one[k].size() == apart[k].size());
+        CHECK(std::memcmp(one[k].data(), apart[k].data(), one[k].size() * sizeof(float)) == 0);
+      }
+      CHECK_THROWS_AS(test_cuda::matmul_parts(types, ws, rows, cols, x, 1, biases, kernels::products::exact, true),
+                      error);
+    }
+  // Not a pair: the second type first, or two types of different spans.
+  const std::size_t cols = 512;
+  rng r(3);
+  for (const auto& types : {std::vector<dtype>{dtype::q6_k, dtype::q4_k}, std::vector<dtype>{dtype::q4_k, dtype::q8_0},
+                            std::vector<dtype>{dtype::q4_k, dtype::q6_k, dtype::q4_k}}) {
+    std::vector<std::vector<std::byte>> ws;
+    std::vector<std::size_t> rows;
+    for (const dtype t : types) {
+      const auto values = random_floats(r, 4 * cols);
+      auto& w = ws.emplace_back(4 * row_bytes(t, cols));
+      for (std::size_t i = 0; i < 4; ++i)
+        quantize_row(t, values.data() + i * cols, w.data() + i * row_bytes(t, cols), cols);
+      rows.push_back(4);
+    }
+    const std::vector<std::vector<float>> biases(types.size());
+    CHECK_THROWS_AS(test_cuda::matmul_parts(types, ws, rows, cols, random_floats(r, cols, 2.0f), 1, biases,
+                                            kernels::products::int8, true),
+                    error);
+  }
 }
 
 namespace {

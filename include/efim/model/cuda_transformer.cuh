@@ -258,11 +258,12 @@ class transformer<kernels::cuda> {
   }
 
   // Each part's y = xb_ w^T + bias: in one launch where the matrices allow it (a one-sequence decode
-  // step's q, k and v of one type: kernels::device::one_launch), else one product each; the same bits.
+  // step's q, k and v of one type, or with int8 products q and k of a mix's base type and v of its type
+  // of more bits: kernels::device::one_launch), else one product each; the same bits.
   void linear_parts(const kernels::cuda::context& ctx, std::initializer_list<kernels::device::product_part> list,
                     std::size_t rows) {
     const std::span<const kernels::device::product_part> parts(list.begin(), list.size());
-    if (kernels::device::one_launch(parts, rows)) {
+    if (kernels::device::one_launch(parts, rows, products_)) {
       kernels::device::matmul_parts(xb_.data(), parts, rows, convert_.data(), ctx.stream(), products_,
                                     rounded_xb(*parts[0].w, rows, ctx.stream()));
       return;

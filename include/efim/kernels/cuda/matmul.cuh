@@ -197,27 +197,48 @@ struct product_part {
   const float* bias = nullptr;
 };
 
+// Where parts of two types start that matmul_parts multiplies in one int8 launch (quant::int8_pair:
+// the first parts of one type, the rest, one or more, of the other), else 0.
+inline std::size_t pair_from(std::span<const product_part> parts) noexcept {
+  std::size_t k = 1;
+  while (k < parts.size() && parts[k].w->type == parts[0].w->type) ++k;
+  if (k == parts.size()) return 0;
+  for (std::size_t j = k; j < parts.size(); ++j)
+    if (parts[j].w->type != parts[k].w->type) return 0;
+  return quant::int8_pair(parts[0].w->type, parts[k].w->type) ? k : 0;
+}
+
 // Whether matmul_parts multiplies these matrices by m x rows in one launch: up to decode_parts::max of
-// them, of one type and width, each decoded in registers, at one x row (a sequence's decode step).
-inline bool one_launch(std::span<const product_part> parts, std::size_t m) noexcept {
+// them, of one width, each decoded in registers, at one x row (a sequence's decode step), and of one
+// type, or with int8 products of a pair of types (pair_from: a Q4_K_M layer's q4_k q and k and q6_k v).
+inline bool one_launch(std::span<const product_part> parts, std::size_t m, products p = products::exact) noexcept {
   if (parts.empty() || parts.size() > static_cast<std::size_t>(decode_parts::max) || m != 1) return false;
   for (const product_part& part : parts)
-    if (part.w->type != parts[0].w->type || part.w->cols != parts[0].w->cols || !decodes_in_registers(*part.w, m))
-      return false;
-  return true;
+    if (part.w->cols != parts[0].w->cols || !decodes_in_registers(*part.w, m)) return false;
+  const bool one_type = std::all_of(parts.begin(), parts.end(),
+                                    [&](const product_part& part) { return part.w->type == parts[0].w->type; });
+  return one_type || (p == products::int8 && pair_from(parts) > 0);
 }
 
 // Each part's y = x w^T [+ bias] (m rows) in one decode launch, the bits matmul gives each (one_launch
-// must hold: q, k and v of a layer, or its FFN's gate and up, of one type). `workspace` and `rounded`
-// as matmul takes them for any one of the parts.
+// must hold: q, k and v of a layer, or its FFN's gate and up). `workspace` and `rounded` as matmul
+// takes them for any one of the parts.
 inline void matmul_parts(const float* x, std::span<const product_part> parts, std::size_t m, void* workspace,
                          cudaStream_t stream, products p = products::exact, const quant::x8_rows* rounded = nullptr) {
-  require(one_launch(parts, m), errc::invalid_argument,
-          "device::matmul_parts: up to three matrices of one type and width, decoded in registers");
+  require(one_launch(parts, m, p), errc::invalid_argument,
+          "device::matmul_parts: up to three matrices of one width, decoded in registers, of one type (int8: or "
+          "a pair of types)");
   decode_parts dp;
   for (const product_part& part : parts)
     dp.add(part.w->data, part.w->rows, part.y, part.bias, policy::quant_matmul::warps);
   const matrix& w = *parts[0].w;
+  if (const std::size_t k = pair_from(parts); k > 0 && p == products::int8) {
+    const dtype second = parts[k].w->type;
+    dp.second = static_cast<int>(k);
+    const quant::x8_rows xq = rounded != nullptr ? *rounded : quantize_x8(w.type, x, m, w.cols, workspace, stream);
+    quant_decode_int8_pair(w.type, second, dp, w.cols, xq, stream);
+    return;
+  }
   if (quant::kept_quantized(w.type) && p == products::int8)
     quant_decode_int8_parts(w.type, dp, w.cols, x, m, workspace, stream, accumulate::no, rounded);
   else

@@ -40,6 +40,14 @@
 
 namespace efim::kernels::quant {
 
+// Pairs of types whose int8 decode products share one launch (quant_decode_int8_pair): a mix's base
+// type for the first parts and its type of more bits for the last (q, k and v of llama.cpp's Q4_K_M and
+// Q5_K_M, and of their fallbacks where rows are not whole super-blocks), one activation span each.
+constexpr bool int8_pair(dtype first, dtype second) noexcept {
+  return (second == dtype::q6_k && (first == dtype::q4_k || first == dtype::q5_k)) ||
+         (second == dtype::q8_0 && (first == dtype::q5_0 || first == dtype::q5_1));
+}
+
 // The block-quantized types the device multiplies as the file stores them: all of them.
 constexpr bool kept_quantized(dtype t) noexcept {
   return t == dtype::q8_0 || t == dtype::q4_0 || t == dtype::q5_0 || t == dtype::q5_1 || t == dtype::q4_k ||
@@ -419,6 +427,9 @@ struct decode_parts {
   unsigned first_block[max] = {};  // part k's first block of `warps` warps (one a row) in the launch
   int count = 0;
   int warps = 0;  // a block's (the kernel's policy)
+  // Parts from `second` on are of a launch's second weight type (quant_decode_int8_pair: q, k of one
+  // k-quant and v of q6_k, as llama.cpp's mixes give half the layers); `max`: none.
+  int second = max;
 
   // Part `count`: its blocks of `block_warps` rows follow the earlier parts'.
   void add(const void* weights, std::size_t n, float* out, const float* b, int block_warps) {

@@ -111,6 +111,24 @@ __global__ void __launch_bounds__(Policy::warps * 32)
   decode_store_rows<M>(parts, part, r, sums, m, lane, acc);
 }
 
+// The int8 decode product of parts of two types (quant::int8_pair) at one x row: parts before
+// parts.second of type T0 (rows of rb0 bytes), the rest of type T1 (rb1); each warp's row as
+// quant_decode_int8_kernel takes it for its part's type alone (the same sums, the same store).
+template <class Policy, dtype T0, dtype T1>
+__global__ void __launch_bounds__(Policy::warps * 32)
+    quant_decode_int8_pair_kernel(decode_parts parts, std::size_t rb0, std::size_t rb1, quant::x8_rows x, bool acc) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  int part;
+  std::size_t r;
+  if (!decode_row<Policy, true>(parts, part, r)) return;  // a whole warp at once
+  float sums[1] = {};
+  if (part < parts.second)  // (the block's part: uniform)
+    quant::lane_idots<T0, 1>(parts.w[part] + r * rb0, x, 1, lane, 32, sums);
+  else
+    quant::lane_idots<T1, 1>(parts.w[part] + r * rb1, x, 1, lane, 32, sums);
+  decode_store_rows<1>(parts, part, r, sums, 1, lane, acc);
+}
+
 // The FFN's decode products and SwiGLU in one launch: each warp takes row r of w_gate, then row r of
 // w_up (each exactly as quant_decode_kernel or quant_decode_int8_kernel takes a row, one after the
 // other: the same registers, the same sums), and stores swiglu_one(gate, up [+ bias_up[r]]): the bits
@@ -504,6 +522,41 @@ void quant_decode_int8_parts(dtype type, const decode_parts& parts, std::size_t 
         <<<blocks, Policy::warps * 32, 0, stream>>>(parts, rb, xq, xm, add);
   });
   check(cudaGetLastError(), "quant_decode_int8 launch");
+}
+
+// quant_decode_int8_parts over parts of two types at one x row (quant::int8_pair(t0, t1); parts from
+// parts.second on of t1), one launch: each part's products the bits of quant_decode_int8 of it alone.
+// `rounded`: the x row rounded to 8 bits for their span (the same for both types).
+template <class Policy = policy::quant_matmul>
+void quant_decode_int8_pair(dtype t0, dtype t1, const decode_parts& parts, std::size_t cols,
+                            const quant::x8_rows& rounded, cudaStream_t stream, accumulate acc = accumulate::no) {
+  detail::require_decode_launch<Policy>(parts, 1, "device::quant_decode_int8_pair");
+  require(quant::int8_pair(t0, t1) && parts.second > 0 && parts.second < parts.count, errc::invalid_argument,
+          "device::quant_decode_int8_pair: parts of a base type, then of its type of more bits");
+  require(rounded.cols == cols && cols % quant::x8_span(t0) == 0 && cols % quant::x8_span(t1) == 0,
+          errc::invalid_argument, "device::quant_decode_int8_pair: rows of whole blocks, rounded to their span");
+  const auto blocks = static_cast<unsigned>(parts.blocks());
+  if (blocks == 0) return;
+  const bool add = acc == accumulate::yes;
+  const auto launch = [&](auto a, auto b) {
+    detail::quant_decode_int8_pair_kernel<Policy, decltype(a)::value, decltype(b)::value>
+        <<<blocks, Policy::warps * 32, 0, stream>>>(parts, row_bytes(t0, cols), row_bytes(t1, cols), rounded, add);
+  };
+  using q4 = std::integral_constant<dtype, dtype::q4_k>;
+  using q5 = std::integral_constant<dtype, dtype::q5_k>;
+  using q6 = std::integral_constant<dtype, dtype::q6_k>;
+  using q50 = std::integral_constant<dtype, dtype::q5_0>;
+  using q51 = std::integral_constant<dtype, dtype::q5_1>;
+  using q80 = std::integral_constant<dtype, dtype::q8_0>;
+  if (t0 == dtype::q4_k)
+    launch(q4{}, q6{});
+  else if (t0 == dtype::q5_k)
+    launch(q5{}, q6{});
+  else if (t0 == dtype::q5_0)
+    launch(q50{}, q80{});
+  else
+    launch(q51{}, q80{});
+  check(cudaGetLastError(), "quant_decode_int8_pair launch");
 }
 
 // The int8 decode product: y (m, rows) = [y +] x (m, cols) * w^T [+ bias] with x rounded to 8 bits
