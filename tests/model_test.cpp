@@ -351,10 +351,32 @@ TEST_CASE("CUDA decode walk: every chunk once, and a warp's q6_k reads of one al
     }
     // The other types walk in order.
     CHECK(kernels::quant::walk_chunk<dtype::q4_k>(37, chunks) == 37);
+    CHECK(kernels::quant::walk_chunk<dtype::q5_1>(37, chunks) == 37);
+  }
+  // q8_0, q4_0, q5_0: a chunk a block (34, 18, 22 bytes: alternating alignment too).
+  for (const std::size_t chunks : {1, 28, 64, 65, 100, 128, 152}) {
+    INFO(chunks << " blocks of q8_0 a row");
+    const std::vector<std::uint8_t> row(chunks * 34, 0);
+    std::vector<int> seen(chunks, 0);
+    std::vector<std::vector<std::size_t>> at_step;
+    for (int lane = 0; lane < 32; ++lane) {
+      std::size_t step = 0;
+      kernels::quant::for_lane_chunks<dtype::q8_0>(row.data(), chunks, lane, 32, [&](const auto&, std::size_t c) {
+        REQUIRE(c < chunks);
+        ++seen[c];
+        if (at_step.size() <= step) at_step.resize(step + 1);
+        at_step[step++].push_back(c);
+      });
+    }
+    CHECK(std::count(seen.begin(), seen.end(), 1) == static_cast<std::ptrdiff_t>(chunks));
+    for (std::size_t step = 0; step < at_step.size(); ++step) {
+      if ((step / 2 + 1) * 64 > chunks) break;
+      for (const std::size_t c : at_step[step]) CHECK(c % 2 == at_step[step].front() % 2);
+    }
   }
   // The products over such rows (the walk permuted) still agree with the exact dot products.
   rng r(5);
-  for (const dtype t : {dtype::q6_k, dtype::q4_k}) {
+  for (const dtype t : {dtype::q6_k, dtype::q4_k, dtype::q8_0, dtype::q4_0, dtype::q5_0, dtype::q5_1}) {
     const std::size_t cols = 256 * 9, rows = 3;
     typed_weights w = make_weights(r, t, rows, cols);
     const auto x = random_vector(r, 2 * cols);

@@ -8,10 +8,10 @@
 //
 // Group g of a row holds weights 8g .. 8g + 7. A row of n weights has n / 8 groups; n is a whole
 // number of blocks (row_bytes). Where the device reads the bytes:
-//   q8_0   34-byte blocks of 32: the f16 scale, then 32 int8 quants         (2-byte loads)
-//   q4_0   18-byte blocks of 32: the f16 scale, then 16 bytes of nibbles    (2-byte loads)
-//   q5_0   22-byte blocks of 32: scale, 4 bytes of fifth bits, nibbles      (2-byte loads)
-//   q5_1   24-byte blocks of 32: scale, offset, fifth bits, nibbles         (2-byte loads)
+//   q8_0   34-byte blocks of 32: the f16 scale, then 32 int8 quants         (2- and 4-byte loads)
+//   q4_0   18-byte blocks of 32: the f16 scale, then 16 bytes of nibbles    (2- and 4-byte loads)
+//   q5_0   22-byte blocks of 32: scale, 4 bytes of fifth bits, nibbles      (2- and 4-byte loads)
+//   q5_1   24-byte blocks of 32: scale, offset, fifth bits, nibbles         (4- and 8-byte loads)
 //   q4_k  144-byte blocks of 256: d, dmin, 12 bytes of 6-bit scales, nibbles  (4- and 8-byte loads)
 //   q5_k  176-byte blocks of 256: as q4_k with 32 bytes of fifth bits      (4- and 8-byte loads)
 //   q6_k  210-byte blocks of 256: low nibbles, high 2 bits, int8 scales, d (2- and 4-byte loads)
@@ -22,7 +22,8 @@
 // 144 or 176 bytes, both multiples of 16); the host reads through memcpy. The decode product reads
 // q4_k and q5_k a chunk of 16 quant bytes (32 weights) at a time, in one 16-byte load (decode_chunk);
 // q6_k a chunk of 32 weights (8 of each of the four quarters of a half super-block that share their
-// bytes of high bits) from four 8-byte reads: two of low bits, one of high bits, one of scales.
+// bytes of high bits) from four 8-byte reads: two of low bits, one of high bits, one of scales; q8_0,
+// q4_0, q5_0 and q5_1 a whole block of 32 a chunk (its scale read once, its quants in 4-byte words).
 // Small integers become floats through their bits on the device (small_float): the same values as a
 // conversion, exactly, in two full-rate instructions where the conversion runs at a quarter rate.
 #include <cmath>
@@ -108,6 +109,30 @@ EFIM_HOST_DEVICE std::uint64_t load8_16_uniform(const std::uint8_t* p) noexcept 
          static_cast<std::uint64_t>(load<std::uint16_t>(p + 6)) << 48;
 #else
   return load8_16(p);
+#endif
+}
+
+// N 4-byte little-endian words from a 2-byte aligned address that is 4-byte aligned for every lane of a
+// warp or for none (the decode walk's blocks, walk_chunk): N 4-byte loads, or a 2-byte load, N - 1
+// 4-byte loads and a 2-byte load, stitched.
+template <int N>
+EFIM_HOST_DEVICE void load_words_uniform(const std::uint8_t* p, std::uint32_t (&w)[N]) noexcept {
+#if defined(__CUDA_ARCH__)
+  if (reinterpret_cast<std::uintptr_t>(p) % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) w[i] = load<std::uint32_t>(p + 4 * i);
+    return;
+  }
+  std::uint32_t mid[N - 1];
+#pragma unroll
+  for (int i = 0; i < N - 1; ++i) mid[i] = load<std::uint32_t>(p + 2 + 4 * i);
+  const std::uint32_t first = load<std::uint16_t>(p), last = load<std::uint16_t>(p + 4 * N - 2);
+  w[0] = first | mid[0] << 16;
+#pragma unroll
+  for (int i = 1; i < N - 1; ++i) w[i] = mid[i - 1] >> 16 | mid[i] << 16;
+  w[N - 1] = mid[N - 2] >> 16 | last << 16;
+#else
+  std::memcpy(w, p, sizeof w);
 #endif
 }
 
@@ -217,10 +242,18 @@ EFIM_HOST_DEVICE void sub_block_scale(std::uint32_t dd, const std::uint32_t (&wo
 // weights of 16 quant bytes (16 weights of each of two sub-blocks: 4 groups), read in one load; for
 // q6_k the 32 weights l .. l + 7 of each quarter (32 weights) of a half super-block: the low bits of
 // quarters 0 and 2 share bytes, those of 1 and 3 too, and all four share the bytes of high bits, so a
-// chunk reads 8 bytes of each kind once (where 8-weight chunks read the high bits four times); one group
-// for the others (their blocks are only 2-byte aligned).
+// chunk reads 8 bytes of each kind once (where 8-weight chunks read the high bits four times); for the
+// types of 32-weight blocks (q8_0, q4_0, q5_0, q5_1) a whole block, its scale read once; one group of
+// the dense types (16 bytes).
 template <dtype T>
-inline constexpr int chunk_groups = T == dtype::q4_k || T == dtype::q5_k || T == dtype::q6_k ? 4 : 1;
+inline constexpr int chunk_groups = T == dtype::q4_k || T == dtype::q5_k || T == dtype::q6_k || T == dtype::q8_0 ||
+                                            T == dtype::q4_0 || T == dtype::q5_0 || T == dtype::q5_1
+                                        ? 4
+                                        : 1;
+
+// The types of 32-weight blocks, read a block a chunk.
+template <dtype T>
+inline constexpr bool block32_type = T == dtype::q8_0 || T == dtype::q4_0 || T == dtype::q5_0 || T == dtype::q5_1;
 
 // The bytes of one chunk as loaded (load_chunk), before they are decoded (decode_loaded): the decode
 // product loads several chunks before it decodes the first, so that their loads are in flight together.
@@ -235,22 +268,32 @@ template <dtype T>
 EFIM_HOST_DEVICE chunk_bytes load_chunk(const std::uint8_t* row, std::size_t c) noexcept {
   using detail::load;
   chunk_bytes b;
-  if constexpr (T == dtype::q8_0) {  // s0: scale; q0: 8 quants
-    const std::uint8_t* p = row + c / 4 * 34;
+  const auto word64 = [](std::uint32_t lo, std::uint32_t hi) {
+    return static_cast<std::uint64_t>(lo) | static_cast<std::uint64_t>(hi) << 32;
+  };
+  if constexpr (T == dtype::q8_0) {  // chunk c: block c. s0: scale; q0, q1, h0, h1: the 32 quants
+    const std::uint8_t* p = row + c * 34;
     b.s0 = load<std::uint16_t>(p);
-    b.q0 = detail::load8_16(p + 2 + 8 * (c % 4));
-  } else if constexpr (T == dtype::q4_0) {  // s0: scale; q0: the 8 bytes holding the group's nibbles
-    const std::uint8_t* p = row + c / 4 * 18;
+    std::uint32_t w[8];
+    detail::load_words_uniform(p + 2, w);
+    b.q0 = word64(w[0], w[1]), b.q1 = word64(w[2], w[3]), b.h0 = word64(w[4], w[5]), b.h1 = word64(w[6], w[7]);
+  } else if constexpr (T == dtype::q4_0) {  // s0: scale; q0, q1: the 16 bytes of nibbles
+    const std::uint8_t* p = row + c * 18;
     b.s0 = load<std::uint16_t>(p);
-    b.q0 = detail::load8_16(p + 2 + 8 * (c % 2));
-  } else if constexpr (T == dtype::q5_0 || T == dtype::q5_1) {  // s0: scale (q5_1: offset above); s1: fifth bits
-    constexpr std::size_t bytes = T == dtype::q5_0 ? 22 : 24, head = T == dtype::q5_0 ? 2 : 4;
-    const std::uint8_t* p = row + c / 4 * bytes;
+    std::uint32_t w[4];
+    detail::load_words_uniform(p + 2, w);
+    b.q0 = word64(w[0], w[1]), b.q1 = word64(w[2], w[3]);
+  } else if constexpr (T == dtype::q5_0) {  // s0: scale; s1: fifth bits; q0, q1: nibbles
+    const std::uint8_t* p = row + c * 22;
     b.s0 = load<std::uint16_t>(p);
-    if constexpr (T == dtype::q5_1) b.s0 |= static_cast<std::uint32_t>(load<std::uint16_t>(p + 2)) << 16;
-    b.s1 = static_cast<std::uint32_t>(load<std::uint16_t>(p + head)) |
-           static_cast<std::uint32_t>(load<std::uint16_t>(p + head + 2)) << 16;
-    b.q0 = detail::load8_16(p + head + 4 + 8 * (c % 2));
+    std::uint32_t w[5];
+    detail::load_words_uniform(p + 2, w);
+    b.s1 = w[0], b.q0 = word64(w[1], w[2]), b.q1 = word64(w[3], w[4]);
+  } else if constexpr (T == dtype::q5_1) {  // s0: scale, offset above; s1: fifth bits; q0, q1: nibbles
+    const std::uint8_t* p = row + c * 24;   // (8-byte aligned: rows of 24-byte blocks from an aligned start)
+    b.s0 = load<std::uint32_t>(p);
+    b.s1 = load<std::uint32_t>(p + 4);
+    b.q0 = load<std::uint64_t>(p + 8), b.q1 = load<std::uint64_t>(p + 16);
   } else if constexpr (T == dtype::q4_k || T == dtype::q5_k) {  // s0: d, dmin; s1..s3: scales; q: quants; h: fifth bits
     constexpr std::size_t bytes = T == dtype::q4_k ? 144 : 176, qs_at = T == dtype::q4_k ? 16 : 48;
     const std::uint8_t* p = row + c / 8 * bytes;
@@ -287,6 +330,8 @@ template <dtype T>
 EFIM_HOST_DEVICE void chunk_first(std::size_t c, std::size_t* first) noexcept {
   if constexpr (chunk_groups<T> == 1) {
     first[0] = 8 * c;
+  } else if constexpr (block32_type<T>) {  // block c's groups in order
+    first[0] = 32 * c, first[1] = 32 * c + 8, first[2] = 32 * c + 16, first[3] = 32 * c + 24;
   } else if constexpr (T == dtype::q6_k) {  // weights l .. l + 7 of each quarter of half c % 8 / 4
     const std::size_t base = c / 8 * 256 + 128 * (c % 8 / 4) + 8 * (c % 4);
     first[0] = base, first[1] = base + 32, first[2] = base + 64, first[3] = base + 96;
@@ -305,21 +350,28 @@ EFIM_HOST_DEVICE void decode_loaded(const chunk_bytes& b, std::size_t c, float* 
   using detail::small_float;
   if constexpr (T == dtype::q8_0) {
     const float d = half_to_float(static_cast<std::uint16_t>(b.s0));
-    for (int i = 0; i < 8; ++i) w[i] = small_float<128>(byte_of(b.q0, i) ^ 0x80u) * d;  // the int8 quant, exactly
-  } else if constexpr (T == dtype::q4_0) {
+    const std::uint64_t q[4] = {b.q0, b.q1, b.h0, b.h1};
+    for (int i = 0; i < 32; ++i) w[i] = small_float<128>(byte_of(q[i / 8], i % 8) ^ 0x80u) * d;  // the int8, exactly
+  } else if constexpr (T == dtype::q4_0) {  // weight i: the low nibble of byte i, weight 16 + i its high one
     const float d = half_to_float(static_cast<std::uint16_t>(b.s0));
-    const int shift = c % 4 < 2 ? 0 : 4;
-    for (int i = 0; i < 8; ++i) w[i] = small_float<8>((byte_of(b.q0, i) >> shift) & 15u) * d;
-  } else if constexpr (T == dtype::q5_0 || T == dtype::q5_1) {
+    for (int i = 0; i < 16; ++i) {
+      const std::uint32_t q = byte_of(i < 8 ? b.q0 : b.q1, i % 8);
+      w[i] = small_float<8>(q & 15u) * d;
+      w[16 + i] = small_float<8>(q >> 4) * d;
+    }
+  } else if constexpr (T == dtype::q5_0 || T == dtype::q5_1) {  // as q4_0, fifth bit i of the 32 bits above
     const float d = half_to_float(static_cast<std::uint16_t>(b.s0 & 0xFFFFu));
-    const int shift = c % 4 < 2 ? 0 : 4;
-    const int at = static_cast<int>(8 * (c % 4));  // the weight index of w[0] within the block
-    for (int i = 0; i < 8; ++i) {
-      const std::uint32_t v = ((byte_of(b.q0, i) >> shift) & 15u) | (((b.s1 >> (at + i)) & 1u) << 4);
-      if constexpr (T == dtype::q5_0)
-        w[i] = small_float<16>(v) * d;
-      else
-        w[i] = small_float(v) * d + half_to_float(static_cast<std::uint16_t>(b.s0 >> 16));
+    for (int i = 0; i < 16; ++i) {
+      const std::uint32_t q = byte_of(i < 8 ? b.q0 : b.q1, i % 8);
+      const std::uint32_t lo = (q & 15u) | (((b.s1 >> i) & 1u) << 4), hi = (q >> 4) | (((b.s1 >> (16 + i)) & 1u) << 4);
+      if constexpr (T == dtype::q5_0) {
+        w[i] = small_float<16>(lo) * d;
+        w[16 + i] = small_float<16>(hi) * d;
+      } else {
+        const float m = half_to_float(static_cast<std::uint16_t>(b.s0 >> 16));
+        w[i] = small_float(lo) * d + m;
+        w[16 + i] = small_float(hi) * d + m;
+      }
     }
   } else if constexpr (T == dtype::q4_k || T == dtype::q5_k) {
     const int pair = static_cast<int>(c % 8) / 2;  // sub-blocks 2 pair and 2 pair + 1
@@ -377,25 +429,52 @@ EFIM_HOST_DEVICE void decode_chunk(const std::uint8_t* row, std::size_t c, float
 // Weights 8g .. 8g + 7 of a row of type T into w.
 template <dtype T>
 EFIM_HOST_DEVICE void decode8(const std::uint8_t* row, std::size_t g, float* w) noexcept {
+  using detail::byte_of;
+  using detail::half_to_float;
+  using detail::load;
+  using detail::small_float;
   if constexpr (chunk_groups<T> == 1) {
     std::size_t first;
     decode_chunk<T>(row, g, w, &first);
+  } else if constexpr (T == dtype::q8_0) {  // the group alone: quants 8 (g % 4) .. of block g / 4
+    const std::uint8_t* p = row + g / 4 * 34;
+    const float d = half_to_float(load<std::uint16_t>(p));
+    const std::uint64_t q = detail::load8_16(p + 2 + 8 * (g % 4));
+    for (int i = 0; i < 8; ++i) w[i] = small_float<128>(byte_of(q, i) ^ 0x80u) * d;
+  } else if constexpr (T == dtype::q4_0) {  // the 8 bytes holding the group's nibbles
+    const std::uint8_t* p = row + g / 4 * 18;
+    const float d = half_to_float(load<std::uint16_t>(p));
+    const std::uint64_t q = detail::load8_16(p + 2 + 8 * (g % 2));
+    const int shift = g % 4 < 2 ? 0 : 4;
+    for (int i = 0; i < 8; ++i) w[i] = small_float<8>((byte_of(q, i) >> shift) & 15u) * d;
+  } else if constexpr (T == dtype::q5_0 || T == dtype::q5_1) {
+    constexpr std::size_t bytes = T == dtype::q5_0 ? 22 : 24, head = T == dtype::q5_0 ? 2 : 4;
+    const std::uint8_t* p = row + g / 4 * bytes;
+    const float d = half_to_float(load<std::uint16_t>(p));
+    const std::uint32_t bits = static_cast<std::uint32_t>(load<std::uint16_t>(p + head)) |
+                               static_cast<std::uint32_t>(load<std::uint16_t>(p + head + 2)) << 16;
+    const std::uint64_t q = detail::load8_16(p + head + 4 + 8 * (g % 2));
+    const int shift = g % 4 < 2 ? 0 : 4, at = static_cast<int>(8 * (g % 4));  // (w[0]'s index in the block)
+    for (int i = 0; i < 8; ++i) {
+      const std::uint32_t v = ((byte_of(q, i) >> shift) & 15u) | (((bits >> (at + i)) & 1u) << 4);
+      if constexpr (T == dtype::q5_0)
+        w[i] = small_float<16>(v) * d;
+      else
+        w[i] = small_float(v) * d + half_to_float(load<std::uint16_t>(p + 2));
+    }
   } else if constexpr (T == dtype::q6_k) {  // the group alone: weights i0 .. i0 + 7 of its super-block
-    using detail::byte_of;
     const std::uint8_t* p = row + g / 32 * 210;
     const std::size_t i0 = g % 32 * 8, h = i0 / 128, r = i0 % 128 / 32, l = i0 % 32;
     const std::uint64_t q = detail::load8_16(p + 64 * h + 32 * (r % 2) + l),
                         qh = detail::load8_16(p + 128 + 32 * h + l);
     const auto sc = static_cast<std::int8_t>(p[192 + i0 / 16]);
-    const float ds = detail::half_to_float(detail::load<std::uint16_t>(p + 208)) * static_cast<float>(sc);
+    const float ds = half_to_float(load<std::uint16_t>(p + 208)) * static_cast<float>(sc);
     for (int i = 0; i < 8; ++i) {
       const std::uint32_t lo = r < 2 ? byte_of(q, i) & 15u : byte_of(q, i) >> 4;
       const std::uint32_t hi = (byte_of(qh, i) >> (2 * r)) & 3u;
-      w[i] = ds * detail::small_float<32>(lo | (hi << 4));
+      w[i] = ds * small_float<32>(lo | (hi << 4));
     }
   } else {  // q4_k, q5_k: the group alone (sub-block j, its weights o .. o + 7)
-    using detail::byte_of;
-    using detail::load;
     constexpr std::size_t bytes = T == dtype::q4_k ? 144 : 176, qs_at = T == dtype::q4_k ? 16 : 48;
     const std::uint8_t* p = row + g / 32 * bytes;
     const int l = static_cast<int>(g % 32), j = l / 4, o = (l % 4) * 8;
@@ -498,17 +577,24 @@ struct tile_staging {
 inline constexpr int chunks_in_flight = 4;
 
 // The chunk of a row that step v of the decode products' walk reads (a row of `chunks` chunks): v
-// itself, but for q6_k, whose 210-byte super-blocks alternate between 4- and 2-byte aligned starts (in
-// a row of an even number of them) and whose 8 chunks each go to 8 lanes: in each run of 8 super-blocks
-// (64 chunks), steps 0..31 read super-blocks 0, 2, 4 and 6 of the run and steps 32..63 super-blocks 1,
-// 3, 5 and 7, so that the 32 lanes of a warp read super-blocks of one alignment together
-// (load8_16_uniform); a last run of fewer super-blocks in order.
+// itself, but for the types whose blocks alternate between 4- and 2-byte aligned starts (in a row of an
+// even number of them: q6_k's 210 bytes, q8_0's 34, q4_0's 18, q5_0's 22; walk_block_chunks: a block's
+// chunks): in each run of 64 chunks, steps 0..31 read the run's even blocks and steps 32..63 its odd
+// ones (q6_k: super-blocks 0, 2, 4 and 6 of a run of 8, then 1, 3, 5 and 7), so that the 32 lanes of a
+// warp read blocks of one alignment together (load8_16_uniform, load_words_uniform); a last run of fewer
+// chunks in order (its lanes then take both ways).
+template <dtype T>
+inline constexpr std::size_t walk_block_chunks = T == dtype::q6_k                                           ? 8
+                                                 : T == dtype::q8_0 || T == dtype::q4_0 || T == dtype::q5_0 ? 1
+                                                                                                            : 0;
+
 template <dtype T>
 EFIM_HOST_DEVICE std::size_t walk_chunk(std::size_t v, std::size_t chunks) noexcept {
-  if constexpr (T == dtype::q6_k) {
+  if constexpr (walk_block_chunks < T >> 0) {
+    constexpr std::size_t P = walk_block_chunks<T>;  // chunks a block
     const std::size_t run = v / 64, w = v % 64;
     if ((run + 1) * 64 > chunks) return v;
-    return run * 64 + (2 * (w % 32 / 8) + w / 32) * 8 + w % 8;
+    return run * 64 + (2 * (w % 32 / P) + w / 32) * P + w % P;
   } else {
     (void)chunks;
     return v;

@@ -13,13 +13,13 @@
 // A lane of the warp that multiplies one weight row takes the decode product's chunks (quant_groups.hpp:
 // the same loads) in the same order, and turns each into signed 8-bit weights (the quant less its bias:
 // q8_0 as stored, q4_0 - 8, q5_0 - 16, q6_k - 32; q5_1, q4_k and q5_k unsigned, their mins apart):
-//   8-weight chunks (q8_0, q4_0, q5_0, q5_1): isum = DP4A over the 8; acc = fma(d * dx, isum, acc),
-//     q5_1 then acc = fma(m * dx, sum(a), acc);
+//   32-weight chunks of q8_0, q4_0, q5_0, q5_1 (a block each): isum = DP4A over the 32; acc = fma(d *
+//     dx, isum, acc), q5_1 then acc = fma(m * dx, sum(a), acc);
 //   q6_k chunks (8 weights of each quarter of a half super-block): isum = the sum over the quarters of
 //     their scale times DP4A over their 8; acc = fma(d * dx, isum, acc);
 //   q4_k / q5_k chunks (16 weights of each of two sub-blocks): isum = sc0 * dot0 + sc1 * dot1 and
 //     msum = mn0 * bsum0 + mn1 * bsum1; acc = fma(d * dx, isum, acc), then fma(-(dmin * dx), msum, acc).
-// So each float step covers 8 or 32 weights where the host takes one per block or super-block: the
+// So each float step covers 32 weights where the host takes one per block or super-block: the
 // integers are the host's, the float sums are not in its order (the tests bound the difference).
 #include <cmath>
 #include <cstddef>
@@ -152,7 +152,8 @@ EFIM_HOST_DEVICE std::uint32_t high_word(std::uint64_t v) noexcept { return stat
 
 }  // namespace detail
 
-// A chunk's weights as signed bytes, and what its float steps need: 8-weight chunks fill w[0..1];
+// A chunk's weights as signed bytes, and what its float steps need: a block of q8_0, q4_0, q5_0 or q5_1
+// fills w[0..7] (weights 4 j .. 4 j + 3 in w[j]);
 // q4_k / q5_k fill w[0..3] (sub-block 2 pair, its weights 16 half .. 16 half + 15) and w[4..7]
 // (sub-block 2 pair + 1, the same weights); q6_k fills w[2 r], w[2 r + 1] with quarter r's 8. d: the
 // scale (k-quants: d times nothing yet), m: q5_1's offset or the k-quants' dmin; sc / mn: the integer
@@ -169,26 +170,28 @@ EFIM_HOST_DEVICE chunk8 int8_loaded(const chunk_bytes& b, std::size_t c) noexcep
   using detail::low_word;
   using detail::sub_bytes;
   chunk8 k;
-  if constexpr (T == dtype::q8_0) {
+  if constexpr (T == dtype::q8_0) {  // a block: w[j] its quants 4 j .. 4 j + 3
     k.d = detail::half_to_float(static_cast<std::uint16_t>(b.s0));
-    k.w[0] = low_word(b.q0), k.w[1] = high_word(b.q0);
-  } else if constexpr (T == dtype::q4_0) {
-    k.d = detail::half_to_float(static_cast<std::uint16_t>(b.s0));
-    const int shift = c % 4 < 2 ? 0 : 4;
-    const std::uint64_t u = (b.q0 >> shift) & 0x0F0F0F0F0F0F0F0Full;
-    k.w[0] = sub_bytes(low_word(u), 0x08080808u), k.w[1] = sub_bytes(high_word(u), 0x08080808u);
-  } else if constexpr (T == dtype::q5_0 || T == dtype::q5_1) {
+    const std::uint64_t q[4] = {b.q0, b.q1, b.h0, b.h1};
+    for (int j = 0; j < 4; ++j) k.w[2 * j] = low_word(q[j]), k.w[2 * j + 1] = high_word(q[j]);
+  } else if constexpr (T == dtype::q4_0 || T == dtype::q5_0 || T == dtype::q5_1) {
+    // a block: w[j] weights 4 j .. 4 j + 3 from the low nibbles of bytes 4 j .. (j < 4), w[4 + j] weights
+    // 16 + 4 j .. from their high nibbles; q5: fifth bit i of s1 on weight i
     k.d = detail::half_to_float(static_cast<std::uint16_t>(b.s0 & 0xFFFFu));
-    const int shift = c % 4 < 2 ? 0 : 4;
-    const std::uint64_t u = (b.q0 >> shift) & 0x0F0F0F0F0F0F0F0Full;
-    const std::uint32_t bits = (b.s1 >> (8 * (c % 4))) & 0xFFu;
-    const std::uint32_t w0 = low_word(u) | detail::bits_to_bytes(bits), w1 = high_word(u) | detail::bits_to_bytes(bits >> 4);
-    if constexpr (T == dtype::q5_0) {
-      k.w[0] = sub_bytes(w0, 0x10101010u), k.w[1] = sub_bytes(w1, 0x10101010u);
-    } else {
-      k.w[0] = w0, k.w[1] = w1;
-      k.m = detail::half_to_float(static_cast<std::uint16_t>(b.s0 >> 16));
+    const std::uint32_t q[4] = {low_word(b.q0), high_word(b.q0), low_word(b.q1), high_word(b.q1)};
+    for (int j = 0; j < 4; ++j) {
+      std::uint32_t lo = q[j] & 0x0F0F0F0Fu, hi = (q[j] >> 4) & 0x0F0F0F0Fu;
+      if constexpr (T == dtype::q4_0) {
+        k.w[j] = sub_bytes(lo, 0x08080808u), k.w[4 + j] = sub_bytes(hi, 0x08080808u);
+      } else {
+        lo |= detail::bits_to_bytes(b.s1 >> (4 * j)), hi |= detail::bits_to_bytes(b.s1 >> (16 + 4 * j));
+        if constexpr (T == dtype::q5_0)
+          k.w[j] = sub_bytes(lo, 0x10101010u), k.w[4 + j] = sub_bytes(hi, 0x10101010u);
+        else
+          k.w[j] = lo, k.w[4 + j] = hi;
+      }
     }
+    if constexpr (T == dtype::q5_1) k.m = detail::half_to_float(static_cast<std::uint16_t>(b.s0 >> 16));
   } else if constexpr (T == dtype::q4_k || T == dtype::q5_k) {
     const int pair = static_cast<int>(c % 8) / 2;
     const std::uint32_t words[3] = {b.s1, b.s2, b.s3};
@@ -232,13 +235,18 @@ EFIM_HOST_DEVICE float int8_chunk_step(const chunk8& k, std::size_t first, const
   constexpr std::size_t span = x8_span(T);
   const std::int8_t* a = x.q + i * x.cols + first;
   const float dx = x.d[i * (x.cols / span) + first / span];
-  if constexpr (chunk_groups<T> == 1) {
-    std::uint32_t v[2];
-    detail::load_x8(a, v);
-    const std::int32_t isum = detail::dp4a(k.w[1], v[1], detail::dp4a(k.w[0], v[0], 0));
+  if constexpr (block32_type<T>) {  // a block's 32 weights against its 32 activations
+    std::uint32_t v0[4], v1[4];
+    detail::load_x16(a, v0);
+    detail::load_x16(a + 16, v1);
+    std::int32_t isum = 0;
+    for (int j = 0; j < 4; ++j) isum = detail::dp4a(k.w[j], v0[j], isum);
+    for (int j = 0; j < 4; ++j) isum = detail::dp4a(k.w[4 + j], v1[j], isum);
     acc = fmaf(k.d * dx, static_cast<float>(isum), acc);
     if constexpr (T == dtype::q5_1) {
-      const std::int32_t asum = detail::dp4a(0x01010101u, v[1], detail::dp4a(0x01010101u, v[0], 0));
+      std::int32_t asum = 0;
+      for (int j = 0; j < 4; ++j) asum = detail::dp4a(0x01010101u, v0[j], asum);
+      for (int j = 0; j < 4; ++j) asum = detail::dp4a(0x01010101u, v1[j], asum);
       acc = fmaf(k.m * dx, static_cast<float>(asum), acc);
     }
   } else if constexpr (T == dtype::q6_k) {  // 8 weights at first + 32 r for each quarter r: one integer sum
