@@ -413,6 +413,7 @@ double run(const options& o, const std::string& name, const std::string& type, c
       for (std::size_t i = 0; i < o.steps; ++i) decode(o.context + i);
       attention_ms[a] = std::min(attention_ms[a], ms_since(t0) / static_cast<double>(o.steps));
     }
+  m.set_scalar_attention(o.attention[0]);
   const double step_ms = attention_ms[0];
 
   const double kv_elem = static_cast<double>(info(o.kv).bytes);

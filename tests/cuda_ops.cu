@@ -163,10 +163,12 @@ std::vector<float> paged_attention(const kv::paged_layout& l, const std::vector<
   kernels::attention_step step;
   step.plan(tokens, l.block_size, heads, l.kv_heads, kd::policy::attention::rows);
   const std::size_t longest = kd::longest_tile(step.tiles);
-  const auto split = rows_kernel
-                         ? kd::plan_attention_split_rows(step.tiles.size(), longest, l.block_size, target_blocks)
-                         : kd::plan_attention_split(step.tiles.size(), longest, l.block_size, target_blocks);
+  const auto split = rows_kernel ? kd::plan_attention_split_rows(step.tiles.size(), longest, l.block_size,
+                                                                 target_blocks, kd::widest_tile(step.tiles))
+                                 : kd::plan_attention_split(step.tiles.size(), longest, l.block_size, target_blocks);
   splits = split.splits;
+  if (kd::attention_kernel_for(l, split) != (rows_kernel ? kd::attention_kernel::rows : kd::attention_kernel::pages))
+    throw error(errc::invalid_argument, "paged_attention: the launch would not run the kernel asked for");
   stream st;
   auto dk = upload(k_cache, st.s), dv = upload(v_cache, st.s);
   auto dq = upload(q, st.s);
@@ -246,6 +248,19 @@ static_assert(kd::plan_attention_split_rows(4, 100000, 16, 264).splits == 66);
 static_assert(kd::plan_attention_split_rows(2, 33, 8, 264).splits == 2 &&
               kd::plan_attention_split_rows(2, 33, 8, 264).pages == 3);  // 5 pages of 8: ranges of 3 and 2
 static_assert(kd::plan_attention_split_rows(1, 0, 16, 264).splits == 1);
+// Tiles of one row: a chunk for each of the 4 warps sharing it, 128 keys a range (8 pages of 16).
+static_assert(kd::plan_attention_split_rows(4, 1024, 16, 264, 1).splits == 8 &&
+              kd::plan_attention_split_rows(4, 1024, 16, 264, 1).pages == 8);
+static_assert(kd::plan_attention_split_rows(4, 1024, 16, 264, 2).pages == 4);
+static_assert(kd::plan_attention_split_rows(4, 1024, 16, 264, 7).pages == 2);
+// The rows kernel where it can take the layout, else the pages kernel on the same cut.
+static_assert(kd::attention_kernel_for({40, 4, 16, 128}, kd::plan_attention_split_rows(4, 60, 16, 264)) ==
+              kd::attention_kernel::rows);
+static_assert(kd::attention_kernel_for({40, 4, 16, 128}, kd::plan_attention_split(4, 60, 16, 264)) ==
+              kd::attention_kernel::pages);
+static_assert(kd::attention_kernel_for({std::size_t{1} << 29, 4, 16, 128},
+                                       kd::plan_attention_split_rows(4, 60, 16, 264)) ==
+              kd::attention_kernel::pages);  // 2^35 value rows
 
 std::vector<float> matmul(dtype type, const std::vector<std::byte>& w, std::size_t rows, std::size_t cols,
                           const std::vector<float>& x, std::size_t m, std::vector<float> y, bool accumulate,
@@ -424,6 +439,7 @@ std::vector<std::vector<float>> forward(const model::weights& w, dtype kv_type, 
   decoder m(w, options.products);
   m.set_graphs(options.graphs);
   if (options.tensor_cores_always) m.set_tensor_core_attention(decoder::tensor_cores::always);
+  if (options.rows_attention) m.set_scalar_attention(kernels::device::attention_kernel::rows);
   kv::device_storage kv(w.cfg.layers, m.kv_layout(blocks, block_size), kv_type);
   std::vector<std::vector<float>> out;
   for (const auto& items : passes) m.forward(ctx, kv, items, out.emplace_back());

@@ -103,7 +103,8 @@ std::vector<token_id> sample(const std::vector<float>& logits, std::size_t rows,
 // `block_size` tokens, in order: the logits of each pass.
 // How the decoder runs: its products; decode steps as CUDA graphs or not (`stats`, if given, receives
 // how many steps ran directly, were captured, were replayed); prefill attention on tensor cores
-// whenever it fits (f16 KV), not only where its tiles fill the GPU.
+// whenever it fits (f16 KV), not only where its tiles fill the GPU; the scalar attention by the rows
+// kernel (kernels::device::attention_kernel::rows) instead of the pages kernel.
 struct graph_stats {
   std::size_t direct = 0, captures = 0, replays = 0, updates = 0;
 };
@@ -111,6 +112,7 @@ struct forward_options {
   kernels::products products = kernels::products::exact;
   bool graphs = true;
   bool tensor_cores_always = false;
+  bool rows_attention = false;
   graph_stats* stats = nullptr;
 };
 std::vector<std::vector<float>> forward(const model::weights& w, dtype kv_type, std::size_t blocks,

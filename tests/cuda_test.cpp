@@ -378,12 +378,12 @@ TEST_CASE("cuda: paged attention equals the host kernel (decode, prefill over ca
   struct shape {
     std::size_t blocks, kv_heads, block_size, head_dim, heads;
   };
-  for (const shape s :
-       {shape{40, 2, 16, 64, 14}, shape{40, 4, 32, 128, 28}, shape{30, 4, 48, 16, 4}, shape{30, 1, 64, 80, 16},
-        shape{60, 2, 8, 256, 4}, shape{40, 2, 16, 256, 4}, shape{30, 2, 16, 13, 6}}) {
+  for (const shape s : {shape{40, 2, 16, 64, 14}, shape{40, 4, 32, 128, 28}, shape{30, 4, 48, 16, 4},
+                        shape{30, 1, 64, 80, 16}, shape{60, 2, 8, 256, 4}, shape{40, 2, 16, 256, 4},
+                        shape{30, 2, 16, 13, 6}, shape{30, 2, 16, 66, 4}, shape{30, 1, 16, 132, 1}}) {
     const kv::paged_layout l{s.blocks, s.kv_heads, s.block_size, s.head_dim};
     INFO("block " << s.block_size << ", head_dim " << s.head_dim << ", heads " << s.heads << "/" << s.kv_heads);
-    for (const std::size_t fresh : {1, 7, 300}) {
+    for (const std::size_t fresh : {1, 2, 7, 300}) {  // (2: tiles of 2 rows that see different keys)
       INFO(fresh << " new tokens per sequence");
       attention_on_both<float>(l, s.heads, {1, 33, 301, 517}, fresh);
       attention_on_both<half>(l, s.heads, {1, 33, 301, 517}, fresh);
@@ -918,6 +918,12 @@ TEST_CASE("cuda: the decoder's logits equal the host's (every architecture, weig
           INFO("pass " << i);
           CHECK(logit_error(device[i], host[i]) < logit_bound(type));
         }
+        // The scalar attention by the rows kernel (its own split plan, graphs keyed apart).
+        const auto rows = test_cuda::forward(w, kv_type, 64, 16, spec.passes, {.rows_attention = true});
+        for (std::size_t i = 0; i < host.size(); ++i) {
+          INFO("pass " << i << ", rows attention kernel");
+          CHECK(logit_error(rows[i], host[i]) < logit_bound(type));
+        }
         if (kv_type == dtype::f16) {  // prefill attention on tensor cores too (these steps are too small to take it)
           // (Queries and probabilities rounded to f16: a host emulation put qwen2's f32 logits 3.3e-4 off.)
           const auto tensor = test_cuda::forward(w, kv_type, 64, 16, spec.passes, {.tensor_cores_always = true});
@@ -995,6 +1001,17 @@ TEST_CASE("cuda: decode steps replayed as CUDA graphs give the bits of eager lau
         CHECK(differ == 0);
         CHECK(stats.direct + stats.captures + stats.replays == 60);  // every decode step, none of the prefill
         CHECK(stats.replays > stats.captures + stats.direct);
+        // The same with the rows attention kernel (its split plan changes every 32 keys).
+        const auto rows_graphed =
+            test_cuda::forward(w, kv_type, 64, 16, spec.passes, {.products = products, .rows_attention = true});
+        const auto rows_eager = test_cuda::forward(w, kv_type, 64, 16, spec.passes,
+                                                   {.products = products, .graphs = false, .rows_attention = true});
+        differ = 0;
+        for (std::size_t i = 0; i < rows_eager.size(); ++i)
+          if (rows_graphed[i].size() != rows_eager[i].size() ||
+              std::memcmp(rows_graphed[i].data(), rows_eager[i].data(), rows_eager[i].size() * sizeof(float)) != 0)
+            ++differ;
+        CHECK(differ == 0);
       }
 }
 

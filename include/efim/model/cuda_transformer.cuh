@@ -133,7 +133,7 @@ class transformer<kernels::cuda> {
         mma_ ? kernels::device::attention_split{}
         : scalar_attention_ == kernels::device::attention_kernel::rows
             ? kernels::device::plan_attention_split_rows(step_.tiles.size(), longest, kv.layout().block_size,
-                                                         target_blocks)
+                                                         target_blocks, kernels::device::widest_tile(step_.tiles))
             : kernels::device::plan_attention_split(step_.tiles.size(), longest, kv.layout().block_size, target_blocks);
     // (Sized for the most ranges any context can be cut into: a sequence's decode steps then never
     // reallocate it, which would end their graphs.)

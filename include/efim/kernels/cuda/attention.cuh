@@ -70,6 +70,24 @@ __device__ inline float warp_sum(float x) {
   return x;
 }
 
+// One chunk of keys through a row's online softmax, the warp's lanes holding a key's score each (-inf
+// where the row does not see it): the row's running maximum m, sum and weighted sums acc (the lane's
+// D dimensions) rescaled to the chunk's new maximum; returns the lane's key's weight (0 where the
+// chunk holds no key the row sees). Every lane of the warp calls it.
+template <int D>
+__device__ inline float online_softmax_step(float score, float& m, float& sum, float (&acc)[D]) {
+  const float top = warp_max(score);
+  if (top == -INFINITY) return 0.0f;  // (the same for every lane)
+  const float next = fmaxf(m, top);
+  const float factor = m == -INFINITY ? 0.0f : expf(m - next);
+  const float p = score == -INFINITY ? 0.0f : expf(score - next);
+  sum = fmaf(sum, factor, warp_sum(p));
+#pragma unroll
+  for (int i = 0; i < D; ++i) acc[i] *= factor;
+  m = next;
+  return p;
+}
+
 }  // namespace detail
 
 namespace agent {
@@ -195,16 +213,7 @@ struct attention {
           p[r] = 0.0f;
           if (r >= rows) continue;  // (uniform across the warp: the shuffles below stay converged)
           const std::size_t visible = static_cast<std::size_t>(first_pos) + static_cast<std::size_t>(r) / tile.heads + 1;
-          const float score = present && key < visible ? s[r] * scale : -INFINITY;
-          const float top = detail::warp_max(score);
-          if (top == -INFINITY) continue;  // no key of this chunk is visible to row r
-          const float next = fmaxf(m[r], top);
-          const float factor = m[r] == -INFINITY ? 0.0f : expf(m[r] - next);
-          p[r] = score == -INFINITY ? 0.0f : expf(score - next);
-          sum[r] = fmaf(sum[r], factor, detail::warp_sum(p[r]));
-#pragma unroll
-          for (int i = 0; i < D; ++i) acc[r][i] *= factor;
-          m[r] = next;
+          p[r] = detail::online_softmax_step(present && key < visible ? s[r] * scale : -INFINITY, m[r], sum[r], acc[r]);
         }
         const std::size_t left = longest - page * bs - c, n = left < 32 ? left : 32;
         const std::size_t valid = bs - c < n ? bs - c : n;
@@ -424,16 +433,8 @@ struct attention_rows {
         const int r = row_of(rr);
         if (r >= rows) continue;  // (uniform across the warp: the shuffles below stay converged)
         const std::size_t visible = static_cast<std::size_t>(first_pos) + static_cast<unsigned>(r) / tile.heads + 1;
-        const float score = present && key < visible ? s[rr] * scale : -INFINITY;
-        const float top = detail::warp_max(score);
-        if (top == -INFINITY) continue;  // no key of this chunk is visible to row r
-        const float next = fmaxf(m[rr], top);
-        const float factor = m[rr] == -INFINITY ? 0.0f : expf(m[rr] - next);
-        p[rr] = score == -INFINITY ? 0.0f : expf(score - next);
-        sum[rr] = fmaf(sum[rr], factor, detail::warp_sum(p[rr]));
-#pragma unroll
-        for (int i = 0; i < D; ++i) acc[rr][i] *= factor;
-        m[rr] = next;
+        p[rr] =
+            detail::online_softmax_step(present && key < visible ? s[rr] * scale : -INFINITY, m[rr], sum[rr], acc[rr]);
       }
       const unsigned n = end_key - base < 32 ? static_cast<unsigned>(end_key - base) : 32u;
 #pragma unroll 4
@@ -608,20 +609,45 @@ constexpr attention_split plan_attention_split(std::size_t n_tiles, std::size_t 
 }
 
 // The same for the rows kernel, whose warps each walk all of a range's keys: ranges of at least one
-// chunk of keys (Policy::chunk, rounded up to whole pages) where the context allows, so that a short
-// context is still cut (64 keys in pages of 16: two ranges of 32, where attention's warps take a page
-// each in one range), never more than ceil(target_blocks / n_tiles) ranges a tile.
+// chunk of keys for each warp holding a row (Policy::chunk times the warps that share a row: 4 for
+// tiles of one row, 2 for two, else 1; `tile_rows`: the step's most rows a tile), rounded up to whole
+// pages, where the context allows, so that a short context is still cut (64 keys in pages of 16 and
+// tiles of 7 rows: two ranges of 32, where attention's warps take a page each in one range), never more
+// than ceil(target_blocks / n_tiles) ranges a tile.
 template <class Policy = policy::attention_rows>
 constexpr attention_split plan_attention_split_rows(std::size_t n_tiles, std::size_t longest, std::size_t block_size,
-                                                    std::size_t target_blocks) noexcept {
+                                                    std::size_t target_blocks,
+                                                    std::size_t tile_rows = Policy::rows) noexcept {
   const std::size_t pages = block_size == 0 ? 0 : (longest + block_size - 1) / block_size;
   if (n_tiles == 0 || pages == 0 || 2 * n_tiles >= target_blocks) return {1, pages, attention_kernel::rows};
-  const std::size_t chunk_pages = (static_cast<std::size_t>(Policy::chunk) + block_size - 1) / block_size;
+  const std::size_t share = tile_rows <= 1 ? 4 : tile_rows == 2 ? 2 : 1;  // (agent::attention_rows's)
+  const std::size_t keys = static_cast<std::size_t>(Policy::chunk) * share;
+  const std::size_t chunk_pages = (keys + block_size - 1) / block_size;
   const std::size_t most = (pages + chunk_pages - 1) / chunk_pages;
   const std::size_t wanted = (target_blocks + n_tiles - 1) / n_tiles;
   const std::size_t splits = wanted < most ? wanted : most;
   const std::size_t per_split = (pages + splits - 1) / splits;
   return {(pages + per_split - 1) / per_split, per_split, attention_kernel::rows};
+}
+
+// The most rows of the step's tiles (plan_attention_split_rows's `tile_rows`).
+inline std::size_t widest_tile(std::span<const attention_tile_ref> tiles) noexcept {
+  std::size_t rows = 0;
+  for (const auto& t : tiles) rows = std::max(rows, static_cast<std::size_t>(t.tile.tokens) * t.tile.heads);
+  return rows;
+}
+
+// The kernel paged_attention runs for caches of layout l cut as `split`: split.kernel, but the pages
+// kernel where the rows kernel cannot take the layout (heads above its 256 dimensions, a layer of more
+// than 2^32 value rows) or the policy's tiles are not its tiles.
+template <class Policy = policy::attention>
+constexpr attention_kernel attention_kernel_for(const kv::paged_layout& l, const attention_split& split) noexcept {
+  using rows_policy = policy::attention_rows;
+  if (Policy::rows == rows_policy::rows && split.kernel == attention_kernel::rows && l.block_size > 0 &&
+      l.head_dim <= static_cast<std::size_t>(rows_policy::max_head_dim) &&
+      l.blocks * l.kv_heads <= 0xFFFFFFFFu / l.block_size)
+    return attention_kernel::rows;
+  return attention_kernel::pages;
 }
 
 // The longest tile's keys (its last row's position + 1): plan_attention_split's `longest`.
@@ -656,9 +682,8 @@ constexpr std::size_t attention_workspace_bound(std::size_t n_tiles, std::size_t
 // the ranges are merged by a second kernel, or, given `counters` (n_tiles unsigned integers, zero;
 // each launch leaves them zero), by the last block of each tile to finish, in the same launch and with
 // the same arithmetic (agent::merge_ranges): the same bits. `split.kernel` picks the scalar kernel
-// (attention_kernel): `rows` (plan_attention_split_rows) runs agent::attention_rows where the policy's
-// tiles are its tiles and a layer's value rows (blocks x kv_heads x block_size) fit 32 bits, else the
-// pages kernel runs the same cut.
+// (attention_kernel): `rows` (plan_attention_split_rows) runs agent::attention_rows where
+// attention_kernel_for says it can, else the pages kernel runs the same cut.
 template <class E, class Policy = policy::attention>
 void paged_attention(const kv::paged_layout& l, const E* k_cache, const E* v_cache, const float* q, float* out,
                      const block_id* tables, const attention_tile_ref* tiles, std::size_t n_tiles, std::size_t heads,
@@ -685,8 +710,7 @@ void paged_attention(const kv::paged_layout& l, const E* k_cache, const E* v_cac
   bool launched = false;
   if constexpr (Policy::rows == policy::attention_rows::rows) {
     using rows_policy = policy::attention_rows;
-    if (split.kernel == attention_kernel::rows && l.head_dim <= rows_policy::max_head_dim &&
-        l.blocks * l.kv_heads <= 0xFFFFFFFFu / l.block_size) {
+    if (attention_kernel_for<Policy>(l, split) == attention_kernel::rows) {
       const auto launch = [&](auto d) {
         constexpr int D = decltype(d)::value;
         using agent_t = agent::attention_rows<rows_policy, E, D>;

@@ -97,8 +97,9 @@ EFIM_HOST_DEVICE std::uint64_t load8_16(const std::uint8_t* p) noexcept {
   return v;
 }
 
-// The same where the address is 4-byte aligned for every lane of a warp or for none (q6_k: a warp's lanes
-// read one block, at offsets that are multiples of 4): two 4-byte loads, or a 2-, a 4- and a 2-byte load.
+// The same from an address that is 4-byte aligned for every lane of a warp or for none, as the decode
+// walk arranges it (walk_chunk; where it cannot, a warp takes both ways): two 4-byte loads, or a 2-, a
+// 4- and a 2-byte load.
 EFIM_HOST_DEVICE std::uint64_t load8_16_uniform(const std::uint8_t* p) noexcept {
 #if defined(__CUDA_ARCH__)
   if (reinterpret_cast<std::uintptr_t>(p) % 4 == 0)
@@ -579,10 +580,10 @@ inline constexpr int chunks_in_flight = 4;
 // The chunk of a row that step v of the decode products' walk reads (a row of `chunks` chunks): v
 // itself, but for the types whose blocks alternate between 4- and 2-byte aligned starts (in a row of an
 // even number of them: q6_k's 210 bytes, q8_0's 34, q4_0's 18, q5_0's 22; walk_block_chunks: a block's
-// chunks): in each run of 64 chunks, steps 0..31 read the run's even blocks and steps 32..63 its odd
-// ones (q6_k: super-blocks 0, 2, 4 and 6 of a run of 8, then 1, 3, 5 and 7), so that the 32 lanes of a
-// warp read blocks of one alignment together (load8_16_uniform, load_words_uniform); a last run of fewer
-// chunks in order (its lanes then take both ways).
+// chunks): each run of 64 chunks is walked even blocks first, then odd ones (q6_k: super-blocks 0, 2, 4
+// and 6 of a run of 8, then 1, 3, 5 and 7), so that the 32 lanes of a warp read blocks of one alignment
+// together (load8_16_uniform, load_words_uniform) in a whole run, and in a last, shorter run in all its
+// steps but the one where its even blocks end.
 template <dtype T>
 inline constexpr std::size_t walk_block_chunks = T == dtype::q6_k                                           ? 8
                                                  : T == dtype::q8_0 || T == dtype::q4_0 || T == dtype::q5_0 ? 1
@@ -590,11 +591,12 @@ inline constexpr std::size_t walk_block_chunks = T == dtype::q6_k               
 
 template <dtype T>
 EFIM_HOST_DEVICE std::size_t walk_chunk(std::size_t v, std::size_t chunks) noexcept {
-  if constexpr (walk_block_chunks < T >> 0) {
-    constexpr std::size_t P = walk_block_chunks<T>;  // chunks a block
+  constexpr std::size_t P = walk_block_chunks<T>;  // chunks a block (0: in order)
+  if constexpr (P != 0) {
     const std::size_t run = v / 64, w = v % 64;
-    if ((run + 1) * 64 > chunks) return v;
-    return run * 64 + (2 * (w % 32 / P) + w / 32) * P + w % P;
+    const std::size_t blocks = ((run + 1) * 64 > chunks ? chunks - run * 64 : 64) / P;  // the run's
+    const std::size_t even = (blocks + 1) / 2 * P;  // chunks of its even blocks, walked first
+    return run * 64 + (w < even ? 2 * (w / P) * P + w % P : (2 * ((w - even) / P) + 1) * P + w % P);
   } else {
     (void)chunks;
     return v;
