@@ -305,6 +305,27 @@ TEST_CASE("CUDA quantized and dense groups decode as dequantize_row, and a warp'
   }
 }
 
+// The device's way of reading 4-byte words from an address 2 bytes past a 4-byte boundary (a 2-byte
+// load, 4-byte loads, a 2-byte load, stitched) gives the bytes there, little-endian, for 4, 5 and 8
+// words (q4_0's nibbles, q5_0's fifth bits and nibbles, q8_0's quants).
+TEST_CASE("CUDA split word loads give the bytes they stitch", "[kernels][cuda]") {
+  rng r(13);
+  std::vector<std::uint8_t> bytes(64);
+  for (auto& b : bytes) b = static_cast<std::uint8_t>(r.next());
+  const auto check = [&](auto n) {
+    constexpr int N = decltype(n)::value;
+    for (std::size_t at = 0; at + 4 * N <= bytes.size(); at += 2) {
+      std::uint32_t got[N], want[N];
+      kernels::quant::detail::load_words_split(bytes.data() + at, got);
+      std::memcpy(want, bytes.data() + at, sizeof want);
+      CHECK(std::memcmp(got, want, sizeof want) == 0);
+    }
+  };
+  check(std::integral_constant<int, 4>{});
+  check(std::integral_constant<int, 5>{});
+  check(std::integral_constant<int, 8>{});
+}
+
 // The k-quants' scales and mins of a pair of sub-blocks at once (no branch on the pair) are
 // scale_min's, for random scale bytes, every pair.
 TEST_CASE("CUDA q4_k / q5_k scales of a pair of sub-blocks equal scale_min's", "[kernels][cuda]") {

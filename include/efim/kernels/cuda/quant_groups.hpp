@@ -116,6 +116,25 @@ EFIM_HOST_DEVICE std::uint64_t load8_16_uniform(const std::uint8_t* p) noexcept 
 // N 4-byte little-endian words from a 2-byte aligned address that is 4-byte aligned for every lane of a
 // warp or for none (the decode walk's blocks, walk_chunk): N 4-byte loads, or a 2-byte load, N - 1
 // 4-byte loads and a 2-byte load, stitched.
+// (The second way, host and device code so that the host tests check the stitching: p + 2 is 4-byte
+// aligned on the device.)
+template <int N>
+EFIM_HOST_DEVICE void load_words_split(const std::uint8_t* p, std::uint32_t (&w)[N]) noexcept {
+  static_assert(N >= 2, "at least two words");
+  std::uint32_t mid[N - 1];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int i = 0; i < N - 1; ++i) mid[i] = load<std::uint32_t>(p + 2 + 4 * i);
+  const std::uint32_t first = load<std::uint16_t>(p), last = load<std::uint16_t>(p + 4 * N - 2);
+  w[0] = first | mid[0] << 16;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int i = 1; i < N - 1; ++i) w[i] = mid[i - 1] >> 16 | mid[i] << 16;
+  w[N - 1] = mid[N - 2] >> 16 | last << 16;
+}
+
 template <int N>
 EFIM_HOST_DEVICE void load_words_uniform(const std::uint8_t* p, std::uint32_t (&w)[N]) noexcept {
 #if defined(__CUDA_ARCH__)
@@ -124,14 +143,7 @@ EFIM_HOST_DEVICE void load_words_uniform(const std::uint8_t* p, std::uint32_t (&
     for (int i = 0; i < N; ++i) w[i] = load<std::uint32_t>(p + 4 * i);
     return;
   }
-  std::uint32_t mid[N - 1];
-#pragma unroll
-  for (int i = 0; i < N - 1; ++i) mid[i] = load<std::uint32_t>(p + 2 + 4 * i);
-  const std::uint32_t first = load<std::uint16_t>(p), last = load<std::uint16_t>(p + 4 * N - 2);
-  w[0] = first | mid[0] << 16;
-#pragma unroll
-  for (int i = 1; i < N - 1; ++i) w[i] = mid[i - 1] >> 16 | mid[i] << 16;
-  w[N - 1] = mid[N - 2] >> 16 | last << 16;
+  load_words_split(p, w);
 #else
   std::memcpy(w, p, sizeof w);
 #endif
