@@ -70,6 +70,18 @@ __device__ inline float warp_sum(float x) {
   return x;
 }
 
+// Rows' online-softmax state at its start: no key seen (maximum -inf, sums 0).
+template <int N, int D>
+__device__ inline void reset_rows(float (&m)[N], float (&sum)[N], float (&acc)[N][D]) {
+#pragma unroll
+  for (int r = 0; r < N; ++r) {
+    m[r] = -INFINITY;
+    sum[r] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < D; ++i) acc[r][i] = 0.0f;
+  }
+}
+
 // One chunk of keys through a row's online softmax, the warp's lanes holding a key's score each (-inf
 // where the row does not see it): the row's running maximum m, sum and weighted sums acc (the lane's
 // D dimensions) rescaled to the chunk's new maximum; returns the lane's key's weight (0 where the
@@ -180,13 +192,7 @@ struct attention {
     const std::size_t first_page = static_cast<std::size_t>(blockIdx.y) * pages_per_split;
     const std::size_t pages = first_page + pages_per_split < all_pages ? first_page + pages_per_split : all_pages;
     float m[R], sum[R], acc[R][D];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      m[r] = -INFINITY;
-      sum[r] = 0.0f;
-#pragma unroll
-      for (int i = 0; i < D; ++i) acc[r][i] = 0.0f;
-    }
+    detail::reset_rows(m, sum, acc);
 
     for (std::size_t page = first_page + static_cast<std::size_t>(warp); page < pages; page += W) {
       const std::size_t block = static_cast<std::size_t>(table[page]);
@@ -382,13 +388,7 @@ struct attention_rows {
     const unsigned hd_main = hd & ~3u;
 
     float m[RW], sum[RW], acc[RW][D];
-#pragma unroll
-    for (int rr = 0; rr < RW; ++rr) {
-      m[rr] = -INFINITY;
-      sum[rr] = 0.0f;
-#pragma unroll
-      for (int i = 0; i < D; ++i) acc[rr][i] = 0.0f;
-    }
+    detail::reset_rows(m, sum, acc);
 
     for (std::size_t base = first_page * bs + static_cast<std::size_t>(phase) * 32; base < end_key;
          base += static_cast<std::size_t>(share) * 32) {
@@ -549,26 +549,17 @@ struct attention_merge {
 
 namespace detail {
 
-template <class Policy, class E>
-__global__ void __launch_bounds__(Policy::threads)
+// A block per (tile, page range) of the scalar kernels, Agent (agent::attention or attention_rows) of
+// Threads threads.
+template <class Agent, int Threads, class E>
+__global__ void __launch_bounds__(Threads)
     attention_kernel(kv::paged_layout l, const E* k_cache, const E* v_cache, const float* q, float* out,
                      const block_id* tables, const attention_tile_ref* tiles, std::size_t heads, float scale,
                      std::size_t pages_per_split, float* partial, unsigned* counters) {
   extern __shared__ float shared[];
   const attention_tile_ref t = tiles[blockIdx.x];
-  agent::attention<Policy, E>::run(shared, l, k_cache, v_cache, q, out, tables + t.table, t.tile, t.first_pos, heads,
-                                   scale, pages_per_split, partial, counters);
-}
-
-template <class Policy, class E, int D>
-__global__ void __launch_bounds__(Policy::threads)
-    attention_rows_kernel(kv::paged_layout l, const E* k_cache, const E* v_cache, const float* q, float* out,
-                          const block_id* tables, const attention_tile_ref* tiles, std::size_t heads, float scale,
-                          std::size_t pages_per_split, float* partial, unsigned* counters) {
-  extern __shared__ float shared[];
-  const attention_tile_ref t = tiles[blockIdx.x];
-  agent::attention_rows<Policy, E, D>::run(shared, l, k_cache, v_cache, q, out, tables + t.table, t.tile, t.first_pos,
-                                           heads, scale, pages_per_split, partial, counters);
+  Agent::run(shared, l, k_cache, v_cache, q, out, tables + t.table, t.tile, t.first_pos, heads, scale, pages_per_split,
+             partial, counters);
 }
 
 template <class Policy>
@@ -714,7 +705,7 @@ void paged_attention(const kv::paged_layout& l, const E* k_cache, const E* v_cac
       const auto launch = [&](auto d) {
         constexpr int D = decltype(d)::value;
         using agent_t = agent::attention_rows<rows_policy, E, D>;
-        detail::attention_rows_kernel<rows_policy, E, D>
+        detail::attention_kernel<agent_t, rows_policy::threads, E>
             <<<grid, rows_policy::threads, agent_t::shared_bytes(l.head_dim), stream>>>(
                 l, k_cache, v_cache, q, out, tables, tiles, heads, scale, per_split, partial, counters);
       };
@@ -728,8 +719,9 @@ void paged_attention(const kv::paged_layout& l, const E* k_cache, const E* v_cac
     }
   }
   if (!launched)
-    detail::attention_kernel<Policy, E><<<grid, Policy::threads, attention_shared_bytes<Policy>(l.head_dim), stream>>>(
-        l, k_cache, v_cache, q, out, tables, tiles, heads, scale, per_split, partial, counters);
+    detail::attention_kernel<agent::attention<Policy, E>, Policy::threads, E>
+        <<<grid, Policy::threads, attention_shared_bytes<Policy>(l.head_dim), stream>>>(
+            l, k_cache, v_cache, q, out, tables, tiles, heads, scale, per_split, partial, counters);
   check(cudaGetLastError(), "paged_attention launch");
   if (partial == nullptr || counters != nullptr) return;
   const dim3 merge_grid(static_cast<unsigned>(n_tiles),

@@ -468,12 +468,13 @@ EFIM_HOST_DEVICE void decode8(const std::uint8_t* row, std::size_t g, float* w) 
                                static_cast<std::uint32_t>(load<std::uint16_t>(p + head + 2)) << 16;
     const std::uint64_t q = detail::load8_16(p + head + 4 + 8 * (g % 2));
     const int shift = g % 4 < 2 ? 0 : 4, at = static_cast<int>(8 * (g % 4));  // (w[0]'s index in the block)
+    const float m = T == dtype::q5_1 ? half_to_float(load<std::uint16_t>(p + 2)) : 0.0f;  // q5_1's offset
     for (int i = 0; i < 8; ++i) {
       const std::uint32_t v = ((byte_of(q, i) >> shift) & 15u) | (((bits >> (at + i)) & 1u) << 4);
       if constexpr (T == dtype::q5_0)
         w[i] = small_float<16>(v) * d;
       else
-        w[i] = small_float(v) * d + half_to_float(load<std::uint16_t>(p + 2));
+        w[i] = small_float(v) * d + m;
     }
   } else if constexpr (T == dtype::q6_k) {  // the group alone: weights i0 .. i0 + 7 of its super-block
     const std::uint8_t* p = row + g / 32 * 210;
