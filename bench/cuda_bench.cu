@@ -50,9 +50,13 @@ const char* const usage = R"(usage: efim-cuda-bench [options]
   --graphs G          on, off or both (default): decode steps run as CUDA graphs (captured once per
                       step shape, replayed after) or launched kernel by kernel; both times each and
                       prints the decode ratio graphs / launches
-  --attention A       pages, rows or both (default): the scalar attention kernel of decode steps
-                      (kernels::device::attention_kernel); both times the decode steps with each in
-                      turn, three rounds on the same model and cache, and prints rows / pages
+  --attention A       pages, rows, staged, both (default: pages and rows) or all: the attention
+                      kernel of decode steps (kernels::device::attention_kernel; staged takes f16 KV);
+                      more than one times the decode steps with each in turn, three rounds on the
+                      same model and cache, and prints each / the first
+  --mma-attention K   wmma, staged or both (default): the tensor-core attention kernel of prefill
+                      (kernels::device::mma_attention); both times the prefill chunk with each in
+                      turn, three rounds, and prints staged / wmma
 )";
 
 [[noreturn]] void fail(const std::string& why) {
@@ -227,10 +231,17 @@ struct options {
   std::vector<bool> graphs{true, false};
   std::vector<kernels::device::attention_kernel> attention{kernels::device::attention_kernel::pages,
                                                            kernels::device::attention_kernel::rows};
+  std::vector<kernels::device::mma_attention> mma{kernels::device::mma_attention::wmma,
+                                                  kernels::device::mma_attention::staged};
 };
 
 const char* attention_name(kernels::device::attention_kernel k) {
-  return k == kernels::device::attention_kernel::rows ? "rows" : "pages";
+  using kernels::device::attention_kernel;
+  return k == attention_kernel::rows ? "rows" : k == attention_kernel::staged ? "staged" : "pages";
+}
+
+const char* mma_name(kernels::device::mma_attention k) {
+  return k == kernels::device::mma_attention::staged ? "staged" : "wmma";
 }
 
 bool any_quantized(const model::weights& w) {
@@ -277,21 +288,25 @@ double run(const options& o, const std::string& name, const std::string& type, c
                                  tables[0], true};
     m.forward(ctx, kv, std::span(&item, 1), logits);
   };
-  // Prefill with the attention on tensor cores where the step fills the GPU (the default), then on
-  // the scalar kernel, in turn.
+  // Prefill with the attention on tensor cores where the step fills the GPU (the default), by each
+  // tensor-core kernel asked for, then on the scalar kernel: in turn, three rounds.
   using decoder = model::transformer<kernels::cuda>;
-  double prefill_ms = 1e30, scalar_ms = 1e30;
-  for (const auto tc : {decoder::tensor_cores::when_filled, decoder::tensor_cores::never}) {
-    m.set_tensor_core_attention(tc);
-    chunk(0, o.prefill);
-    double& best = tc == decoder::tensor_cores::never ? scalar_ms : prefill_ms;
-    for (int i = 0; i < 3; ++i) {
+  std::vector<double> mma_ms(o.mma.size(), 1e30);
+  double scalar_ms = 1e30;
+  for (int round = 0; round < 3; ++round)
+    for (std::size_t k = 0; k <= o.mma.size(); ++k) {
+      const bool scalar = k == o.mma.size();
+      m.set_tensor_core_attention(scalar ? decoder::tensor_cores::never : decoder::tensor_cores::when_filled);
+      if (!scalar) m.set_mma_attention(o.mma[k]);
+      if (round == 0) chunk(0, o.prefill);  // (warm-up)
       const auto t0 = now();
       chunk(0, o.prefill);
+      double& best = scalar ? scalar_ms : mma_ms[k];
       best = std::min(best, ms_since(t0));
     }
-  }
   m.set_tensor_core_attention(decoder::tensor_cores::when_filled);
+  m.set_mma_attention(o.mma[0]);
+  const double prefill_ms = mma_ms[0];
 
   // The same chunk's matrix products alone, on the same device weights.
   const auto& dw = m.uploaded();
@@ -450,6 +465,12 @@ double run(const options& o, const std::string& name, const std::string& type, c
         step_matrix_bytes / (decode_tiles_ms / 1e3) / 1e9, decode_blas_ms / decode_tiles_ms, decode_tiles16_ms,
         decode_blas_ms / decode_tiles16_ms);
   std::printf("%s", by_matrix.c_str());
+  for (std::size_t k = 1; k < o.mma.size(); ++k)
+    std::printf(
+        "%-5s %-6s %-5s %-8s prefill %zu, tensor-core attention %s: %.1f ms, %.0f tok/s, %s / %s %.3fx tokens/s\n",
+        name.c_str(), type.c_str(), p == kernels::products::int8 ? "int8" : "exact", graphs ? "graphs" : "launches",
+        o.prefill, mma_name(o.mma[k]), mma_ms[k], static_cast<double>(o.prefill) * 1e3 / mma_ms[k], mma_name(o.mma[k]),
+        mma_name(o.mma[0]), mma_ms[0] / mma_ms[k]);
   for (std::size_t a = 1; a < o.attention.size(); ++a)
     std::printf("%-5s %-6s %-5s %-8s decode attention %s: %.3f ms/step, %s / %s %.3fx tokens/s\n", name.c_str(),
                 type.c_str(), p == kernels::products::int8 ? "int8" : "exact", graphs ? "graphs" : "launches",
@@ -522,10 +543,23 @@ int main(int argc, char** argv) try {
       const std::string_view a = v;
       if (a == "both")
         o.attention = {attention_kernel::pages, attention_kernel::rows};
-      else if (a == "pages" || a == "rows")
-        o.attention = {a == "rows" ? attention_kernel::rows : attention_kernel::pages};
+      else if (a == "all")
+        o.attention = {attention_kernel::pages, attention_kernel::rows, attention_kernel::staged};
+      else if (a == "pages" || a == "rows" || a == "staged")
+        o.attention = {a == "rows"     ? attention_kernel::rows
+                       : a == "staged" ? attention_kernel::staged
+                                       : attention_kernel::pages};
       else
-        fail("--attention is pages, rows or both, not '" + std::string(a) + "'");
+        fail("--attention is pages, rows, staged, both or all, not '" + std::string(a) + "'");
+    } else if (flag == "--mma-attention") {
+      using kernels::device::mma_attention;
+      const std::string_view a = v;
+      if (a == "both")
+        o.mma = {mma_attention::wmma, mma_attention::staged};
+      else if (a == "wmma" || a == "staged")
+        o.mma = {a == "staged" ? mma_attention::staged : mma_attention::wmma};
+      else
+        fail("--mma-attention is wmma, staged or both, not '" + std::string(a) + "'");
     } else {
       fail("unknown option " + std::string(flag) + " (see --help)");
     }

@@ -158,17 +158,25 @@ template <class E>
 std::vector<float> paged_attention(const kv::paged_layout& l, const std::vector<E>& k_cache,
                                    const std::vector<E>& v_cache, const std::vector<float>& q,
                                    const std::vector<kernels::token_slot>& tokens, std::size_t heads, float scale,
-                                   std::size_t target_blocks, std::size_t& splits, bool folded, bool rows_kernel) {
+                                   std::size_t target_blocks, std::size_t& splits, bool folded, decode_kernel kernel) {
   namespace kd = kernels::device;
   kernels::attention_step step;
   step.plan(tokens, l.block_size, heads, l.kv_heads, kd::policy::attention::rows);
   const std::size_t longest = kd::longest_tile(step.tiles);
-  const auto split = rows_kernel ? kd::plan_attention_split_rows(step.tiles.size(), longest, l.block_size,
-                                                                 target_blocks, kd::widest_tile(step.tiles))
-                                 : kd::plan_attention_split(step.tiles.size(), longest, l.block_size, target_blocks);
+  const auto split = kernel == decode_kernel::rows
+                         ? kd::plan_attention_split_rows(step.tiles.size(), longest, l.block_size, target_blocks,
+                                                         kd::widest_tile(step.tiles))
+                     : kernel == decode_kernel::staged
+                         ? kd::plan_attention_split_staged(step.tiles.size(), longest, l.block_size, target_blocks,
+                                                           kd::staged_chunk_keys(l.head_dim))
+                         : kd::plan_attention_split(step.tiles.size(), longest, l.block_size, target_blocks);
   splits = split.splits;
-  if (kd::attention_kernel_for(l, split) != (rows_kernel ? kd::attention_kernel::rows : kd::attention_kernel::pages))
+  if (kernel != decode_kernel::staged &&
+      kd::attention_kernel_for(l, split) !=
+          (kernel == decode_kernel::rows ? kd::attention_kernel::rows : kd::attention_kernel::pages))
     throw error(errc::invalid_argument, "paged_attention: the launch would not run the kernel asked for");
+  if (kernel == decode_kernel::staged && (!std::is_same_v<E, half> || !kd::attention_mma_fits(l) || !folded))
+    throw error(errc::invalid_argument, "paged_attention: the staged kernel takes f16 caches it fits, merged folded");
   stream st;
   auto dk = upload(k_cache, st.s), dv = upload(v_cache, st.s);
   auto dq = upload(q, st.s);
@@ -185,6 +193,14 @@ std::vector<float> paged_attention(const kv::paged_layout& l, const std::vector<
   for (int run = 0; run < 2; ++run) {
     // (NaN rows before each run: the second run's merge must write every row itself)
     check(cudaMemsetAsync(out.data(), 0xFF, out.size() * sizeof(float), st.s), "cudaMemsetAsync");
+    if constexpr (std::is_same_v<E, half>) {
+      if (kernel == decode_kernel::staged) {
+        kd::paged_attention_mma(l, dk.data(), dv.data(), dq.data(), out.data(), dtables.data(), dtiles.data(),
+                                step.tiles.size(), heads, scale, st.s, kd::mma_attention::staged, split,
+                                workspace.data(), counters.data());
+        continue;
+      }
+    }
     kd::paged_attention<E>(l, dk.data(), dv.data(), dq.data(), out.data(), dtables.data(), dtiles.data(),
                            step.tiles.size(), heads, scale, st.s, split, workspace.data(), counters.data());
   }
@@ -196,17 +212,18 @@ std::vector<float> paged_attention(const kv::paged_layout& l, const std::vector<
 template std::vector<float> paged_attention<float>(const kv::paged_layout&, const std::vector<float>&,
                                                    const std::vector<float>&, const std::vector<float>&,
                                                    const std::vector<kernels::token_slot>&, std::size_t, float,
-                                                   std::size_t, std::size_t&, bool, bool);
+                                                   std::size_t, std::size_t&, bool, decode_kernel);
 template std::vector<float> paged_attention<half>(const kv::paged_layout&, const std::vector<half>&,
                                                   const std::vector<half>&, const std::vector<float>&,
                                                   const std::vector<kernels::token_slot>&, std::size_t, float,
-                                                  std::size_t, std::size_t&, bool, bool);
+                                                  std::size_t, std::size_t&, bool, decode_kernel);
 
 bool attention_mma_fits(const kv::paged_layout& l) { return kernels::device::attention_mma_fits(l); }
 
 std::vector<float> paged_attention_mma(const kv::paged_layout& l, const std::vector<half>& k_cache,
                                        const std::vector<half>& v_cache, const std::vector<float>& q,
-                                       const std::vector<kernels::token_slot>& tokens, std::size_t heads, float scale) {
+                                       const std::vector<kernels::token_slot>& tokens, std::size_t heads, float scale,
+                                       bool staged) {
   namespace kd = kernels::device;
   kernels::attention_step step;
   step.plan(tokens, l.block_size, heads, l.kv_heads, kd::policy::attention_mma::rows);
@@ -217,7 +234,8 @@ std::vector<float> paged_attention_mma(const kv::paged_layout& l, const std::vec
   auto dtiles = upload(step.tiles, st.s);
   buffer<float> out(q.size());
   kd::paged_attention_mma(l, dk.data(), dv.data(), dq.data(), out.data(), dtables.data(), dtiles.data(),
-                          step.tiles.size(), heads, scale, st.s);
+                          step.tiles.size(), heads, scale, st.s,
+                          staged ? kd::mma_attention::staged : kd::mma_attention::wmma);
   return download(out, q.size(), st.s);
 }
 
@@ -439,7 +457,10 @@ std::vector<std::vector<float>> forward(const model::weights& w, dtype kv_type, 
   decoder m(w, options.products);
   m.set_graphs(options.graphs);
   if (options.tensor_cores_always) m.set_tensor_core_attention(decoder::tensor_cores::always);
-  if (options.rows_attention) m.set_scalar_attention(kernels::device::attention_kernel::rows);
+  if (options.decode_attention == decode_kernel::rows) m.set_scalar_attention(kernels::device::attention_kernel::rows);
+  if (options.decode_attention == decode_kernel::staged)
+    m.set_scalar_attention(kernels::device::attention_kernel::staged);
+  if (options.staged_attention) m.set_mma_attention(kernels::device::mma_attention::staged);
   kv::device_storage kv(w.cfg.layers, m.kv_layout(blocks, block_size), kv_type);
   std::vector<std::vector<float>> out;
   for (const auto& items : passes) m.forward(ctx, kv, items, out.emplace_back());

@@ -48,20 +48,23 @@ void block_copy(const kv::paged_layout& l, std::vector<E>& k_cache, std::vector<
 // with each tile's pages cut for about `target_blocks` thread blocks (1: never split-K). `splits`
 // reports the ranges per tile the plan chose. `folded`: the ranges merged in the attention launch (a
 // counter per tile), launched twice over the same counters, the second run's rows returned (throws
-// if a counter is not back to 0); else by the merge kernel. `rows_kernel`: planned and run as
-// kernels::device::attention_kernel::rows (a warp per row), else as ::pages (a warp per page).
+// if a counter is not back to 0); else by the merge kernel. `kernel`: planned and run as
+// kernels::device::attention_kernel's pages (a warp per page), rows (a warp per row) or staged (f16
+// caches only; tensor cores, folded only).
+enum class decode_kernel { pages, rows, staged };
 template <class E>
 std::vector<float> paged_attention(const kv::paged_layout& l, const std::vector<E>& k_cache,
                                    const std::vector<E>& v_cache, const std::vector<float>& q,
                                    const std::vector<kernels::token_slot>& tokens, std::size_t heads, float scale,
                                    std::size_t target_blocks, std::size_t& splits, bool folded = false,
-                                   bool rows_kernel = false);
-// Whether paged_attention_mma takes caches of this layout; it (tensor cores) over f16 caches, planned
-// as a prefill step on them is.
+                                   decode_kernel kernel = decode_kernel::pages);
+// Whether paged_attention_mma takes caches of this layout; it (tensor cores: WMMA, or mma.sync over
+// staged K and V where `staged`) over f16 caches, planned as a prefill step on them is.
 bool attention_mma_fits(const kv::paged_layout& l);
 std::vector<float> paged_attention_mma(const kv::paged_layout& l, const std::vector<half>& k_cache,
                                        const std::vector<half>& v_cache, const std::vector<float>& q,
-                                       const std::vector<kernels::token_slot>& tokens, std::size_t heads, float scale);
+                                       const std::vector<kernels::token_slot>& tokens, std::size_t heads, float scale,
+                                       bool staged = false);
 // y (m, rows) = [y +] x (m, cols) w^T [+ bias] (kernels::device::matmul), w a (rows, cols) matrix of any
 // type the device multiplies; an empty bias adds none.
 std::vector<float> matmul(dtype type, const std::vector<std::byte>& w, std::size_t rows, std::size_t cols,
@@ -103,8 +106,9 @@ std::vector<token_id> sample(const std::vector<float>& logits, std::size_t rows,
 // `block_size` tokens, in order: the logits of each pass.
 // How the decoder runs: its products; decode steps as CUDA graphs or not (`stats`, if given, receives
 // how many steps ran directly, were captured, were replayed); prefill attention on tensor cores
-// whenever it fits (f16 KV), not only where its tiles fill the GPU; the scalar attention by the rows
-// kernel (kernels::device::attention_kernel::rows) instead of the pages kernel.
+// whenever it fits (f16 KV), not only where its tiles fill the GPU; the decode steps' attention by
+// `decode_attention` (kernels::device::attention_kernel); the tensor-core attention by the staged
+// kernel (kernels::device::mma_attention::staged) instead of WMMA.
 struct graph_stats {
   std::size_t direct = 0, captures = 0, replays = 0, updates = 0;
 };
@@ -112,7 +116,8 @@ struct forward_options {
   kernels::products products = kernels::products::exact;
   bool graphs = true;
   bool tensor_cores_always = false;
-  bool rows_attention = false;
+  decode_kernel decode_attention = decode_kernel::pages;
+  bool staged_attention = false;
   graph_stats* stats = nullptr;
 };
 std::vector<std::vector<float>> forward(const model::weights& w, dtype kv_type, std::size_t blocks,

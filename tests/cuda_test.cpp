@@ -343,12 +343,13 @@ void attention_on_both(const kv::paged_layout& l, std::size_t heads, const std::
   kernels::paged_attention<E>(pool, l, k.data(), v.data(), q.data(), host.data(), tokens, heads, scale);
   // One block per tile, then each tile's pages cut into ranges (split-K) as for a decode step; by the
   // pages kernel (a warp per page) and the rows kernel (a warp per row), each planned its own way.
-  for (const bool rows_kernel : {false, true})
+  using test_cuda::decode_kernel;
+  for (const auto kernel : {decode_kernel::pages, decode_kernel::rows})
     for (const std::size_t target : {1, 4096}) {
       std::size_t splits = 0;
       const auto device =
-          test_cuda::paged_attention<E>(l, k, v, q, tokens, heads, scale, target, splits, false, rows_kernel);
-      INFO((rows_kernel ? "rows" : "pages")
+          test_cuda::paged_attention<E>(l, k, v, q, tokens, heads, scale, target, splits, false, kernel);
+      INFO((kernel == decode_kernel::rows ? "rows" : "pages")
            << " kernel, target " << target << " blocks: " << splits << " page ranges per tile");
       // Weighted means of values in [-1, 1]: an absolute bound, f32 sums in another order.
       CHECK(max_relative_error(device, host, 1.0f) < 2e-6f);
@@ -357,18 +358,37 @@ void attention_on_both(const kv::paged_layout& l, std::size_t heads, const std::
       // The ranges merged by the last block of each tile in the same launch: the merge kernel's bits.
       std::size_t folded_splits = 0;
       const auto folded =
-          test_cuda::paged_attention<E>(l, k, v, q, tokens, heads, scale, target, folded_splits, true, rows_kernel);
+          test_cuda::paged_attention<E>(l, k, v, q, tokens, heads, scale, target, folded_splits, true, kernel);
       CHECK(folded_splits == splits);
       REQUIRE(folded.size() == device.size());
       CHECK(std::memcmp(folded.data(), device.data(), folded.size() * sizeof(float)) == 0);
     }
-  // On tensor cores (f16 caches whose block and head sizes are multiples of 16): the queries and the
-  // probabilities rounded to f16 (a host emulation of those roundings on these cases: up to 3.1e-4).
+  // The staged kernel on the same tiles and cut (f16 caches it fits), its ranges merged in the launch:
+  // the f16 rounding of queries and probabilities (its host emulation, in test_model: 2.5e-4).
   if constexpr (std::is_same_v<E, half>) {
-    if (test_cuda::attention_mma_fits(l)) {
-      const auto mma = test_cuda::paged_attention_mma(l, k, v, q, tokens, heads, scale);
-      CHECK(max_relative_error(mma, host, 1.0f) < 1e-3f);
-    }
+    if (test_cuda::attention_mma_fits(l))
+      for (const std::size_t target : {1, 4096}) {
+        std::size_t splits = 0;
+        const auto staged = test_cuda::paged_attention<E>(l, k, v, q, tokens, heads, scale, target, splits, true,
+                                                          decode_kernel::staged);
+        INFO("staged decode kernel, target " << target << " blocks: " << splits << " key ranges per tile");
+        CHECK(std::all_of(staged.begin(), staged.end(), [](float x) { return std::isfinite(x); }));
+        CHECK(max_relative_error(staged, host, 1.0f) < 1e-3f);
+        if (target == 1) CHECK(splits == 1);
+        if (target > 1 && fresh == 1) CHECK(splits > 1);  // 517 keys: ranges of 64 (32 at 256 dimensions)
+      }
+  }
+  // On tensor cores (f16 caches whose block and head sizes are multiples of 16), by WMMA and by
+  // mma.sync over staged K and V: the queries and the probabilities rounded to f16 (host emulations of
+  // those roundings on these cases: up to 3.1e-4; of the staged kernel, in test_model: 2.5e-4).
+  if constexpr (std::is_same_v<E, half>) {
+    if (test_cuda::attention_mma_fits(l))
+      for (const bool staged : {false, true}) {
+        INFO((staged ? "staged" : "WMMA") << " tensor-core kernel");
+        const auto mma = test_cuda::paged_attention_mma(l, k, v, q, tokens, heads, scale, staged);
+        CHECK(std::all_of(mma.begin(), mma.end(), [](float x) { return std::isfinite(x); }));
+        CHECK(max_relative_error(mma, host, 1.0f) < 1e-3f);
+      }
   }
 }
 }  // namespace
@@ -418,9 +438,12 @@ TEST_CASE("cuda: tensor-core attention reads nothing past a sequence's keys", "[
   std::vector<float> host(q.size());
   thread_pool pool(2);
   kernels::paged_attention<half>(pool, l, k.data(), v.data(), q.data(), host.data(), tokens, heads, scale);
-  const auto mma = test_cuda::paged_attention_mma(l, k, v, q, tokens, heads, scale);
-  CHECK(std::all_of(mma.begin(), mma.end(), [](float x) { return std::isfinite(x); }));
-  CHECK(max_relative_error(mma, host, 1.0f) < 1e-3f);
+  for (const bool staged : {false, true}) {
+    INFO((staged ? "staged" : "WMMA") << " tensor-core kernel");
+    const auto mma = test_cuda::paged_attention_mma(l, k, v, q, tokens, heads, scale, staged);
+    CHECK(std::all_of(mma.begin(), mma.end(), [](float x) { return std::isfinite(x); }));
+    CHECK(max_relative_error(mma, host, 1.0f) < 1e-3f);
+  }
 }
 
 TEST_CASE("cuda: temperature, top-k and top-p sampling draw the host's token for the same u", "[cuda][gpu]") {
@@ -918,18 +941,26 @@ TEST_CASE("cuda: the decoder's logits equal the host's (every architecture, weig
           INFO("pass " << i);
           CHECK(logit_error(device[i], host[i]) < logit_bound(type));
         }
-        // The scalar attention by the rows kernel (its own split plan, graphs keyed apart).
-        const auto rows = test_cuda::forward(w, kv_type, 64, 16, spec.passes, {.rows_attention = true});
+        // The decode attention by the rows kernel (its own split plan, graphs keyed apart), and by the
+        // staged kernel (f16 KV; f32 KV runs the pages kernel for it).
+        const auto rows =
+            test_cuda::forward(w, kv_type, 64, 16, spec.passes, {.decode_attention = test_cuda::decode_kernel::rows});
+        const auto staged =
+            test_cuda::forward(w, kv_type, 64, 16, spec.passes, {.decode_attention = test_cuda::decode_kernel::staged});
         for (std::size_t i = 0; i < host.size(); ++i) {
-          INFO("pass " << i << ", rows attention kernel");
+          INFO("pass " << i << ", rows and staged decode attention kernels");
           CHECK(logit_error(rows[i], host[i]) < logit_bound(type));
+          CHECK(logit_error(staged[i], host[i]) < std::max(logit_bound(type), 1e-3f));
         }
         if (kv_type == dtype::f16) {  // prefill attention on tensor cores too (these steps are too small to take it)
           // (Queries and probabilities rounded to f16: a host emulation put qwen2's f32 logits 3.3e-4 off.)
-          const auto tensor = test_cuda::forward(w, kv_type, 64, 16, spec.passes, {.tensor_cores_always = true});
-          for (std::size_t i = 0; i < host.size(); ++i) {
-            INFO("pass " << i << ", tensor-core attention");
-            CHECK(logit_error(tensor[i], host[i]) < std::max(logit_bound(type), 1e-3f));
+          for (const bool staged : {false, true}) {
+            const auto tensor = test_cuda::forward(w, kv_type, 64, 16, spec.passes,
+                                                   {.tensor_cores_always = true, .staged_attention = staged});
+            for (std::size_t i = 0; i < host.size(); ++i) {
+              INFO("pass " << i << ", tensor-core attention, " << (staged ? "staged" : "WMMA"));
+              CHECK(logit_error(tensor[i], host[i]) < std::max(logit_bound(type), 1e-3f));
+            }
           }
         }
       }
@@ -1001,17 +1032,21 @@ TEST_CASE("cuda: decode steps replayed as CUDA graphs give the bits of eager lau
         CHECK(differ == 0);
         CHECK(stats.direct + stats.captures + stats.replays == 60);  // every decode step, none of the prefill
         CHECK(stats.replays > stats.captures + stats.direct);
-        // The same with the rows attention kernel (its split plan changes every 32 keys).
-        const auto rows_graphed =
-            test_cuda::forward(w, kv_type, 64, 16, spec.passes, {.products = products, .rows_attention = true});
-        const auto rows_eager = test_cuda::forward(w, kv_type, 64, 16, spec.passes,
-                                                   {.products = products, .graphs = false, .rows_attention = true});
-        differ = 0;
-        for (std::size_t i = 0; i < rows_eager.size(); ++i)
-          if (rows_graphed[i].size() != rows_eager[i].size() ||
-              std::memcmp(rows_graphed[i].data(), rows_eager[i].data(), rows_eager[i].size() * sizeof(float)) != 0)
-            ++differ;
-        CHECK(differ == 0);
+        // The same with the rows and the staged decode attention kernels (their split plans change
+        // every 32 and 64 keys).
+        for (const auto kernel : {test_cuda::decode_kernel::rows, test_cuda::decode_kernel::staged}) {
+          INFO((kernel == test_cuda::decode_kernel::rows ? "rows" : "staged") << " decode attention kernel");
+          const auto k_graphed =
+              test_cuda::forward(w, kv_type, 64, 16, spec.passes, {.products = products, .decode_attention = kernel});
+          const auto k_eager = test_cuda::forward(w, kv_type, 64, 16, spec.passes,
+                                                  {.products = products, .graphs = false, .decode_attention = kernel});
+          differ = 0;
+          for (std::size_t i = 0; i < k_eager.size(); ++i)
+            if (k_graphed[i].size() != k_eager[i].size() ||
+                std::memcmp(k_graphed[i].data(), k_eager[i].data(), k_eager[i].size() * sizeof(float)) != 0)
+              ++differ;
+          CHECK(differ == 0);
+        }
       }
 }
 

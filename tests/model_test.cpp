@@ -20,6 +20,7 @@
 #include "efim/core/kquants.hpp"
 #include "efim/core/random.hpp"
 #include "efim/core/thread_pool.hpp"
+#include "efim/kernels/cuda/attention_mma.hpp"
 #include "efim/kernels/cuda/quant_groups.hpp"
 #include "efim/kernels/cuda/quant_int8.hpp"
 #include "efim/kernels/host.hpp"
@@ -551,6 +552,338 @@ TEST_CASE("CUDA tensor-core tiles: a step stages every weight of its block once,
       });
     }
   }
+}
+
+// The staged tensor-core attention (attention_mma.cuh, mma_attention::staged), emulated: 32 lanes of
+// each warp run the kernel's own index and softmax arithmetic (attention_mma.hpp), with ldmatrix and
+// mma.sync emulated as the PTX ISA defines them (what a lane's address and registers mean), from K and
+// V staged as the kernel stages them; the queries and probabilities rounded to f16 as on the device.
+namespace staged_attention {
+using lane_regs = std::array<std::array<float, 8>, 32>;  // a fragment's elements, lane by lane
+
+// ldmatrix.x4 (.trans or not) of halves (f16 bits) at the addresses the lanes give: register j of lane
+// L is matrix j's row L / 4, columns 2 (L % 4), + 1 (the transpose: rows 2 (L % 4), + 1, column L / 4);
+// matrix j's row r is at the address lane 8 j + r gives.
+lane_regs ldsm_x4(const std::vector<std::uint16_t>& smem, const std::array<std::size_t, 32>& address, bool trans) {
+  lane_regs r{};
+  for (int lane = 0; lane < 32; ++lane)
+    for (int j = 0; j < 4; ++j)
+      for (int h = 0; h < 2; ++h) {
+        const std::size_t at = trans ? address[static_cast<std::size_t>(8 * j + 2 * (lane % 4) + h)] + lane / 4
+                                     : address[static_cast<std::size_t>(8 * j + lane / 4)] + 2 * (lane % 4) + h;
+        r[static_cast<std::size_t>(lane)][static_cast<std::size_t>(2 * j + h)] = f16_to_f32(smem.at(at));
+      }
+  return r;
+}
+
+// c += a b by the fragments' documented coordinates (every element of A and B placed exactly once).
+void mma_16816(std::array<std::array<float, 4>, 32>& c, const lane_regs& a, const lane_regs& b, int b_first) {
+  float am[16][16], bm[16][8];
+  int seen_a[16][16] = {}, seen_b[16][8] = {};
+  for (int lane = 0; lane < 32; ++lane) {
+    for (int i = 0; i < 8; ++i) {
+      am[kernels::mma::a_row(lane, i)][kernels::mma::a_col(lane, i)] =
+          a[static_cast<std::size_t>(lane)][static_cast<std::size_t>(i)];
+      ++seen_a[kernels::mma::a_row(lane, i)][kernels::mma::a_col(lane, i)];
+    }
+    for (int i = 0; i < 4; ++i) {  // (registers b_first, b_first + 1 of the ldmatrix)
+      bm[kernels::mma::b_row(lane, i)][kernels::mma::b_col(lane)] =
+          b[static_cast<std::size_t>(lane)][static_cast<std::size_t>(4 * b_first + i)];
+      ++seen_b[kernels::mma::b_row(lane, i)][kernels::mma::b_col(lane)];
+    }
+  }
+  bool once = true;
+  for (int r = 0; r < 16; ++r)
+    for (int k = 0; k < 16; ++k) once = once && seen_a[r][k] == 1 && (r >= 8 || seen_b[k][r] == 1);
+  REQUIRE(once);
+  for (int lane = 0; lane < 32; ++lane)
+    for (int i = 0; i < 4; ++i) {
+      float d = 0.0f;
+      for (int k = 0; k < 16; ++k) d += am[kernels::mma::c_row(lane, i)][k] * bm[k][kernels::mma::c_col(lane, i)];
+      c[static_cast<std::size_t>(lane)][static_cast<std::size_t>(i)] += d;
+    }
+}
+
+float round_f16(float x) { return f16_to_f32(f32_to_f16(x)); }
+
+// The largest |got - want| over max(|want|, 1), infinite where got is not finite.
+float worst_error(const std::vector<float>& got, const std::vector<float>& want) {
+  REQUIRE(got.size() == want.size());
+  float worst = 0.0f;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    worst = std::max(worst, std::abs(got[i] - want[i]) / std::max(std::abs(want[i]), 1.0f));
+  }
+  return worst;
+}
+
+// One block (a tile) of the kernel with heads of up to 16 NB dimensions and chunks of KC keys.
+template <int NB, int KC>
+void run_tile(const kv::paged_layout& l, const std::vector<half>& k_cache, const std::vector<half>& v_cache,
+              const std::vector<float>& q, std::vector<float>& out, const block_id* table,
+              const kernels::attention_tile& tile, position first_pos, std::size_t heads, float scale,
+              std::size_t range_first, std::size_t per_split, float* slot) {
+  constexpr int W = 4, R = 64, NS = KC / 8, NO = 2 * NB, RS = 8;
+  const int rows = static_cast<int>(tile.tokens * tile.heads);
+  const std::size_t hd = l.head_dim, bs = l.block_size, th = tile.heads;
+  const int nk = static_cast<int>(hd / 16);
+  const kernels::mma::stage_shape sh{R, hd, KC};
+  const std::size_t g = tile.first_head / (heads / l.kv_heads);
+  std::vector<std::uint16_t> smem(sh.bytes() / 2, 0x7E00);  // (NaN until written)
+  const auto row_index = [&](int r) {
+    return (tile.first_token + static_cast<std::size_t>(r) / th) * heads + tile.first_head +
+           static_cast<std::size_t>(r) % th;
+  };
+  for (int r = 0; r < R; ++r)
+    for (std::size_t d = 0; d < hd; ++d)
+      smem[static_cast<std::size_t>(r) * sh.ldq() + d] = f32_to_f16(r < rows ? q[row_index(r) * hd + d] : 0.0f);
+  const auto in_range = [&](std::size_t keys) { return kernels::mma::range_end(keys, range_first, per_split); };
+  const std::size_t keys =
+      in_range(kernels::mma::visible_keys(rows - 1, rows, th, static_cast<std::size_t>(first_pos)));
+  const auto stage = [&](std::size_t first_key, int buf) {
+    for (std::size_t p = 0; p < hd * KC / 8; ++p) {
+      const auto at = kernels::mma::k_piece(p, KC);
+      const std::size_t key = first_key + at.col;
+      for (std::size_t e = 0; e < 8; ++e)
+        smem[sh.k_at(buf) / 2 + at.row * sh.ldk() + at.col + e] =
+            key < keys ? k_cache[l.key_offset(table[key / bs], g) + at.row * bs + key % bs + e].bits : 0;
+    }
+    for (std::size_t p = 0; p < KC * hd / 8; ++p) {
+      const auto at = kernels::mma::v_piece(p, hd);
+      const std::size_t key = first_key + at.row;
+      for (std::size_t e = 0; e < 8; ++e)
+        smem[sh.v_at(buf) / 2 + at.row * sh.ldv() + at.col + e] =
+            key < keys ? v_cache[l.offset(table[key / bs], g, key % bs) + at.col + e].bits : 0;
+    }
+  };
+  const std::size_t chunks = keys > range_first ? (keys - range_first + KC - 1) / KC : 0;
+  for (int warp = 0; warp < W; ++warp) {
+    const int first_row = 16 * warp;
+    if (first_row >= rows) continue;
+    const std::size_t warp_keys = in_range(
+        kernels::mma::visible_keys(std::min(rows - 1, first_row + 15), rows, th, static_cast<std::size_t>(first_pos)));
+    float o[32][NO][4] = {}, m[32][2], sum[32][2] = {};
+    std::size_t visible[32][2];
+    for (int lane = 0; lane < 32; ++lane) {
+      m[lane][0] = m[lane][1] = -INFINITY;
+      for (int h = 0; h < 2; ++h)
+        visible[lane][h] = in_range(
+            kernels::mma::visible_keys(first_row + lane / 4 + 8 * h, rows, th, static_cast<std::size_t>(first_pos)));
+    }
+    const auto addresses = [&](std::size_t base, std::size_t ld) {
+      std::array<std::size_t, 32> a{};
+      for (int lane = 0; lane < 32; ++lane)
+        a[static_cast<std::size_t>(lane)] = base + static_cast<std::size_t>(kernels::mma::ldsm_row(lane)) * ld +
+                                            static_cast<std::size_t>(kernels::mma::ldsm_col(lane));
+      return a;
+    };
+    for (std::size_t c = 0; c < chunks && range_first + c * KC < warp_keys; ++c) {
+      const int buf = static_cast<int>(c % 2);
+      const std::size_t first_key = range_first + c * KC;
+      stage(first_key, buf);
+      std::array<std::array<float, 4>, 32> s_acc[NS] = {};
+      for (int kk = 0; kk < nk; ++kk) {
+        const auto a =
+            ldsm_x4(smem, addresses(static_cast<std::size_t>(first_row) * sh.ldq() + 16 * kk, sh.ldq()), false);
+        for (int n = 0; n < NS / 2; ++n) {
+          const auto b = ldsm_x4(smem, addresses(sh.k_at(buf) / 2 + 16 * kk * sh.ldk() + 16 * n, sh.ldk()), true);
+          mma_16816(s_acc[2 * n], a, b, 0);
+          mma_16816(s_acc[2 * n + 1], a, b, 1);
+        }
+      }
+      float s[32][NS][4];
+      float top[32][2];
+      for (int lane = 0; lane < 32; ++lane) {
+        for (int j = 0; j < NS; ++j)
+          for (int e = 0; e < 4; ++e)
+            s[lane][j][e] = s_acc[j][static_cast<std::size_t>(lane)][static_cast<std::size_t>(e)];
+        kernels::mma::mask_scale(s[lane], lane, first_key, visible[lane], scale * 1.4426950408889634f, top[lane]);
+      }
+      for (int lane = 0; lane < 32; ++lane) {  // (the shuffles: the four lanes of a row)
+        float t[2];
+        for (int h = 0; h < 2; ++h) {
+          t[h] = -INFINITY;
+          for (int x = 0; x < 4; ++x) t[h] = std::max(t[h], top[4 * (lane / 4) + x][h]);
+        }
+        float tt[2] = {t[0], t[1]};
+        kernels::mma::softmax_step(s[lane], o[lane], m[lane], sum[lane], tt);
+      }
+      for (int kk = 0; kk < KC / 16; ++kk) {
+        lane_regs a{};
+        for (int lane = 0; lane < 32; ++lane)
+          for (int r = 0; r < 4; ++r)
+            for (int h = 0; h < 2; ++h)
+              a[static_cast<std::size_t>(lane)][static_cast<std::size_t>(2 * r + h)] =
+                  round_f16(s[lane][kernels::mma::p_block(kk, r)][kernels::mma::p_elem(r, h)]);
+        for (int n = 0; n < nk; ++n) {
+          const auto b = ldsm_x4(smem, addresses(sh.v_at(buf) / 2 + 16 * kk * sh.ldv() + 16 * n, sh.ldv()), true);
+          for (int half_n = 0; half_n < 2; ++half_n) {
+            std::array<std::array<float, 4>, 32> acc{};
+            for (int lane = 0; lane < 32; ++lane)
+              for (int e = 0; e < 4; ++e)
+                acc[static_cast<std::size_t>(lane)][static_cast<std::size_t>(e)] = o[lane][2 * n + half_n][e];
+            mma_16816(acc, a, b, half_n);
+            for (int lane = 0; lane < 32; ++lane)
+              for (int e = 0; e < 4; ++e)
+                o[lane][2 * n + half_n][e] = acc[static_cast<std::size_t>(lane)][static_cast<std::size_t>(e)];
+          }
+        }
+      }
+    }
+    for (int lane = 0; lane < 32; ++lane)
+      for (int h = 0; h < 2; ++h) {
+        float total = 0.0f;
+        for (int x = 0; x < 4; ++x) total += sum[4 * (lane / 4) + x][h];
+        const int r = first_row + lane / 4 + 8 * h;
+        if (r >= rows) continue;
+        if (slot != nullptr) {  // (a range of a split tile: its maximum, sum and weighted sums)
+          REQUIRE(r < RS);
+          slot[r] = m[lane][h] * 0.6931471805599453f;
+          slot[RS + r] = total;
+        }
+        for (int j = 0; j < 2 * nk; ++j)
+          for (int e = 0; e < 2; ++e) {
+            const std::size_t d = static_cast<std::size_t>(8 * j + 2 * (lane % 4) + e);
+            if (slot != nullptr)
+              slot[2 * RS + static_cast<std::size_t>(r) * hd + d] = o[lane][j][2 * h + e];
+            else
+              out[row_index(r) * hd + d] = o[lane][j][2 * h + e] / total;
+          }
+      }
+  }
+}
+
+// The kernel over a step: tiles of up to 64 rows, one range each (split_pages 0); or, as for a decode
+// step, tiles of up to 8 rows, each cut into ranges of split_pages pages whose slots are merged as
+// agent::merge_ranges merges them.
+std::vector<float> attention(const kv::paged_layout& l, const std::vector<half>& k, const std::vector<half>& v,
+                             const std::vector<float>& q, std::span<const kernels::token_slot> tokens,
+                             std::size_t heads, float scale, std::size_t split_pages = 0) {
+  constexpr std::size_t RS = 8;
+  const std::size_t hd = l.head_dim;
+  kernels::attention_step step;
+  step.plan(tokens, l.block_size, heads, l.kv_heads, split_pages == 0 ? 64 : RS);
+  std::vector<float> out(q.size(), NAN);
+  for (const auto& t : step.tiles) {
+    const block_id* table = step.tables.data() + t.table;
+    const std::size_t keys = static_cast<std::size_t>(t.first_pos) + t.tile.tokens;
+    const std::size_t per_split = split_pages == 0 ? keys : split_pages * l.block_size;
+    const std::size_t splits = (keys + per_split - 1) / per_split;
+    std::vector<float> slots(splits * RS * (hd + 2), NAN);
+    for (std::size_t sp = 0; sp < splits; ++sp) {
+      float* slot = split_pages == 0 ? nullptr : slots.data() + sp * RS * (hd + 2);
+      const auto run = [&](auto nb, auto kc) {
+        run_tile<decltype(nb)::value, decltype(kc)::value>(l, k, v, q, out, table, t.tile, t.first_pos, heads, scale,
+                                                           sp * per_split, per_split, slot);
+      };
+      if (hd <= 64)
+        run(std::integral_constant<int, 4>{}, std::integral_constant<int, 64>{});
+      else if (hd <= 128)
+        run(std::integral_constant<int, 8>{}, std::integral_constant<int, 64>{});
+      else
+        run(std::integral_constant<int, 16>{}, std::integral_constant<int, 32>{});
+    }
+    if (split_pages == 0) continue;
+    for (std::size_t r = 0; r < static_cast<std::size_t>(t.tile.tokens) * t.tile.heads; ++r) {
+      float top = -INFINITY;
+      for (std::size_t sp = 0; sp < splits; ++sp) top = std::max(top, slots[sp * RS * (hd + 2) + r]);
+      std::vector<float> value(hd, 0.0f);
+      float total = 0.0f;
+      for (std::size_t sp = 0; sp < splits; ++sp) {
+        const float* slot = slots.data() + sp * RS * (hd + 2);
+        const float f = std::exp(slot[r] - top);
+        total += slot[RS + r] * f;
+        for (std::size_t d = 0; d < hd; ++d) value[d] += slot[2 * RS + r * hd + d] * f;
+      }
+      const std::size_t row = (t.tile.first_token + r / t.tile.heads) * heads + t.tile.first_head + r % t.tile.heads;
+      for (std::size_t d = 0; d < hd; ++d) out[row * hd + d] = value[d] / total;
+    }
+  }
+  return out;
+}
+}  // namespace staged_attention
+
+TEST_CASE("CUDA staged tensor-core attention, emulated: the host's attention within f16 rounding", "[kernels][cuda]") {
+  struct shape {
+    std::size_t kv_heads, block_size, head_dim, heads;
+  };
+  rng r(33);
+  float worst = 0.0f;
+  for (const shape sh :
+       {shape{2, 16, 64, 14}, shape{1, 32, 128, 7}, shape{2, 48, 16, 4}, shape{1, 64, 80, 16}, shape{1, 16, 256, 2}}) {
+    const kv::paged_layout l{24, sh.kv_heads, sh.block_size, sh.head_dim};
+    INFO("block " << sh.block_size << ", head_dim " << sh.head_dim << ", heads " << sh.heads << "/" << sh.kv_heads);
+    std::vector<half> k(l.elements()), v(l.elements());
+    for (std::size_t i = 0; i < k.size(); ++i) {
+      k[i] = half{f32_to_f16(static_cast<float>(r.uniform()) * 2.0f - 1.0f)};
+      v[i] = half{f32_to_f16(static_cast<float>(r.uniform()) * 2.0f - 1.0f)};
+    }
+    for (const std::size_t fresh : {1, 2, 19, 70}) {
+      INFO(fresh << " new tokens per sequence");
+      // Sequences of 1, 33 and 150 keys (their last `fresh`), each with its own table of random pages.
+      std::vector<std::vector<block_id>> tables;
+      std::vector<kernels::token_slot> tokens;
+      for (const std::size_t n : {1, 33, 150}) {
+        std::vector<block_id> t;
+        for (std::size_t b = 0; b < (n + l.block_size - 1) / l.block_size; ++b)
+          t.push_back(static_cast<block_id>(r.below(l.blocks)));
+        tables.push_back(std::move(t));
+      }
+      std::size_t s = 0;
+      for (const std::size_t n : {1, 33, 150}) {
+        for (std::size_t p = n - std::min(fresh, n); p < n; ++p)
+          tokens.push_back({tables[s], static_cast<position>(p)});
+        ++s;
+      }
+      std::vector<float> q(tokens.size() * sh.heads * l.head_dim);
+      for (auto& x : q) x = static_cast<float>(r.uniform()) * 4.0f - 2.0f;
+      const float scale = 1.0f / std::sqrt(static_cast<float>(l.head_dim));
+      std::vector<float> host(q.size());
+      thread_pool pool(2);
+      kernels::paged_attention<half>(pool, l, k.data(), v.data(), q.data(), host.data(), tokens, sh.heads, scale);
+      // One range a tile of 64 rows (prefill); ranges of 1 and 3 pages a tile of 8 rows (decode's
+      // split-K), merged. The device test's bound (the queries and probabilities rounded to f16).
+      for (const std::size_t split_pages : {0, 1, 3}) {
+        INFO("ranges of " << split_pages << " pages (0: one a tile)");
+        const auto emulated = staged_attention::attention(l, k, v, q, tokens, sh.heads, scale, split_pages);
+        const float error = staged_attention::worst_error(emulated, host);
+        worst = std::max(worst, error);
+        CHECK(error < 1e-3f);
+      }
+    }
+  }
+  CHECK(worst > 0.0f);  // (the f16 roundings are there: the emulation is not the host's arithmetic)
+}
+
+// The slots of a sequence's last page past its keys may hold infinities or NaNs: the staged kernel
+// stages zeros there for V, and masks the scores, so none reaches a row.
+TEST_CASE("CUDA staged tensor-core attention, emulated: nothing past a sequence's keys reaches a row",
+          "[kernels][cuda]") {
+  const kv::paged_layout l{8, 1, 16, 64};
+  const std::size_t heads = 4, length = 37;
+  rng r(77);
+  std::vector<half> k(l.elements()), v(l.elements());
+  for (std::size_t i = 0; i < k.size(); ++i) {
+    k[i] = half{f32_to_f16(static_cast<float>(r.uniform()) * 2.0f - 1.0f)};
+    v[i] = half{f32_to_f16(static_cast<float>(r.uniform()) * 2.0f - 1.0f)};
+  }
+  const std::vector<block_id> table{0, 1, 2};
+  for (std::size_t slot = length % 16; slot < 16; ++slot)
+    for (std::size_t d = 0; d < l.head_dim; ++d) {
+      const float junk = slot % 2 == 0 ? INFINITY : NAN;
+      k[l.key_offset(2, 0) + d * l.block_size + slot] = half{f32_to_f16(junk)};
+      v[l.offset(2, 0, slot) + d] = half{f32_to_f16(junk)};
+    }
+  std::vector<kernels::token_slot> tokens;
+  for (std::size_t p = 0; p < length; ++p) tokens.push_back({table, static_cast<position>(p)});
+  std::vector<float> q(tokens.size() * heads * l.head_dim);
+  for (auto& x : q) x = static_cast<float>(r.uniform()) * 4.0f - 2.0f;
+  std::vector<float> host(q.size());
+  thread_pool pool(2);
+  kernels::paged_attention<half>(pool, l, k.data(), v.data(), q.data(), host.data(), tokens, heads, 0.125f);
+  const auto emulated = staged_attention::attention(l, k, v, q, tokens, heads, 0.125f);
+  CHECK(std::all_of(emulated.begin(), emulated.end(), [](float x) { return std::isfinite(x); }));
+  CHECK(staged_attention::worst_error(emulated, host) < 1e-3f);
 }
 
 // The CUDA backend's int8 decode product (kernels/cuda/quant_int8.hpp, host and device code), emulated

@@ -69,10 +69,18 @@ class transformer<kernels::cuda> {
   enum class tensor_cores { never, when_filled, always };
   void set_tensor_core_attention(tensor_cores t) noexcept { tensor_cores_ = t; }
   [[nodiscard]] tensor_cores tensor_core_attention() const noexcept { return tensor_cores_; }
-  // Which scalar attention kernel takes the steps not on tensor cores (decode steps, small prefill
+  // Which tensor-core kernel those steps take: kernels::device::mma_attention::wmma (the default) or
+  // ::staged (mma.sync over K and V staged in shared memory, the output rows in registers). Both agree
+  // with the host kernel within the f16 rounding of queries and probabilities.
+  void set_mma_attention(kernels::device::mma_attention k) noexcept { mma_attention_ = k; }
+  [[nodiscard]] kernels::device::mma_attention mma_attention() const noexcept { return mma_attention_; }
+  // Which attention kernel takes the steps not on tensor cores above (decode steps, small prefill
   // steps, f32 KV): kernels::device::attention_kernel::pages (a block's warps take pages in turn, each
-  // through the tile's rows) or ::rows (each warp takes rows through the range's keys), each with its
-  // own split-K plan. Both agree with the host kernel within f32 rounding; not with each other bit for bit.
+  // through the tile's rows), ::rows (each warp takes rows through the range's keys), or ::staged
+  // (f16 KV whose layout paged_attention_mma takes, else pages: the range's keys staged in shared
+  // memory by the block, the products on tensor cores), each with its own split-K plan. pages and rows
+  // agree with the host kernel within f32 rounding, staged within the f16 rounding of the queries and
+  // probabilities; not with each other bit for bit.
   void set_scalar_attention(kernels::device::attention_kernel k) noexcept { scalar_attention_ = k; }
   [[nodiscard]] kernels::device::attention_kernel scalar_attention() const noexcept { return scalar_attention_; }
   // Steps so far of up to graph_rows tokens: launched directly (a shape's first step), captured,
@@ -120,7 +128,7 @@ class transformer<kernels::cuda> {
     mma_ = false;
     if (tensor_cores_ != tensor_cores::never && n > graph_rows && kv.type() == dtype::f16 &&
         kernels::device::attention_mma_fits(kv.layout()) &&
-        kernels::device::attention_mma_shared_bytes(hd) <= ctx.shared_memory_optin()) {
+        kernels::device::attention_mma_shared_bytes(hd, mma_attention_) <= ctx.shared_memory_optin()) {
       constexpr std::size_t rows = kernels::device::policy::attention_mma::rows;
       step_.plan(slots_, kv.layout().block_size, c.heads, c.kv_heads, rows);
       const std::size_t tiles = step_.tiles.size();
@@ -128,13 +136,20 @@ class transformer<kernels::cuda> {
              (4 * tiles >= target_blocks && 2 * n * c.heads >= tiles * rows);
     }
     if (!mma_) step_.plan(slots_, kv.layout().block_size, c.heads, c.kv_heads, attention_policy::rows);
-    const std::size_t longest = kernels::device::longest_tile(step_.tiles);
-    split_ =
-        mma_ ? kernels::device::attention_split{}
-        : scalar_attention_ == kernels::device::attention_kernel::rows
-            ? kernels::device::plan_attention_split_rows(step_.tiles.size(), longest, kv.layout().block_size,
-                                                         target_blocks, kernels::device::widest_tile(step_.tiles))
-            : kernels::device::plan_attention_split(step_.tiles.size(), longest, kv.layout().block_size, target_blocks);
+    const std::size_t longest = kernels::device::longest_tile(step_.tiles), bs = kv.layout().block_size;
+    using kernels::device::attention_kernel;
+    // (The staged kernel where asked for and the layout and the device take it, else the pages kernel.)
+    const bool staged = scalar_attention_ == attention_kernel::staged && kv.type() == dtype::f16 &&
+                        kernels::device::attention_mma_fits(kv.layout()) &&
+                        kernels::device::attention_mma_shared_bytes(hd, kernels::device::mma_attention::staged) <=
+                            ctx.shared_memory_optin();
+    split_ = mma_ ? kernels::device::attention_split{}
+             : scalar_attention_ == attention_kernel::rows
+                 ? kernels::device::plan_attention_split_rows(step_.tiles.size(), longest, bs, target_blocks,
+                                                              kernels::device::widest_tile(step_.tiles))
+             : staged ? kernels::device::plan_attention_split_staged(step_.tiles.size(), longest, bs, target_blocks,
+                                                                     kernels::device::staged_chunk_keys(hd))
+                      : kernels::device::plan_attention_split(step_.tiles.size(), longest, bs, target_blocks);
     // (Sized for the most ranges any context can be cut into: a sequence's decode steps then never
     // reallocate it, which would end their graphs.)
     grow(attention_ws_, kernels::device::attention_workspace_bound(step_.tiles.size(), target_blocks, hd));
@@ -310,7 +325,14 @@ class transformer<kernels::cuda> {
       if (mma_) {
         kernels::device::paged_attention_mma(kv.layout(), kv.keys<E>(layer), kv.values<E>(layer), q_.data(),
                                              att_.data(), d_tables_.data(), d_tiles_.data(), step_.tiles.size(),
-                                             cfg().heads, scale, s);
+                                             cfg().heads, scale, s, mma_attention_);
+        return;
+      }
+      if (split_.kernel == kernels::device::attention_kernel::staged) {  // (a decode step's, split-K)
+        kernels::device::paged_attention_mma(kv.layout(), kv.keys<E>(layer), kv.values<E>(layer), q_.data(),
+                                             att_.data(), d_tables_.data(), d_tiles_.data(), step_.tiles.size(),
+                                             cfg().heads, scale, s, kernels::device::mma_attention::staged, split_,
+                                             attention_ws_.data(), attention_counters_.data());
         return;
       }
     }
@@ -365,6 +387,7 @@ class transformer<kernels::cuda> {
   bool use_graphs_ = true;
   tensor_cores tensor_cores_ = tensor_cores::when_filled;
   kernels::device::attention_kernel scalar_attention_ = kernels::device::attention_kernel::pages;
+  kernels::device::mma_attention mma_attention_ = kernels::device::mma_attention::wmma;
   bool mma_ = false;  // this step's attention on tensor cores
   std::size_t generation_ = 0;
   kernels::device::graph_cache<step_key> graphs_;

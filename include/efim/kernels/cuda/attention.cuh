@@ -51,10 +51,14 @@ struct attention_rows {
 };
 }  // namespace policy
 
-// Which scalar kernel a paged_attention launch runs: `pages` (agent::attention: a block's warps take
-// its range's pages in turn, each through all of the tile's rows) or `rows` (agent::attention_rows: its
-// warps take the tile's rows, each through all of the range's keys).
-enum class attention_kernel : std::uint8_t { pages, rows };
+// Which kernel takes a decode step's attention: `pages` (agent::attention: a block's warps take its
+// range's pages in turn, each through all of the tile's rows) or `rows` (agent::attention_rows: its
+// warps take the tile's rows, each through all of the range's keys), both launched by paged_attention;
+// or `staged` (attention_mma.cuh's agent::attention_staged, f16 caches only, launched by
+// paged_attention_mma with the same tiles and cut: the range's keys staged in shared memory by all of a
+// block's threads, the products on tensor cores). paged_attention itself runs the pages kernel for a
+// `staged` plan.
+enum class attention_kernel : std::uint8_t { pages, rows, staged };
 
 namespace detail {
 
@@ -599,6 +603,23 @@ constexpr attention_split plan_attention_split(std::size_t n_tiles, std::size_t 
   return {(pages + per_split - 1) / per_split, per_split};
 }
 
+namespace detail {
+// Ranges of at least `keys` keys each, rounded up to whole pages, where the context allows, and never
+// more than ceil(target_blocks / n_tiles) a tile; a step with enough tiles is not split.
+constexpr attention_split split_by_keys(std::size_t n_tiles, std::size_t longest, std::size_t block_size,
+                                        std::size_t target_blocks, std::size_t keys,
+                                        device::attention_kernel kernel) noexcept {
+  const std::size_t pages = block_size == 0 ? 0 : (longest + block_size - 1) / block_size;
+  if (n_tiles == 0 || pages == 0 || 2 * n_tiles >= target_blocks) return {1, pages, kernel};
+  const std::size_t chunk_pages = (keys + block_size - 1) / block_size;
+  const std::size_t most = (pages + chunk_pages - 1) / chunk_pages;
+  const std::size_t wanted = (target_blocks + n_tiles - 1) / n_tiles;
+  const std::size_t splits = wanted < most ? wanted : most;
+  const std::size_t per_split = (pages + splits - 1) / splits;
+  return {(pages + per_split - 1) / per_split, per_split, kernel};
+}
+}  // namespace detail
+
 // The same for the rows kernel, whose warps each walk all of a range's keys: ranges of at least one
 // chunk of keys for each warp holding a row (Policy::chunk times the warps that share a row: 4 for
 // tiles of one row, 2 for two, else 1; `tile_rows`: the step's most rows a tile), rounded up to whole
@@ -609,16 +630,17 @@ template <class Policy = policy::attention_rows>
 constexpr attention_split plan_attention_split_rows(std::size_t n_tiles, std::size_t longest, std::size_t block_size,
                                                     std::size_t target_blocks,
                                                     std::size_t tile_rows = Policy::rows) noexcept {
-  const std::size_t pages = block_size == 0 ? 0 : (longest + block_size - 1) / block_size;
-  if (n_tiles == 0 || pages == 0 || 2 * n_tiles >= target_blocks) return {1, pages, attention_kernel::rows};
   const std::size_t share = tile_rows <= 1 ? 4 : tile_rows == 2 ? 2 : 1;  // (agent::attention_rows's)
-  const std::size_t keys = static_cast<std::size_t>(Policy::chunk) * share;
-  const std::size_t chunk_pages = (keys + block_size - 1) / block_size;
-  const std::size_t most = (pages + chunk_pages - 1) / chunk_pages;
-  const std::size_t wanted = (target_blocks + n_tiles - 1) / n_tiles;
-  const std::size_t splits = wanted < most ? wanted : most;
-  const std::size_t per_split = (pages + splits - 1) / splits;
-  return {(pages + per_split - 1) / per_split, per_split, attention_kernel::rows};
+  return detail::split_by_keys(n_tiles, longest, block_size, target_blocks,
+                               static_cast<std::size_t>(Policy::chunk) * share, attention_kernel::rows);
+}
+
+// The same for the staged kernel (agent::attention_staged), whose block stages `chunk` keys at a time
+// (64, or 32 for heads above 128 dimensions): ranges of at least one chunk, rounded up to whole pages,
+// where the context allows; never more than ceil(target_blocks / n_tiles) ranges a tile.
+constexpr attention_split plan_attention_split_staged(std::size_t n_tiles, std::size_t longest, std::size_t block_size,
+                                                      std::size_t target_blocks, std::size_t chunk) noexcept {
+  return detail::split_by_keys(n_tiles, longest, block_size, target_blocks, chunk, attention_kernel::staged);
 }
 
 // The most rows of the step's tiles (plan_attention_split_rows's `tile_rows`).

@@ -19,6 +19,13 @@
 // caches whose block size and head size are multiples of 16 (head size up to 256); the transformer
 // takes it for prefill steps with enough tiles to fill the GPU, the scalar kernel (with split-K) for
 // the rest.
+//
+// A second kernel (mma_attention::staged, attention_mma.hpp) does the same on mma.sync: the block's
+// threads stage each chunk of 32 or 64 keys' K and V in shared memory with 16-byte asynchronous copies
+// (cp.async, two buffers: the next chunk loads while this one is multiplied), each warp reads its
+// operands from there with ldmatrix, and keeps its scores, probabilities and output rows in registers
+// (mma.sync's fragment layouts are documented, WMMA's are not), rescaling them there. Its results agree
+// with the host kernel within the same f16 roundings.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <mma.h>
@@ -30,6 +37,8 @@
 #include "efim/core/float16.hpp"
 #include "efim/core/types.hpp"
 #include "efim/kernels/attention_plan.hpp"
+#include "efim/kernels/cuda/attention.cuh"
+#include "efim/kernels/cuda/attention_mma.hpp"
 #include "efim/kernels/cuda/runtime.cuh"
 #include "efim/kv/layout.hpp"
 
@@ -44,11 +53,55 @@ struct attention_mma {
 };
 }  // namespace policy
 
+// Which tensor-core kernel paged_attention_mma runs: WMMA with the output rows in shared memory, or
+// mma.sync over K and V staged in shared memory, the output rows in registers.
+enum class mma_attention { wmma, staged };
+
 // Whether paged_attention_mma takes caches of this layout (f16 elements are the caller's to check).
 constexpr bool attention_mma_fits(const kv::paged_layout& l) noexcept {
   return l.block_size % 16 == 0 && l.block_size > 0 && l.head_dim % 16 == 0 && l.head_dim > 0 &&
          l.head_dim <= static_cast<std::size_t>(policy::attention_mma::max_head_dim);
 }
+
+namespace detail {
+
+// The instructions of the staged kernel (PTX ISA 7.0+, sm_80+).
+__device__ inline unsigned shared_address(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
+__device__ inline void ldsm_x4(unsigned (&r)[4], const __half* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(shared_address(p)));
+}
+__device__ inline void ldsm_x4_trans(unsigned (&r)[4], const __half* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(shared_address(p)));
+}
+// d += a b (16 x 16 f16 by 16 x 8 f16, f32 accumulators).
+__device__ inline void mma_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// 16 bytes from global to shared memory, asynchronously; zeros where !valid (nothing is read then).
+__device__ inline void copy16_async(__half* dst, const __half* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(dst)), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ inline void copies_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int Pending>
+__device__ inline void copies_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory");
+}
+__device__ inline unsigned pack_half2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const unsigned*>(&h);
+}
+
+}  // namespace detail
 
 namespace agent {
 
@@ -189,38 +242,245 @@ struct attention_mma {
   }
 };
 
+// The staged kernel (attention_mma.hpp): the block's warps take 16 rows each; NB the most 16-dimension
+// steps of a head (hd <= 16 NB), KC keys a chunk.
+template <class Policy, int NB, int KC>
+struct attention_staged {
+  static constexpr int W = Policy::warps, R = Policy::rows, NS = KC / 8, NO = 2 * NB, chunk = KC;
+  static_assert(R == 16 * W && KC % 16 == 0);
+  static constexpr mma::stage_shape shape(std::size_t hd) noexcept { return {R, hd, KC}; }
+
+  // Block (tile, range blockIdx.y) of keys_per_split keys each (a multiple of 16); with more than one
+  // range (partial not null: tiles of up to policy::attention::rows rows) it writes its range's maxima,
+  // sums and weighted sums as the scalar kernels do, and the tile's last block merges them.
+  __device__ static void run(unsigned char* shared, const kv::paged_layout& l, const __half* k_cache,
+                             const __half* v_cache, const float* q, float* out, const block_id* table,
+                             const attention_tile& tile, position first_pos, std::size_t heads, float scale,
+                             std::size_t keys_per_split, float* partial, unsigned* counters) {
+    const int rows = static_cast<int>(tile.tokens * tile.heads);
+    const std::size_t hd = l.head_dim, bs = l.block_size, th = tile.heads;
+    const int nk = static_cast<int>(hd / 16);
+    const mma::stage_shape sh = shape(hd);
+    const std::size_t g = tile.first_head / (heads / l.kv_heads);
+    const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+    auto* q_sh = reinterpret_cast<__half*>(shared);
+
+    const auto row_index = [&](int r) {  // (token, head) of row r, as an index into q and out
+      return (tile.first_token + static_cast<std::size_t>(r) / th) * heads + tile.first_head +
+             static_cast<std::size_t>(r) % th;
+    };
+    // The block's range of keys: from range_first to the last its rows see (none past the range); a
+    // chunk's staging: pieces past them are zeros.
+    const std::size_t range_first = blockIdx.y * keys_per_split;
+    const std::size_t keys = mma::range_end(mma::visible_keys(rows - 1, rows, th, static_cast<std::size_t>(first_pos)),
+                                            range_first, keys_per_split);
+    const auto stage = [&](std::size_t first_key, int buf) {
+      auto* ks = reinterpret_cast<__half*>(shared + sh.k_at(buf));
+      auto* vs = reinterpret_cast<__half*>(shared + sh.v_at(buf));
+      for (std::size_t p = threadIdx.x; p < hd * KC / 8; p += Policy::threads) {
+        const mma::piece at = mma::k_piece(p, KC);
+        const std::size_t key = first_key + at.col;
+        const bool valid = key < keys;
+        const __half* src = valid ? k_cache + l.key_offset(table[key / bs], g) + at.row * bs + key % bs : k_cache;
+        detail::copy16_async(ks + at.row * sh.ldk() + at.col, src, valid);
+      }
+      for (std::size_t p = threadIdx.x; p < KC * hd / 8; p += Policy::threads) {
+        const mma::piece at = mma::v_piece(p, hd);
+        const std::size_t key = first_key + at.row;
+        const bool valid = key < keys;
+        const __half* src = valid ? v_cache + l.offset(table[key / bs], g, key % bs) + at.col : v_cache;
+        detail::copy16_async(vs + at.row * sh.ldv() + at.col, src, valid);
+      }
+      detail::copies_commit();
+    };
+    const std::size_t chunks = keys > range_first ? (keys - range_first + KC - 1) / KC : 0;
+    if (chunks > 0) stage(range_first, 0);
+    for (std::size_t i = threadIdx.x; i < static_cast<std::size_t>(R) * hd; i += Policy::threads) {
+      const int r = static_cast<int>(i / hd);
+      const std::size_t d = i % hd;
+      q_sh[static_cast<std::size_t>(r) * sh.ldq() + d] = __float2half_rn(r < rows ? q[row_index(r) * hd + d] : 0.0f);
+    }
+
+    const int first_row = 16 * warp;
+    const std::size_t warp_keys =  // (0 for a warp past the tile's rows)
+        first_row < rows ? mma::range_end(mma::visible_keys(rows - 1 < first_row + 15 ? rows - 1 : first_row + 15, rows,
+                                                            th, static_cast<std::size_t>(first_pos)),
+                                          range_first, keys_per_split)
+                         : 0;
+    const std::size_t visible[2] = {
+        mma::range_end(mma::visible_keys(first_row + lane / 4, rows, th, static_cast<std::size_t>(first_pos)),
+                       range_first, keys_per_split),
+        mma::range_end(mma::visible_keys(first_row + lane / 4 + 8, rows, th, static_cast<std::size_t>(first_pos)),
+                       range_first, keys_per_split)};
+    const float scale2 = scale * 1.4426950408889634f;
+    float o[NO][4] = {}, m[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
+    const __half* q_warp =
+        q_sh + static_cast<std::size_t>(first_row + mma::ldsm_row(lane)) * sh.ldq() + mma::ldsm_col(lane);
+
+    for (std::size_t c = 0; c < chunks; ++c) {
+      const int buf = static_cast<int>(c % 2);
+      const std::size_t first_key = range_first + c * KC;
+      if (c + 1 < chunks) {
+        stage(first_key + KC, 1 - buf);
+        detail::copies_wait<1>();
+      } else {
+        detail::copies_wait<0>();
+      }
+      __syncthreads();
+      if (first_key < warp_keys) {  // (the same for the whole warp)
+        const auto* ks = reinterpret_cast<const __half*>(shared + sh.k_at(buf)) +
+                         static_cast<std::size_t>(mma::ldsm_row(lane)) * sh.ldk() + mma::ldsm_col(lane);
+        const auto* vs = reinterpret_cast<const __half*>(shared + sh.v_at(buf)) +
+                         static_cast<std::size_t>(mma::ldsm_row(lane)) * sh.ldv() + mma::ldsm_col(lane);
+        // S = Q K^T over the chunk.
+        float s[NS][4] = {};
+#pragma unroll
+        for (int kk = 0; kk < NB; ++kk) {
+          if (kk >= nk) break;
+          unsigned a[4];
+          detail::ldsm_x4(a, q_warp + 16 * kk);
+#pragma unroll
+          for (int n = 0; n < NS / 2; ++n) {
+            unsigned b[4];
+            detail::ldsm_x4_trans(b, ks + static_cast<std::size_t>(16 * kk) * sh.ldk() + 16 * n);
+            detail::mma_16816(s[2 * n], a, b[0], b[1]);
+            detail::mma_16816(s[2 * n + 1], a, b[2], b[3]);
+          }
+        }
+        // The online softmax: the rows' maxima over their four lanes.
+        float top[2];
+        mma::mask_scale(s, lane, first_key, visible, scale2, top);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          top[h] = fmaxf(top[h], __shfl_xor_sync(0xFFFFFFFFu, top[h], 1));
+          top[h] = fmaxf(top[h], __shfl_xor_sync(0xFFFFFFFFu, top[h], 2));
+        }
+        mma::softmax_step(s, o, m, sum, top);
+        // O += P V.
+#pragma unroll
+        for (int kk = 0; kk < KC / 16; ++kk) {
+          unsigned a[4];
+#pragma unroll
+          for (int r = 0; r < 4; ++r)
+            a[r] = detail::pack_half2(s[mma::p_block(kk, r)][mma::p_elem(r, 0)],
+                                      s[mma::p_block(kk, r)][mma::p_elem(r, 1)]);
+#pragma unroll
+          for (int n = 0; n < NB; ++n) {
+            if (n >= nk) break;
+            unsigned b[4];
+            detail::ldsm_x4_trans(b, vs + static_cast<std::size_t>(16 * kk) * sh.ldv() + 16 * n);
+            detail::mma_16816(o[2 * n], a, b[0], b[1]);
+            detail::mma_16816(o[2 * n + 1], a, b[2], b[3]);
+          }
+        }
+      }
+      __syncthreads();  // (before the next chunk's copies overwrite this buffer)
+    }
+
+    // Rows g and g + 8: O over the sum of the row's four lanes; or, for a range of a split tile, the
+    // row's maximum (in natural units), sum and weighted sums into the range's slot, then the merge.
+    constexpr int RS = policy::attention::rows;     // (the slots' rows: the scalar kernels' tiles)
+    if (partial != nullptr && rows > RS) __trap();  // (a split step's tiles are the scalar kernels')
+    float* slot = partial == nullptr
+                      ? nullptr
+                      : partial + (static_cast<std::size_t>(blockIdx.x) * gridDim.y + blockIdx.y) * RS * (hd + 2);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      sum[h] += __shfl_xor_sync(0xFFFFFFFFu, sum[h], 1);
+      sum[h] += __shfl_xor_sync(0xFFFFFFFFu, sum[h], 2);
+      const int r = first_row + lane / 4 + 8 * h;
+      if (r >= rows) continue;
+      float* dst = slot != nullptr ? slot + 2 * RS + static_cast<std::size_t>(r) * hd : out + row_index(r) * hd;
+      const float div = slot != nullptr ? 1.0f : sum[h];
+#pragma unroll
+      for (int j = 0; j < NO; ++j) {
+        if (j >= 2 * nk) break;
+        *reinterpret_cast<float2*>(dst + 8 * j + 2 * (lane % 4)) =
+            make_float2(o[j][2 * h] / div, o[j][2 * h + 1] / div);
+      }
+      if (slot != nullptr && lane % 4 == 0) {
+        slot[r] = m[h] * 0.6931471805599453f;  // (2^m = e^(m ln 2); -inf stays -inf)
+        slot[RS + r] = sum[h];
+      }
+    }
+    if (slot != nullptr) merge_if_last<RS, Policy::threads>(partial, counters, out, tile, heads, rows, hd);
+  }
+};
+
 }  // namespace agent
 
 namespace detail {
 
-template <class Policy>
-__global__ void __launch_bounds__(Policy::threads)
+// One block per (tile, range of keys), Agent (attention_mma: one range; or attention_staged) running it.
+template <class Agent, int Threads>
+__global__ void __launch_bounds__(Threads)
     attention_mma_kernel(kv::paged_layout l, const half* k_cache, const half* v_cache, const float* q, float* out,
-                         const block_id* tables, const attention_tile_ref* tiles, std::size_t heads, float scale) {
+                         const block_id* tables, const attention_tile_ref* tiles, std::size_t heads, float scale,
+                         std::size_t keys_per_split, float* partial, unsigned* counters) {
   extern __shared__ __align__(32) unsigned char shared_mma[];
   const attention_tile_ref t = tiles[blockIdx.x];
-  agent::attention_mma<Policy>::run(shared_mma, l, reinterpret_cast<const __half*>(k_cache),
-                                    reinterpret_cast<const __half*>(v_cache), q, out, tables + t.table, t.tile,
-                                    t.first_pos, heads, scale);
+  const auto* k = reinterpret_cast<const __half*>(k_cache);
+  const auto* v = reinterpret_cast<const __half*>(v_cache);
+  if constexpr (requires { Agent::NS; })
+    Agent::run(shared_mma, l, k, v, q, out, tables + t.table, t.tile, t.first_pos, heads, scale, keys_per_split,
+               partial, counters);
+  else
+    Agent::run(shared_mma, l, k, v, q, out, tables + t.table, t.tile, t.first_pos, heads, scale);
+}
+
+// The staged kernel for heads of up to 64, 128 and 256 dimensions: chunks of 64 keys, then 32 at 256
+// (the output rows take 128 registers a lane there).
+template <class Policy, class F>
+constexpr decltype(auto) with_staged(std::size_t head_dim, F&& f) {
+  if (head_dim <= 64) return f.template operator()<agent::attention_staged<Policy, 4, 64>>();
+  if (head_dim <= 128) return f.template operator()<agent::attention_staged<Policy, 8, 64>>();
+  return f.template operator()<agent::attention_staged<Policy, 16, 32>>();
+}
+
+template <class Agent, int Threads>
+void launch_attention_mma(std::size_t bytes, dim3 grid, const kv::paged_layout& l, const half* k_cache,
+                          const half* v_cache, const float* q, float* out, const block_id* tables,
+                          const attention_tile_ref* tiles, std::size_t heads, float scale, std::size_t keys_per_split,
+                          float* partial, unsigned* counters, cudaStream_t stream) {
+  if (bytes > 48 * 1024)
+    check(cudaFuncSetAttribute(attention_mma_kernel<Agent, Threads>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(bytes)),
+          "paged_attention_mma: shared memory opt-in");
+  attention_mma_kernel<Agent, Threads><<<grid, Threads, bytes, stream>>>(
+      l, k_cache, v_cache, q, out, tables, tiles, heads, scale, keys_per_split, partial, counters);
+  check(cudaGetLastError(), "paged_attention_mma launch");
 }
 
 }  // namespace detail
 
-// Bytes of dynamic shared memory paged_attention_mma takes for heads of `head_dim` (above 48 KiB
-// from a head size of 96: the launch opts in; 135 KiB at 256, more than some GPUs allow a block:
-// the caller checks the device's opt-in limit).
+// Bytes of dynamic shared memory paged_attention_mma takes for heads of `head_dim` (WMMA: above 48 KiB
+// from a head size of 96, 135 KiB at 256; staged: 46 KiB at 64, 89 KiB at 128, 108.5 KiB at 256; the
+// launch opts in above 48 KiB; more than some GPUs allow a block: the caller checks the device's
+// opt-in limit).
 template <class Policy = policy::attention_mma>
-constexpr std::size_t attention_mma_shared_bytes(std::size_t head_dim) noexcept {
-  return agent::attention_mma<Policy>::shared_bytes(head_dim);
+constexpr std::size_t attention_mma_shared_bytes(std::size_t head_dim,
+                                                 mma_attention kind = mma_attention::wmma) noexcept {
+  if (kind == mma_attention::wmma) return agent::attention_mma<Policy>::shared_bytes(head_dim);
+  return detail::with_staged<Policy>(head_dim, [&]<class Agent>() { return Agent::shape(head_dim).bytes(); });
+}
+
+// Keys a chunk of the staged kernel for heads of `head_dim` (plan_attention_split_staged's `chunk`).
+constexpr std::size_t staged_chunk_keys(std::size_t head_dim) noexcept {
+  return detail::with_staged<policy::attention_mma>(head_dim, [&]<class Agent>() { return std::size_t{Agent::chunk}; });
 }
 
 // paged_attention with f16 caches on tensor cores: q, out (tokens, heads, head_dim) device rows; tables
 // and tiles an attention_step's planned with Policy::rows rows per tile at most; the layout must fit
-// (attention_mma_fits). No split-K: one block per tile walks every key its rows see.
+// (attention_mma_fits). By default one block per tile walks every key its rows see. The staged kernel
+// also takes a decode step's cut (`split`, from plan_attention_split_staged, tiles of up to
+// policy::attention::rows rows): with more than one range, `workspace` (attention_workspace_bytes) and
+// `counters` (as paged_attention's: the ranges merged in the same launch, by agent::merge_ranges).
 template <class Policy = policy::attention_mma>
 void paged_attention_mma(const kv::paged_layout& l, const half* k_cache, const half* v_cache, const float* q,
                          float* out, const block_id* tables, const attention_tile_ref* tiles, std::size_t n_tiles,
-                         std::size_t heads, float scale, cudaStream_t stream = nullptr) {
+                         std::size_t heads, float scale, cudaStream_t stream = nullptr,
+                         mma_attention kind = mma_attention::wmma, attention_split split = {},
+                         void* workspace = nullptr, unsigned* counters = nullptr) {
   (void)query_group(heads, l.kv_heads);
   if (!attention_mma_fits(l))
     throw error(errc::invalid_argument, "device::paged_attention_mma: block size " + std::to_string(l.block_size) +
@@ -228,14 +488,26 @@ void paged_attention_mma(const kv::paged_layout& l, const half* k_cache, const h
                                             " must be multiples of 16, the head size at most 256");
   if (n_tiles == 0) return;
   require(n_tiles <= 0x7FFFFFFFu, errc::invalid_argument, "device::paged_attention_mma: too many tiles");
-  const std::size_t bytes = attention_mma_shared_bytes<Policy>(l.head_dim);
-  if (bytes > 48 * 1024)
-    check(cudaFuncSetAttribute(detail::attention_mma_kernel<Policy>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(bytes)),
-          "paged_attention_mma: shared memory opt-in");
-  detail::attention_mma_kernel<Policy><<<static_cast<unsigned>(n_tiles), Policy::threads, bytes, stream>>>(
-      l, k_cache, v_cache, q, out, tables, tiles, heads, scale);
-  check(cudaGetLastError(), "paged_attention_mma launch");
+  require(split.splits >= 1 && split.splits <= 65535, errc::invalid_argument,
+          "device::paged_attention_mma: key ranges per tile out of 1..65535");
+  require(
+      split.splits == 1 ||
+          (kind == mma_attention::staged && workspace != nullptr && counters != nullptr && split.pages > 0),
+      errc::invalid_argument,
+      "device::paged_attention_mma: split-K is the staged kernel's, with pages per range, a workspace and counters");
+  const std::size_t bytes = attention_mma_shared_bytes<Policy>(l.head_dim, kind);
+  const dim3 grid(static_cast<unsigned>(n_tiles), static_cast<unsigned>(split.splits));
+  if (kind == mma_attention::wmma) {
+    detail::launch_attention_mma<agent::attention_mma<Policy>, Policy::threads>(
+        bytes, grid, l, k_cache, v_cache, q, out, tables, tiles, heads, scale, 0, nullptr, nullptr, stream);
+    return;
+  }
+  const std::size_t keys_per_split = split.splits == 1 ? ~std::size_t{0} / 2 : split.pages * l.block_size;
+  float* partial = split.splits == 1 ? nullptr : static_cast<float*>(workspace);
+  detail::with_staged<Policy>(l.head_dim, [&]<class Agent>() {
+    detail::launch_attention_mma<Agent, Policy::threads>(bytes, grid, l, k_cache, v_cache, q, out, tables, tiles, heads,
+                                                         scale, keys_per_split, partial, counters, stream);
+  });
 }
 
 }  // namespace efim::kernels::device
