@@ -42,6 +42,15 @@ inline std::size_t multiprocessors() {
   return static_cast<std::size_t>(count);
 }
 
+// The current device's compute capability, major * 10 + minor (80: sm_80).
+inline int compute_capability() {
+  int device = 0, major = 0, minor = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
+  check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), "cudaDeviceGetAttribute");
+  return 10 * major + minor;
+}
+
 // The most shared memory one thread block of the current device may take, opting in (bytes).
 inline std::size_t shared_memory_optin() {
   int device = 0, bytes = 0;

@@ -70,14 +70,16 @@ class transformer<kernels::cuda> {
   void set_tensor_core_attention(tensor_cores t) noexcept { tensor_cores_ = t; }
   [[nodiscard]] tensor_cores tensor_core_attention() const noexcept { return tensor_cores_; }
   // Which tensor-core kernel those steps take: kernels::device::mma_attention::wmma (the default) or
-  // ::staged (mma.sync over K and V staged in shared memory, the output rows in registers). Both agree
-  // with the host kernel within the f16 rounding of queries and probabilities.
+  // ::staged (mma.sync over K and V staged in shared memory, the output rows in registers; on devices
+  // of compute capability 8.0 and up, WMMA elsewhere). Both agree with the host kernel within the f16
+  // rounding of queries and probabilities.
   void set_mma_attention(kernels::device::mma_attention k) noexcept { mma_attention_ = k; }
   [[nodiscard]] kernels::device::mma_attention mma_attention() const noexcept { return mma_attention_; }
   // Which attention kernel takes the steps not on tensor cores above (decode steps, small prefill
   // steps, f32 KV): kernels::device::attention_kernel::pages (a block's warps take pages in turn, each
   // through the tile's rows), ::rows (each warp takes rows through the range's keys), or ::staged
-  // (f16 KV whose layout paged_attention_mma takes, else pages: the range's keys staged in shared
+  // (f16 KV whose layout paged_attention_mma takes, on compute capability 8.0 and up, else pages: the
+  // range's keys staged in shared
   // memory by the block, the products on tensor cores), each with its own split-K plan. pages and rows
   // agree with the host kernel within f32 rounding, staged within the f16 rounding of the queries and
   // probabilities; not with each other bit for bit.
@@ -126,9 +128,11 @@ class transformer<kernels::cuda> {
     // (decode): about two blocks per multiprocessor.
     const std::size_t target_blocks = 2 * ctx.multiprocessors();
     mma_ = false;
+    // (The staged kernel where asked for and the device has its instructions, else WMMA.)
+    mma_kind_ = ctx.compute_capability() >= 80 ? mma_attention_ : kernels::device::mma_attention::wmma;
     if (tensor_cores_ != tensor_cores::never && n > graph_rows && kv.type() == dtype::f16 &&
         kernels::device::attention_mma_fits(kv.layout()) &&
-        kernels::device::attention_mma_shared_bytes(hd, mma_attention_) <= ctx.shared_memory_optin()) {
+        kernels::device::attention_mma_shared_bytes(hd, mma_kind_) <= ctx.shared_memory_optin()) {
       constexpr std::size_t rows = kernels::device::policy::attention_mma::rows;
       step_.plan(slots_, kv.layout().block_size, c.heads, c.kv_heads, rows);
       const std::size_t tiles = step_.tiles.size();
@@ -140,7 +144,7 @@ class transformer<kernels::cuda> {
     using kernels::device::attention_kernel;
     // (The staged kernel where asked for and the layout and the device take it, else the pages kernel.)
     const bool staged = scalar_attention_ == attention_kernel::staged && kv.type() == dtype::f16 &&
-                        kernels::device::attention_mma_fits(kv.layout()) &&
+                        ctx.compute_capability() >= 80 && kernels::device::attention_mma_fits(kv.layout()) &&
                         kernels::device::attention_mma_shared_bytes(hd, kernels::device::mma_attention::staged) <=
                             ctx.shared_memory_optin();
     split_ = mma_ ? kernels::device::attention_split{}
@@ -325,7 +329,7 @@ class transformer<kernels::cuda> {
       if (mma_) {
         kernels::device::paged_attention_mma(kv.layout(), kv.keys<E>(layer), kv.values<E>(layer), q_.data(),
                                              att_.data(), d_tables_.data(), d_tiles_.data(), step_.tiles.size(),
-                                             cfg().heads, scale, s, mma_attention_);
+                                             cfg().heads, scale, s, mma_kind_);
         return;
       }
       if (split_.kernel == kernels::device::attention_kernel::staged) {  // (a decode step's, split-K)
@@ -388,6 +392,7 @@ class transformer<kernels::cuda> {
   tensor_cores tensor_cores_ = tensor_cores::when_filled;
   kernels::device::attention_kernel scalar_attention_ = kernels::device::attention_kernel::pages;
   kernels::device::mma_attention mma_attention_ = kernels::device::mma_attention::wmma;
+  kernels::device::mma_attention mma_kind_ = kernels::device::mma_attention::wmma;  // this step's
   bool mma_ = false;  // this step's attention on tensor cores
   std::size_t generation_ = 0;
   kernels::device::graph_cache<step_key> graphs_;

@@ -604,8 +604,9 @@ constexpr attention_split plan_attention_split(std::size_t n_tiles, std::size_t 
 }
 
 namespace detail {
-// Ranges of at least `keys` keys each, rounded up to whole pages, where the context allows, and never
-// more than ceil(target_blocks / n_tiles) a tile; a step with enough tiles is not split.
+// Ranges of about `keys` keys each, rounded up to whole pages: at most ceil(pages / pages of `keys`)
+// a tile (so a range may hold fewer keys: 5 pages in ranges of 3 and 2 where `keys` takes 4), and never
+// more than ceil(target_blocks / n_tiles); a step with enough tiles is not split.
 constexpr attention_split split_by_keys(std::size_t n_tiles, std::size_t longest, std::size_t block_size,
                                         std::size_t target_blocks, std::size_t keys,
                                         device::attention_kernel kernel) noexcept {
@@ -636,8 +637,7 @@ constexpr attention_split plan_attention_split_rows(std::size_t n_tiles, std::si
 }
 
 // The same for the staged kernel (agent::attention_staged), whose block stages `chunk` keys at a time
-// (64, or 32 for heads above 128 dimensions): ranges of at least one chunk, rounded up to whole pages,
-// where the context allows; never more than ceil(target_blocks / n_tiles) ranges a tile.
+// (64, or 32 for heads above 128 dimensions): ranges of about a chunk or more, as split_by_keys cuts.
 constexpr attention_split plan_attention_split_staged(std::size_t n_tiles, std::size_t longest, std::size_t block_size,
                                                       std::size_t target_blocks, std::size_t chunk) noexcept {
   return detail::split_by_keys(n_tiles, longest, block_size, target_blocks, chunk, attention_kernel::staged);

@@ -258,6 +258,7 @@ struct attention_staged {
                              const attention_tile& tile, position first_pos, std::size_t heads, float scale,
                              std::size_t keys_per_split, float* partial, unsigned* counters) {
     const int rows = static_cast<int>(tile.tokens * tile.heads);
+    if (rows > R) __trap();  // (tiles are planned with Policy::rows rows at most)
     const std::size_t hd = l.head_dim, bs = l.block_size, th = tile.heads;
     const int nk = static_cast<int>(hd / 16);
     const mma::stage_shape sh = shape(hd);
@@ -295,7 +296,10 @@ struct attention_staged {
     };
     const std::size_t chunks = keys > range_first ? (keys - range_first + KC - 1) / KC : 0;
     if (chunks > 0) stage(range_first, 0);
-    for (std::size_t i = threadIdx.x; i < static_cast<std::size_t>(R) * hd; i += Policy::threads) {
+    // The queries in f16, zeros past the rows up to the last warp that has any (a decode tile's few
+    // rows: the first warp's 16 alone).
+    const std::size_t q_rows = (static_cast<std::size_t>(rows) + 15) / 16 * 16;
+    for (std::size_t i = threadIdx.x; i < q_rows * hd; i += Policy::threads) {
       const int r = static_cast<int>(i / hd);
       const std::size_t d = i % hd;
       q_sh[static_cast<std::size_t>(r) * sh.ldq() + d] = __float2half_rn(r < rows ? q[row_index(r) * hd + d] : 0.0f);
@@ -421,10 +425,14 @@ __global__ void __launch_bounds__(Threads)
   const attention_tile_ref t = tiles[blockIdx.x];
   const auto* k = reinterpret_cast<const __half*>(k_cache);
   const auto* v = reinterpret_cast<const __half*>(v_cache);
-  if constexpr (requires { Agent::NS; })
+  if constexpr (requires { Agent::NS; }) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    __trap();  // (cp.async and ldmatrix's operands for mma.m16n8k16: sm_80 and up; the callers check)
+#else
     Agent::run(shared_mma, l, k, v, q, out, tables + t.table, t.tile, t.first_pos, heads, scale, keys_per_split,
                partial, counters);
-  else
+#endif
+  } else
     Agent::run(shared_mma, l, k, v, q, out, tables + t.table, t.tile, t.first_pos, heads, scale);
 }
 
@@ -454,7 +462,7 @@ void launch_attention_mma(std::size_t bytes, dim3 grid, const kv::paged_layout& 
 }  // namespace detail
 
 // Bytes of dynamic shared memory paged_attention_mma takes for heads of `head_dim` (WMMA: above 48 KiB
-// from a head size of 96, 135 KiB at 256; staged: 46 KiB at 64, 89 KiB at 128, 108.5 KiB at 256; the
+// from a head size of 96, 135 KiB at 256; staged: 45 KiB at 64, 87 KiB at 128, 106 KiB at 256; the
 // launch opts in above 48 KiB; more than some GPUs allow a block: the caller checks the device's
 // opt-in limit).
 template <class Policy = policy::attention_mma>
@@ -471,8 +479,9 @@ constexpr std::size_t staged_chunk_keys(std::size_t head_dim) noexcept {
 
 // paged_attention with f16 caches on tensor cores: q, out (tokens, heads, head_dim) device rows; tables
 // and tiles an attention_step's planned with Policy::rows rows per tile at most; the layout must fit
-// (attention_mma_fits). By default one block per tile walks every key its rows see. The staged kernel
-// also takes a decode step's cut (`split`, from plan_attention_split_staged, tiles of up to
+// (attention_mma_fits); out 8-byte aligned. By default one block per tile walks every key its rows see.
+// The staged kernel needs a device of compute capability 8.0 or above (elsewhere it traps); it
+// takes a decode step's cut too (`split`, from plan_attention_split_staged, tiles of up to
 // policy::attention::rows rows): with more than one range, `workspace` (attention_workspace_bytes) and
 // `counters` (as paged_attention's: the ranges merged in the same launch, by agent::merge_ranges).
 template <class Policy = policy::attention_mma>

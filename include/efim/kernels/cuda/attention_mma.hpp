@@ -20,6 +20,10 @@
 #include <cstddef>
 
 #include "efim/core/config.hpp"
+#include "efim/core/float16.hpp"
+#if defined(__CUDACC__)
+#include <cuda_fp16.h>
+#endif
 
 // Before the loops below over register arrays: unrolled in the device pass (the arrays stay in
 // registers), left to the compiler on the host.
@@ -98,6 +102,15 @@ EFIM_HOST_DEVICE constexpr std::size_t range_end(std::size_t keys, std::size_t f
   return keys < first + per_split ? keys : first + per_split;
 }
 
+// x rounded to f16 (to nearest even), as P is for its product with V.
+EFIM_HOST_DEVICE float round_f16(float x) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __half2float(__float2half_rn(x));
+#else
+  return f16_to_f32(f32_to_f16(x));
+#endif
+}
+
 // A lane's scores of a chunk (NS blocks of 8 keys from first_key): scaled to base 2 (scale2 = scale *
 // log2 e), -inf where the key is past what the row sees (visible[0] for row g, [1] for row g + 8),
 // whatever the product gave there (the stage's slots past a sequence's keys may be anything); top[h]
@@ -121,7 +134,8 @@ EFIM_HOST_DEVICE void mask_scale(float (&s)[NS][4], int lane, std::size_t first_
 // The online softmax step of a chunk once top[h] is the row's largest score of the chunk (over the four
 // lanes of the row): the running maxima m move to it, the running sums l and the output rows o are
 // scaled by 2^(old - new maximum) (0 while a row has seen no key), and s becomes P = 2^(s - maximum)
-// (0 where masked), each lane summing its own.
+// rounded to f16 (0 where masked), each lane summing its own: the weights P V takes, so a row's output
+// is a weighted mean of its values (as the WMMA kernel's).
 template <int NS, int NO>
 EFIM_HOST_DEVICE void softmax_step(float (&s)[NS][4], float (&o)[NO][4], float (&m)[2], float (&l)[2],
                                    const float (&top)[2]) noexcept {
@@ -137,7 +151,7 @@ EFIM_HOST_DEVICE void softmax_step(float (&s)[NS][4], float (&o)[NO][4], float (
   for (int j = 0; j < NS; ++j) {
     EFIM_MMA_UNROLL
     for (int e = 0; e < 4; ++e) {
-      const float p = s[j][e] == -INFINITY ? 0.0f : exp2f(s[j][e] - m[e / 2]);
+      const float p = s[j][e] == -INFINITY ? 0.0f : round_f16(exp2f(s[j][e] - m[e / 2]));
       s[j][e] = p;
       l[e / 2] += p;
     }

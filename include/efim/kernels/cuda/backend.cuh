@@ -28,7 +28,8 @@ struct cuda {
     context()
         : blas_(stream_.get()),
           multiprocessors_(efim::device::multiprocessors()),
-          shared_memory_optin_(efim::device::shared_memory_optin()) {}
+          shared_memory_optin_(efim::device::shared_memory_optin()),
+          compute_capability_(efim::device::compute_capability()) {}
 
     [[nodiscard]] cudaStream_t stream() const noexcept { return stream_.get(); }
     [[nodiscard]] const device::blas& blas() const noexcept { return blas_; }
@@ -38,11 +39,14 @@ struct cuda {
     // The most shared memory a thread block may opt in to on the device (kernels that need more than
     // 48 KiB check it before they are chosen).
     [[nodiscard]] std::size_t shared_memory_optin() const noexcept { return shared_memory_optin_; }
+    // The device's compute capability, major * 10 + minor (kernels of newer instructions check it).
+    [[nodiscard]] int compute_capability() const noexcept { return compute_capability_; }
 
    private:
     efim::device::stream stream_;
     device::blas blas_;
     std::size_t multiprocessors_, shared_memory_optin_;
+    int compute_capability_;
   };
 };
 
