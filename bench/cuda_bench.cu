@@ -50,7 +50,7 @@ const char* const usage = R"(usage: efim-cuda-bench [options]
   --graphs G          on, off or both (default): decode steps run as CUDA graphs (captured once per
                       step shape, replayed after) or launched kernel by kernel; both times each and
                       prints the decode ratio graphs / launches
-  --attention A       pages, rows, staged, both (default: pages and rows) or all: the attention
+  --attention A       pages, rows, staged, both (pages and rows) or all (default): the attention
                       kernel of decode steps (kernels::device::attention_kernel; staged takes f16 KV);
                       more than one times the decode steps with each in turn, three rounds on the
                       same model and cache, and prints each / the first
@@ -230,7 +230,8 @@ struct options {
   std::vector<kernels::products> products{kernels::products::exact, kernels::products::int8};
   std::vector<bool> graphs{true, false};
   std::vector<kernels::device::attention_kernel> attention{kernels::device::attention_kernel::pages,
-                                                           kernels::device::attention_kernel::rows};
+                                                           kernels::device::attention_kernel::rows,
+                                                           kernels::device::attention_kernel::staged};
   std::vector<kernels::device::mma_attention> mma{kernels::device::mma_attention::wmma,
                                                   kernels::device::mma_attention::staged};
 };
