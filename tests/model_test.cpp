@@ -604,8 +604,6 @@ void mma_16816(std::array<std::array<float, 4>, 32>& c, const lane_regs& a, cons
     }
 }
 
-float round_f16(float x) { return f16_to_f32(f32_to_f16(x)); }
-
 // The largest |got - want| over max(|want|, 1), infinite where got is not finite.
 float worst_error(const std::vector<float>& got, const std::vector<float>& want) {
   REQUIRE(got.size() == want.size());
@@ -705,8 +703,7 @@ void run_tile(const kv::paged_layout& l, const std::vector<half>& k_cache, const
           t[h] = -INFINITY;
           for (int x = 0; x < 4; ++x) t[h] = std::max(t[h], top[4 * (lane / 4) + x][h]);
         }
-        float tt[2] = {t[0], t[1]};
-        kernels::mma::softmax_step(s[lane], o[lane], m[lane], sum[lane], tt);
+        kernels::mma::softmax_step(s[lane], o[lane], m[lane], sum[lane], t);
       }
       for (int kk = 0; kk < KC / 16; ++kk) {
         lane_regs a{};
@@ -714,7 +711,7 @@ void run_tile(const kv::paged_layout& l, const std::vector<half>& k_cache, const
           for (int r = 0; r < 4; ++r)
             for (int h = 0; h < 2; ++h)
               a[static_cast<std::size_t>(lane)][static_cast<std::size_t>(2 * r + h)] =
-                  round_f16(s[lane][kernels::mma::p_block(kk, r)][kernels::mma::p_elem(r, h)]);
+                  kernels::mma::round_f16(s[lane][kernels::mma::p_block(kk, r)][kernels::mma::p_elem(r, h)]);
         for (int n = 0; n < nk; ++n) {
           const auto b = ldsm_x4(smem, addresses(sh.v_at(buf) / 2 + 16 * kk * sh.ldv() + 16 * n, sh.ldv()), true);
           for (int half_n = 0; half_n < 2; ++half_n) {

@@ -79,10 +79,9 @@ class transformer<kernels::cuda> {
   // steps, f32 KV): kernels::device::attention_kernel::pages (a block's warps take pages in turn, each
   // through the tile's rows), ::rows (each warp takes rows through the range's keys), or ::staged
   // (f16 KV whose layout paged_attention_mma takes, on compute capability 8.0 and up, else pages: the
-  // range's keys staged in shared
-  // memory by the block, the products on tensor cores), each with its own split-K plan. pages and rows
-  // agree with the host kernel within f32 rounding, staged within the f16 rounding of the queries and
-  // probabilities; not with each other bit for bit.
+  // range's keys staged in shared memory by the block, the products on tensor cores), each with its own
+  // split-K plan. pages and rows agree with the host kernel within f32 rounding, staged within the f16
+  // rounding of the queries and probabilities; not with each other bit for bit.
   void set_scalar_attention(kernels::device::attention_kernel k) noexcept { scalar_attention_ = k; }
   [[nodiscard]] kernels::device::attention_kernel scalar_attention() const noexcept { return scalar_attention_; }
   // Steps so far of up to graph_rows tokens: launched directly (a shape's first step), captured,
@@ -128,11 +127,16 @@ class transformer<kernels::cuda> {
     // (decode): about two blocks per multiprocessor.
     const std::size_t target_blocks = 2 * ctx.multiprocessors();
     mma_ = false;
-    // (The staged kernel where asked for and the device has its instructions, else WMMA.)
-    mma_kind_ = ctx.compute_capability() >= 80 ? mma_attention_ : kernels::device::mma_attention::wmma;
-    if (tensor_cores_ != tensor_cores::never && n > graph_rows && kv.type() == dtype::f16 &&
-        kernels::device::attention_mma_fits(kv.layout()) &&
-        kernels::device::attention_mma_shared_bytes(hd, mma_kind_) <= ctx.shared_memory_optin()) {
+    // Whether a tensor-core kernel takes this KV: f16, a layout it fits, the shared memory it needs, and
+    // for the staged kernel a device of compute capability 8.0 or above.
+    using kernels::device::mma_attention;
+    const auto tensor_cores_take = [&](mma_attention k) {
+      return kv.type() == dtype::f16 && (k == mma_attention::wmma || ctx.compute_capability() >= 80) &&
+             kernels::device::attention_mma_fits(kv.layout()) &&
+             kernels::device::attention_mma_shared_bytes(hd, k) <= ctx.shared_memory_optin();
+    };
+    mma_kind_ = tensor_cores_take(mma_attention_) ? mma_attention_ : mma_attention::wmma;
+    if (tensor_cores_ != tensor_cores::never && n > graph_rows && tensor_cores_take(mma_kind_)) {
       constexpr std::size_t rows = kernels::device::policy::attention_mma::rows;
       step_.plan(slots_, kv.layout().block_size, c.heads, c.kv_heads, rows);
       const std::size_t tiles = step_.tiles.size();
@@ -142,11 +146,8 @@ class transformer<kernels::cuda> {
     if (!mma_) step_.plan(slots_, kv.layout().block_size, c.heads, c.kv_heads, attention_policy::rows);
     const std::size_t longest = kernels::device::longest_tile(step_.tiles), bs = kv.layout().block_size;
     using kernels::device::attention_kernel;
-    // (The staged kernel where asked for and the layout and the device take it, else the pages kernel.)
-    const bool staged = scalar_attention_ == attention_kernel::staged && kv.type() == dtype::f16 &&
-                        ctx.compute_capability() >= 80 && kernels::device::attention_mma_fits(kv.layout()) &&
-                        kernels::device::attention_mma_shared_bytes(hd, kernels::device::mma_attention::staged) <=
-                            ctx.shared_memory_optin();
+    // (The staged kernel where asked for and it takes the KV, else the pages kernel.)
+    const bool staged = scalar_attention_ == attention_kernel::staged && tensor_cores_take(mma_attention::staged);
     split_ = mma_ ? kernels::device::attention_split{}
              : scalar_attention_ == attention_kernel::rows
                  ? kernels::device::plan_attention_split_rows(step_.tiles.size(), longest, bs, target_blocks,

@@ -621,7 +621,7 @@ constexpr attention_split split_by_keys(std::size_t n_tiles, std::size_t longest
 }
 }  // namespace detail
 
-// The same for the rows kernel, whose warps each walk all of a range's keys: ranges of at least one
+// The same for the rows kernel, whose warps each walk all of a range's keys: ranges of about one
 // chunk of keys for each warp holding a row (Policy::chunk times the warps that share a row: 4 for
 // tiles of one row, 2 for two, else 1; `tile_rows`: the step's most rows a tile), rounded up to whole
 // pages, where the context allows, so that a short context is still cut (64 keys in pages of 16 and
