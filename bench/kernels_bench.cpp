@@ -42,7 +42,7 @@ std::vector<float> random_vector(rng& r, std::size_t n) {
 using efim_test::max_relative_error;
 
 void report(const char* what, double reference_s, double kernel_s, double work, const char* unit, float error) {
-  std::printf("%-34s reference %10.2f %s   host %10.2f %s   ratio %6.2fx   max rel err %.1e\n", what,
+  std::printf("%-35s reference %10.2f %s   host %10.2f %s   ratio %6.2fx   max rel err %.1e\n", what,
               work / reference_s, unit, work / kernel_s, unit, reference_s / kernel_s, static_cast<double>(error));
 }
 
@@ -96,11 +96,15 @@ struct prefill_total {
   double macs = 0, seconds = 0;
 };
 
+// Appended to bench_typed_matmul's row names.
+const char* row_tag = "";
+
 // y (m, rows) = x * dequantize(w)^T against the plain loop (dequantize a row, then a float sum per x
 // row, 1 thread), checked before timing: relative error against the plain loop, and bit equality
 // with the canonical detail::dot on a sample of rows. Prints GMAC/s, and GB/s of weights for decode.
 // With products::int8 (the quantized types) the error is against the same plain loop (the activations'
 // rounding to 8 bits shows in it), and "canonical" means the bits of the generic path's int8 sums.
+// Each row's name ends in `row_tag` (which decode tiles it was timed with).
 void bench_typed_matmul(thread_pool& pool, dtype type, std::size_t m, std::size_t rows, std::size_t cols,
                         prefill_total* total = nullptr, kernels::products products = kernels::products::exact,
                         bool cached = false) {
@@ -147,9 +151,9 @@ void bench_typed_matmul(thread_pool& pool, dtype type, std::size_t m, std::size_
   const double tr = seconds_per_call(reference, 0.2), tk = seconds_per_call(kernel);
   const double macs = static_cast<double>(m) * static_cast<double>(rows) * static_cast<double>(cols);
   char name[64];
-  std::snprintf(name, sizeof name, "matmul %-4s%s %zux%zux%zu", std::string(to_string(type)).c_str(), int8 ? "*q8" : "",
-                m, rows, cols);
-  std::printf("%-34s reference %10.2f GMAC/s   host %10.2f GMAC/s   ratio %6.2fx   max rel err %.1e   %s", name,
+  std::snprintf(name, sizeof name, "matmul %-4s%s %zux%zux%zu%s", std::string(to_string(type)).c_str(),
+                int8 ? "*q8" : "", m, rows, cols, row_tag);
+  std::printf("%-35s reference %10.2f GMAC/s   host %10.2f GMAC/s   ratio %6.2fx   max rel err %.1e   %s", name,
               macs / tr / 1e9, macs / tk / 1e9, tr / tk, static_cast<double>(error),
               differ == 0 ? (int8 ? "generic's int8 bits" : "canonical")
                           : (int8 ? "NOT THE GENERIC INT8 BITS" : "NOT CANONICAL"));
@@ -281,7 +285,10 @@ void bench_model(thread_pool& pool) {
 // `words`: the command line's section words; type names among them (q4_k, q6_k, ...) keep those types
 // alone, "decode" skips the prefill rows, "int8" adds rows with products::int8 after each exact one for
 // the quantized types (kernels::int8_products), and "cached" a decode row of a 512 x 768 matrix that
-// stays in the caches (the kernels' arithmetic rather than the memory's speed).
+// stays in the caches (the kernels' arithmetic rather than the memory's speed). "tiles" times each exact
+// one-row decode on the AVX-512 path twice, with each kind of decode tiles (kernels::decode_tiles: the AVX2
+// path's streams and the AVX-512 path's prefetched 8-row tiles, which the CPU's vendor otherwise picks),
+// and prints their ratio.
 void bench_typed(thread_pool& pool, const std::vector<std::string>& words) {
   struct shape {
     std::size_t rows, cols;
@@ -305,14 +312,33 @@ void bench_typed(thread_pool& pool, const std::vector<std::string>& words) {
                     std::string(to_string(t)).c_str(), total8.macs / total8.seconds / 1e9,
                     total.seconds / total8.seconds);
     }
+    // An exact decode row, or (one x row, "tiles", the AVX-512 path) one with each kind of decode tiles.
+    const auto decode = [&](std::size_t m, std::size_t rows, std::size_t cols, bool cached) {
+      if (!named("tiles") || m != 1 || kernels::active_isa() != kernels::isa::avx512) {
+        bench_typed_matmul(pool, t, m, rows, cols, nullptr, kernels::products::exact, cached);
+        return;
+      }
+      const kernels::decode_tiles before = kernels::active_decode_tiles();
+      prefill_total streams, prefetched;  // (their seconds)
+      row_tag = " streams";
+      kernels::select_decode_tiles(kernels::decode_tiles::streams);
+      bench_typed_matmul(pool, t, m, rows, cols, &streams, kernels::products::exact, cached);
+      row_tag = " prefetched";
+      kernels::select_decode_tiles(kernels::decode_tiles::prefetched);
+      bench_typed_matmul(pool, t, m, rows, cols, &prefetched, kernels::products::exact, cached);
+      row_tag = "";
+      kernels::select_decode_tiles(before);
+      std::printf("%-34s speed of the streams over the prefetched tiles: %.2fx\n", "",
+                  prefetched.seconds / streams.seconds);
+    };
     for (const auto [rows, cols] : {shape{2048, 768}, shape{768, 2048}, shape{151936, 768}}) {
-      bench_typed_matmul(pool, t, 1, rows, cols);
+      decode(1, rows, cols, false);
       if (int8(t)) bench_typed_matmul(pool, t, 1, rows, cols, nullptr, kernels::products::int8);
     }
-    bench_typed_matmul(pool, t, 4, 2048, 768);
+    decode(4, 2048, 768, false);
     if (int8(t)) bench_typed_matmul(pool, t, 4, 2048, 768, nullptr, kernels::products::int8);
     if (named("cached")) {  // one weight matrix of 512 x 768, in the caches after the first call
-      bench_typed_matmul(pool, t, 1, 512, 768, nullptr, kernels::products::exact, true);
+      decode(1, 512, 768, true);
       if (int8(t)) bench_typed_matmul(pool, t, 1, 512, 768, nullptr, kernels::products::int8, true);
     }
   }
@@ -402,7 +428,8 @@ void bench_crossover_section() {
 
 // Arguments: threads (0: one per hardware thread), then optionally which sections to run (words
 // naming any of: matmul, typed, attention, model, crossover; for typed, also element types and
-// "decode", as in `efim-kernels-bench 2 typed decode q4_k q6_k`). crossover is not in the default set.
+// "decode", "int8", "cached" and "tiles", as in `efim-kernels-bench 2 typed decode q4_k q6_k`). crossover
+// is not in the default set.
 int main(int argc, char** argv) {
   const std::size_t threads = argc > 1 ? static_cast<std::size_t>(std::stoul(argv[1])) : 0;
   std::vector<std::string> words;

@@ -95,20 +95,27 @@ constexpr std::uint64_t int8_bits_32 = 0x80a17d6fbfd5ada7ull;  // q8_0, q4_0, q5
 
 TEST_CASE("typed matmul gives the same bits on every instruction-set path", "[kernels][matmul]") {
   const kernels::isa before = kernels::active_isa();
+  const kernels::decode_tiles tiles_before = kernels::active_decode_tiles();
   for (const kernels::isa path : {kernels::isa::avx512, kernels::isa::avx2, kernels::isa::generic}) {
     if (kernels::select_isa(path) != path) continue;  // the CPU lacks it
-    INFO("path " << kernels::isa_name(path));
-    const std::uint64_t hash = matmul_hash({dtype::f32, dtype::f16, dtype::bf16, dtype::q8_0, dtype::q4_0});
-    const std::uint64_t hash_k = matmul_hash({dtype::q5_0, dtype::q5_1, dtype::q4_k, dtype::q5_k, dtype::q6_k});
-    UNSCOPED_INFO(std::hex << "hashes 0x" << hash << ", 0x" << hash_k);
+    // The AVX-512 path with each kind of decode tiles, whatever the CPU's vendor would choose.
+    for (const kernels::decode_tiles tiles : {kernels::decode_tiles::streams, kernels::decode_tiles::prefetched}) {
+      if (path != kernels::isa::avx512 && tiles != kernels::decode_tiles::streams) continue;
+      kernels::select_decode_tiles(tiles);
+      INFO("path " << kernels::isa_name(path) << ", decode tiles " << kernels::decode_tiles_name(tiles));
+      const std::uint64_t hash = matmul_hash({dtype::f32, dtype::f16, dtype::bf16, dtype::q8_0, dtype::q4_0});
+      const std::uint64_t hash_k = matmul_hash({dtype::q5_0, dtype::q5_1, dtype::q4_k, dtype::q5_k, dtype::q6_k});
+      UNSCOPED_INFO(std::hex << "hashes 0x" << hash << ", 0x" << hash_k);
 #if defined(__FMA__) || defined(__AVX512F__) || defined(__ARM_FEATURE_FMA)
-    CHECK(hash == fused_bits);
-    CHECK(hash_k == fused_bits_k);
+      CHECK(hash == fused_bits);
+      CHECK(hash_k == fused_bits_k);
 #else
-    CHECK(hash == (path == kernels::isa::generic ? unfused_bits : fused_bits));
-    CHECK(hash_k == (path == kernels::isa::generic ? unfused_bits_k : fused_bits_k));
+      CHECK(hash == (path == kernels::isa::generic ? unfused_bits : fused_bits));
+      CHECK(hash_k == (path == kernels::isa::generic ? unfused_bits_k : fused_bits_k));
 #endif
+    }
   }
+  kernels::select_decode_tiles(tiles_before);
   kernels::select_isa(before);
 }
 

@@ -202,6 +202,53 @@ inline bool runs(int8_dot d) noexcept {
 // Whether the CPU is AMD's (some decode tiles are chosen per vendor, by measurement).
 inline bool amd_cpu() noexcept { return cpu().amd; }
 
+// Which tiles the AVX-512 path reads a decode product's weight rows with where two kinds serve (one x
+// row of f32, f16, bf16 or q8_0): the AVX2 path's (four streams of rows, no software prefetch) or its
+// own (8-row tiles, the next block prefetched). `by_vendor` (the default) takes the first on AMD CPUs
+// and the second elsewhere, as measured on Zen 4 and Emerald Rapids (docs/benchmarks.md); `streams` and
+// `prefetched` take one kind on any CPU, so that one process can time both (EFIM_DECODE_TILES=
+// streams|prefetched, read once, or select_decode_tiles). Same bits either way.
+enum class decode_tiles : int { by_vendor, streams, prefetched };
+
+inline const char* decode_tiles_name(decode_tiles t) noexcept {
+  switch (t) {
+    case decode_tiles::streams:
+      return "streams";
+    case decode_tiles::prefetched:
+      return "prefetched";
+    case decode_tiles::by_vendor:
+      break;
+  }
+  return "by vendor";
+}
+
+namespace detail {
+inline std::atomic<int>& decode_tiles_choice() noexcept {
+  static std::atomic<int> choice{[] {
+    const char* env = std::getenv("EFIM_DECODE_TILES");
+    const std::string_view want = env == nullptr ? std::string_view{} : std::string_view(env);
+    return static_cast<int>(want == "streams"      ? decode_tiles::streams
+                            : want == "prefetched" ? decode_tiles::prefetched
+                                                   : decode_tiles::by_vendor);
+  }()};
+  return choice;
+}
+}  // namespace detail
+
+// The choice now, and a new one (returned); not meant to change while kernels run.
+inline decode_tiles active_decode_tiles() noexcept {
+  return static_cast<decode_tiles>(detail::decode_tiles_choice().load(std::memory_order_relaxed));
+}
+inline decode_tiles select_decode_tiles(decode_tiles t) noexcept {
+  detail::decode_tiles_choice().store(static_cast<int>(t), std::memory_order_relaxed);
+  return t;
+}
+// Whether the AVX-512 path takes the AVX2 path's streams where both kinds serve (above).
+inline bool decode_streams() noexcept {
+  const decode_tiles t = active_decode_tiles();
+  return t == decode_tiles::by_vendor ? amd_cpu() : t == decode_tiles::streams;
+}
+
 namespace detail {
 
 constexpr isa lower(isa a, isa b) noexcept { return static_cast<int>(a) < static_cast<int>(b) ? a : b; }

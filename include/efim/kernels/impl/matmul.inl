@@ -979,7 +979,7 @@ inline void stream_block(const float* x, std::size_t i0, const weight_view& w, s
 template <dtype T>
 inline bool avx2_tiles(std::size_t m) noexcept {
 #if defined(EFIM_K_AVX2_PATH_DEFINED)
-  return !unpacked<T> && amd_cpu() && (T == dtype::f16 || m == 1);
+  return !unpacked<T> && decode_streams() && m == 1;
 #else
   (void)m;
   return false;
@@ -993,14 +993,16 @@ template <dtype T>
 inline void stream_rows(const float* x, std::size_t m, const weight_view& w, std::size_t r0, std::size_t r1, float* y,
                         accumulate acc) noexcept {
 #if defined(EFIM_K_AVX2_PATH_DEFINED)
-  // One row of every type that unpacks no nibbles, and any rows of f16, stream faster through the AVX2
-  // path's tiles (one row: f16 1.3x, f32 1.3-1.4x, bf16 1.6-2.5x, q8_0 1.1-1.3x on Zen 4, whose 512-bit
-  // conversions are double-pumped), whose lane sums and reduction give the same bits. (A generic path compiled for
-  // AVX-512 comes before the AVX2 one and keeps its own tiles.) On AMD only: on Intel cores the AVX2
-  // path's one-row stream (no software prefetch; before four_streams, not measured there since) and 2 x
-  // 2 tiles read half of what these 8-row tiles with the next block prefetched read (Emerald Rapids, 2
-  // threads, 151,936 x 768: f16 14.3 -> 23.5 GB/s of weights, bf16 13.7 -> 21.5, f32 18.4 -> 22.1; f16
-  // at 4 x rows 15.8 -> 32.6 GMAC/s).
+  // One row of every type that unpacks no nibbles streams faster through the AVX2 path's four streams
+  // (isa_avx2::four_streams) on Zen 4 (f16 1.1-1.3x, f32 1.3-1.4x, bf16 1.6-2.5x, q8_0 1.1-1.3x), whose
+  // lane sums and reduction give the same bits; 2 to 8 rows of f16 do not (the f16 model's decode of 4
+  // and 8 sequences 1.19x and 1.35x faster through these tiles, which convert each weight once for
+  // every four rows, where the AVX2 path's 2 x 2 tiles do for every two). (A generic path compiled for
+  // AVX-512 comes before the AVX2 one and keeps its own tiles.) On AMD only (decode_streams, which
+  // EFIM_DECODE_TILES overrides): on Intel cores the AVX2 path's one-row stream (no software prefetch;
+  // before four_streams, not measured there since) read half of what these 8-row tiles with the next
+  // block prefetched read (Emerald Rapids, 2 threads, 151,936 x 768: f16 14.3 -> 23.5 GB/s of weights,
+  // bf16 13.7 -> 21.5, f32 18.4 -> 22.1).
   if (avx2_tiles<T>(m)) return isa_avx2::stream_rows<T>(x, m, w, r0, r1, y, acc);
 #endif
   const std::size_t rb = row_bytes(w.type, w.cols);
