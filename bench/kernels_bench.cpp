@@ -347,58 +347,82 @@ void bench_typed(thread_pool& pool, const std::vector<std::string>& words) {
 #if EFIM_KERNELS_DISPATCHED
 // int8 products of m x rows on one thread, a 2048 x 768 matrix from memory: the streaming kernels
 // (kq_rows, q32_rows: decode) against the panels (prefill), both called directly on the active path in
-// the form it takes, to place int8_stream_rows (below it matmul streams, above it packs panels).
+// the form it takes, to place int8_stream_rows (below it matmul streams, above it packs panels); then,
+// for the types that interleave, the same on the rows interleaved (il8_rows against the panels packed
+// from them) at up to 256 x rows, to place il8_stream_rows.
 template <dtype T, kernels::int8_dot D, bool Avx512>
 void bench_crossover(rng& r) {
   namespace kd = kernels::detail;
   constexpr bool per32 = kernels::int8_products_32(T);
   using block = std::conditional_t<per32, kquant::block_q8_32, kquant::block_q8_k>;
-  const std::size_t rows = 2048, cols = 768, per = per32 ? 32 : qk_k;
+  const std::size_t rows = 2048, cols = 768, per = per32 ? 32 : qk_k, nb = cols / per;
   const auto w = make_bench_weights(r, T, rows, cols, std::size_t{128} << 20);
-  for (const std::size_t m : {1, 4, 8, 12, 16, 24, 32}) {
+  std::vector<std::byte> il(kernels::interleavable(T) ? w.bytes.size() : 0);
+  for (std::size_t c = 0; !il.empty() && c < w.copies; ++c)
+    kernels::interleave8(w.view(c), il.data() + c * rows * w.row_bytes);
+  const auto run = [&](std::size_t m, bool interleaved) {
     const auto x = random_vector(r, m * cols);
-    std::vector<block> xq(m * cols / per);
+    std::vector<block> xq(m * nb);
     for (std::size_t b = 0; b < xq.size(); ++b) kquant::quantize(x.data() + b * per, xq[b]);
     std::vector<float> ys(m * rows), yp(m * rows);
     std::size_t copy = 0;
-    const auto stream = [&] {
-      const auto v = w.view(copy);
+    const auto view = [&] {
+      const auto v = interleaved ? kernels::weight_view{T, rows, cols, il.data() + copy * rows * w.row_bytes,
+                                                        kernels::weight_layout::interleaved8}
+                                 : w.view(copy);
       copy = (copy + 1) % w.copies;
+      return v;
+    };
+    constexpr auto no = kernels::accumulate::no;
+    const auto stream = [&] {
+      const auto v = view();
+      if constexpr (kernels::interleavable(T) && Avx512) {
+        using kernel =
+            std::conditional_t<per32, kd::isa_avx512::q32_il8_kernel<T, D>, kd::isa_avx512::kq_il8_kernel<T, D>>;
+        if (interleaved) return kd::isa_avx512::il8_rows<kernel>(xq.data(), m, v, nb, 0, rows, ys.data(), no);
+      } else if constexpr (kernels::interleavable(T)) {
+        using kernel = std::conditional_t<per32, kd::isa_avx2::q32_il8_kernel<T, D>, kd::isa_avx2::kq_il8_kernel<T, D>>;
+        if (interleaved) return kd::isa_avx2::il8_rows<kernel>(xq.data(), m, v, nb, 0, rows, ys.data(), no);
+      }
       if constexpr (per32 && Avx512)
-        kd::isa_avx512::q32_rows<T, D>(xq.data(), m, v, 0, rows, ys.data(), kernels::accumulate::no);
+        kd::isa_avx512::q32_rows<T, D>(xq.data(), m, v, 0, rows, ys.data(), no);
       else if constexpr (per32)
-        kd::isa_avx2::q32_rows<T, D>(xq.data(), m, v, 0, rows, ys.data(), kernels::accumulate::no);
+        kd::isa_avx2::q32_rows<T, D>(xq.data(), m, v, 0, rows, ys.data(), no);
       else if constexpr (Avx512)
-        kd::isa_avx512::kq_rows<T, D>(xq.data(), m, v, 0, rows, ys.data(), kernels::accumulate::no);
+        kd::isa_avx512::kq_rows<T, D>(xq.data(), m, v, 0, rows, ys.data(), no);
       else
-        kd::isa_avx2::kq_rows<T, D>(xq.data(), m, v, 0, rows, ys.data(), kernels::accumulate::no);
+        kd::isa_avx2::kq_rows<T, D>(xq.data(), m, v, 0, rows, ys.data(), no);
     };
     const auto panels = [&] {
-      const auto v = w.view(copy);
-      copy = (copy + 1) % w.copies;
+      const auto v = view();
       if constexpr (per32 && Avx512)
-        kd::isa_avx512::q32_panels<T, D>(xq.data(), m, v, 0, rows, yp.data(), kernels::accumulate::no);
+        kd::isa_avx512::q32_panels<T, D>(xq.data(), m, v, 0, rows, yp.data(), no);
       else if constexpr (per32)
-        kd::isa_avx2::q32_panels<T, D>(xq.data(), m, v, 0, rows, yp.data(), kernels::accumulate::no);
+        kd::isa_avx2::q32_panels<T, D>(xq.data(), m, v, 0, rows, yp.data(), no);
       else if constexpr (Avx512 && D == kernels::int8_dot::evex)
-        kd::isa_avx512::int8_panels<T>(xq.data(), m, v, 0, rows, yp.data(), kernels::accumulate::no);
+        kd::isa_avx512::int8_panels<T>(xq.data(), m, v, 0, rows, yp.data(), no);
       else if constexpr (Avx512)
-        kd::isa_avx512::int8_panels256<T, D>(xq.data(), m, v, 0, rows, yp.data(), kernels::accumulate::no);
+        kd::isa_avx512::int8_panels256<T, D>(xq.data(), m, v, 0, rows, yp.data(), no);
       else
-        kd::isa_avx2::int8_panels256<T, D>(xq.data(), m, v, 0, rows, yp.data(), kernels::accumulate::no);
+        kd::isa_avx2::int8_panels256<T, D>(xq.data(), m, v, 0, rows, yp.data(), no);
     };
     const double ts = seconds_per_call(stream, 0.3), tp = seconds_per_call(panels, 0.3);
-    std::printf("int8 %-4s %2zu x rows x 2048x768, 1 thread: stream %8.1f us   panels %8.1f us   stream %5.2fx the "
-                "panels' speed   %s\n",
-                std::string(to_string(T)).c_str(), m, ts * 1e6, tp * 1e6, tp / ts,
-                std::memcmp(ys.data(), yp.data(), ys.size() * sizeof(float)) == 0 ? "same bits" : "BITS DIFFER");
-  }
+    std::printf(
+        "int8 %-4s %s %3zu x rows x 2048x768, 1 thread: stream %8.1f us   panels %8.1f us   stream %5.2fx "
+        "the panels' speed   %s\n",
+        std::string(to_string(T)).c_str(), interleaved ? "interleaved" : "as stored  ", m, ts * 1e6, tp * 1e6, tp / ts,
+        std::memcmp(ys.data(), yp.data(), ys.size() * sizeof(float)) == 0 ? "same bits" : "BITS DIFFER");
+  };
+  for (const std::size_t m : {1, 4, 8, 12, 16, 24, 32}) run(m, false);
+  if (!il.empty())
+    for (const std::size_t m : {12, 16, 32, 48, 64, 96, 128, 192, 256}) run(m, true);
 }
 
 template <kernels::int8_dot D, bool Avx512>
 void bench_crossovers() {
   rng r(5);
   bench_crossover<dtype::q4_k, D, Avx512>(r);
+  bench_crossover<dtype::q5_k, D, Avx512>(r);
   bench_crossover<dtype::q6_k, D, Avx512>(r);
   bench_crossover<dtype::q8_0, D, Avx512>(r);
   bench_crossover<dtype::q4_0, D, Avx512>(r);

@@ -165,7 +165,7 @@ TEST_CASE("typed matmul: every element is the canonical dot of the dequantized r
   for (const dtype t : all_dtypes)
     for (const auto& [rows, cols] : typed_shapes(t)) {
       const auto w = make_weights(r, t, rows, cols);
-      for (const std::size_t m : {1, 2, 3, 4, 5, 7, 8, 9, 17, 64}) {
+      for (const std::size_t m : {1, 2, 3, 4, 5, 7, 8, 9, 17, 48, 49, 64, 65}) {  // (both sides of stream_rows_bound)
         INFO(to_string(t) << " m " << m << " rows " << rows << " cols " << cols);
         const auto x = random_vector(r, m * cols);
         for (thread_pool* pool : {&one, &two, &three}) {
@@ -1135,7 +1135,9 @@ TEST_CASE("int8 products: the same bits on every path, batch and thread count, w
       const double error = per == 32 ? 0.57 : 0.5;
       // Float steps per output (one per block, q5_1 two): each rounds the partial sum once.
       const double steps = static_cast<double>(cols / per * (t == dtype::q5_1 ? 2 : 1));
-      for (const std::size_t m : {1, 2, 3, 4, 5, 7, 12, 13, 37, 64}) {  // both sides of int8_stream_rows; AMX: 37 = 2 tiles + 5
+      // Both sides of every streaming bound (int8_stream_rows; il8_stream_rows per type and form); AMX: 37 = 2
+      // tiles + 5.
+      for (const std::size_t m : {1, 2, 3, 4, 5, 7, 12, 13, 16, 17, 32, 33, 37, 48, 49, 64, 65, 96, 97, 256, 257}) {
         INFO(to_string(t) << " m " << m << " rows " << rows << " cols " << cols);
         auto x = random_vector(r, m * cols);
         if (m == 3) {  // an all-zero block

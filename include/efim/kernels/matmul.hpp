@@ -5,27 +5,28 @@
 // depend on how many rows are in the batch, on the tile, on the path below, nor on the thread.
 //
 // The bodies are in impl/matmul.inl, one copy per instruction-set path (targets.hpp):
-// - AVX-512: decode (m <= 8) streams the weights as stored, dequantized in registers, the next block
-//   of rows prefetched, in 4 x 4, 2 x 8 or 1 x 8 tiles, one run of rows per thread; prefill (m > 8)
-//   dequantizes a panel of weight rows once into a per-thread aligned f32 scratch reused by every
-//   4-row tile of x through a 4 x 4 register tile, long rows in column ranges. Both reduce 16
-//   accumulators' lanes at once with a transpose-and-add network that adds the same pairs in the same
-//   order as reduce_lanes. One decode row of every type that unpacks no nibbles (f32, f16, bf16;
-//   q8_0 on AMD CPUs only), and f16 decode, take the AVX2 path's tiles (same bits, faster).
-//   Block-quantized rows are read in groups of 32 (a block, or an eighth of a k-quant super-block);
-//   k-quant decode goes a super-block at a time, its scales widened once (and q5_k / q6_k quants
-//   staged as bytes).
+// - AVX-512: decode (m <= 8; f16 and bf16 up to 64 rows, f32 up to 48: stream_rows_bound) streams the
+//   weights as stored, dequantized in registers, the next block of rows prefetched, in 4 x 4, 2 x 8 or
+//   1 x 8 tiles, one run of rows per thread; prefill (more rows) dequantizes a panel of weight rows once
+//   into a per-thread aligned f32 scratch reused by every 4-row tile of x through a 4 x 4 register tile,
+//   long rows in column ranges. Both reduce 16 accumulators' lanes at once with a transpose-and-add
+//   network that adds the same pairs in the same order as reduce_lanes. One decode row of every type
+//   that unpacks no nibbles (f32, f16, bf16, q8_0) takes the AVX2 path's four streams on AMD CPUs
+//   (decode_tiles: same bits, faster there). Block-quantized rows are read in groups of 32 (a block, or
+//   an eighth of a k-quant super-block); k-quant decode goes a super-block at a time, its scales widened
+//   once (and q5_k / q6_k quants staged as bytes).
 // - AVX2 + FMA + F16C: the same structure with each 16-lane sum in two ymm registers (lanes 0-7 and
-//   8-15); 2 x 2 decode tiles, one row alone in 1 x 1 tiles (1 x 4 for the nibble types); prefill in 4 x 3 tiles that
-//   run over lanes 0-7 and then 8-15 (12 sums in registers at a time), f16 weights read where they are
-//   stored and widened in registers.
+//   8-15); 2 x 2 decode tiles, one row alone in 1 x 1 tiles (1 x 4 for the nibble types); prefill in 4 x
+//   3 tiles that run over lanes 0-7 and then 8-15 (12 sums in registers at a time), f16 weights read
+//   where they are stored and widened in registers.
 // - generic: each panel dequantized, then multiplied by dot_tile (GCC vectors).
-// With products::int8 (impl/matmul_q8.inl): up to 12 x rows, 8 weight rows at a time are streamed, each
-// super-block unpacked in 256-bit registers (VPMADDUBSW, then VPDPWSSD by the scales where the CPU has
-// VNNI, else VPMADDWD), the 8 rows' sums added across in one network; for more x rows AVX-512 VNNI packs
-// panels of 32 weight rows, AVX2 (and AVX-512 without VNNI) panels of 8 rows side by side in 256-bit
-// registers; generic is the one-output-at-a-time reference. All give the reference's bits. The types of
-// 32-weight blocks (impl/matmul_q8_32.inl) stream 8 weight rows at a time for up to 12 x rows and pack
+// With products::int8 (impl/matmul_q8.inl): up to 12 x rows (rows interleaved: up to il8_stream_rows,
+// 16-256 by type and form), 8 weight rows at a time are streamed, each super-block unpacked in 256-bit
+// registers (VPMADDUBSW, then VPDPWSSD by the scales where the CPU has VNNI, else VPMADDWD), the 8 rows'
+// sums added across in one network; for more x rows AVX-512 VNNI packs panels of 32 weight rows, AVX2
+// (and AVX-512 without VNNI) panels of 8 rows side by side in 256-bit registers; generic is the
+// one-output-at-a-time reference. All give the reference's bits. The types of 32-weight blocks
+// (impl/matmul_q8_32.inl) stream 8 weight rows at a time for up to 12 x rows (256 interleaved) and pack
 // panels of 8 rows for more, in 256-bit registers with VPDPBUSD where the CPU has VNNI, else VPMADDUBSW.
 // q8_0, q4_0 and the k-quants' matrices may have 8 rows interleaved (weight_layout::interleaved8,
 // interleave.hpp): decode then reads them in order, a row's sums in a lane of their own; the same bits.

@@ -1223,10 +1223,26 @@ inline void panel_rows(const float* x, std::size_t m, const weight_view& w, std:
 #endif
 
 #if EFIM_K_AVX512 || EFIM_K_AVX2
+// x rows up to which matmul streams the weights (stream_rows: each block of 16 rows read once and met by
+// every tile of x in turn), above which it packs panels (panel_rows). The streams convert or unpack a
+// block for every tile of x, the panels once for all of them; on the AVX-512 path the 4 x 4 stream tiles
+// still outrun the panels for f16 and bf16 up to 64 rows and f32 up to 48 (Zen 4, 2 threads,
+// 2,048 x 768 and 4,096 x 4,096: 1.01-1.18x at those counts, 1.1-1.5x at 16), the types that unpack
+// their blocks only up to 8 (at 16: 0.91-1.21x); the AVX2 path's 2 x 2 stream tiles lose from 9 rows
+// up (0.5-0.8x at 16).
+template <dtype T>
+constexpr std::size_t stream_rows_bound() noexcept {
+#if EFIM_K_AVX512
+  if constexpr (T == dtype::f16 || T == dtype::bf16) return 64;
+  if constexpr (T == dtype::f32) return 48;
+#endif
+  return 8;
+}
+
 template <dtype T>
 inline void matmul_typed(thread_pool& pool, const float* x, const weight_view& w, float* y, std::size_t m,
                          accumulate acc) {
-  if (m <= 8) {
+  if (m <= stream_rows_bound<T>()) {
     // One run of 16-row blocks per thread, equal in bytes: each run starts cold (its first block is
     // not prefetched), and a decode step's matrices take only tens of microseconds. But one x row
     // through the AVX2 path's streams (no software prefetch, so no cold start) goes in four runs per

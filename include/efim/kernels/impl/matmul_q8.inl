@@ -10,6 +10,24 @@
 // were then 1.0-2.3x as fast from 7 or 8 rows up).
 inline constexpr std::size_t int8_stream_rows = 12;
 
+// The same bound for weights with 8 rows interleaved (interleave.hpp, the host model's default), whose
+// groups stream faster (il8_rows: the 8 rows' blocks in one sequential read) and whose panels pack slower
+// (the packing gathers each row's blocks from the groups): on Zen 4, 2 threads, 2,048 x 768 and 4,096 x
+// 4,096, the streams were 1.0-1.5x the panels' speed up to these counts with VNNI (EVEX on the AVX-512 and
+// AVX2 paths alike; VEX untried) and with VPMADDUBSW (madd), and 2-5x at 16 rows: q8_0 and q4_0 up to
+// 256 (384: 1.00-1.18x; 512: 0.92-1.03x), q4_k 96 with VNNI (128: 0.94-1.09x) and 48 with madd (64:
+// 0.95x), q5_k 48 and 64 (96: 0.92-0.96x with VNNI), q6_k 32 and 16 (48 with VNNI on the AVX2 path and
+// 32 with madd: 0.91-0.94x). AMX (Xeons) keeps int8_stream_rows.
+template <dtype T>
+constexpr std::size_t il8_stream_rows(int8_dot d) noexcept {
+  const bool vnni = d != int8_dot::madd;
+  if (T == dtype::q8_0 || T == dtype::q4_0) return 256;
+  if (T == dtype::q4_k) return vnni ? 96 : 48;
+  if (T == dtype::q5_k) return vnni ? 48 : 64;
+  if (T == dtype::q6_k) return vnni ? 32 : 16;
+  return int8_stream_rows;
+}
+
 // Scale groups per super-block: q6_k scales 16 weights at a time, q4_k and q5_k 32.
 template <dtype T>
 inline constexpr std::size_t q8_groups = T == dtype::q6_k ? 16 : 8;
@@ -1042,9 +1060,9 @@ inline void matmul_int8_typed(thread_pool& pool, const kquant::block_q8_k* xq, c
                               std::size_t m, accumulate acc, int8_dot d) {
   if (d == int8_dot::amx) d = int8_dot::evex;  // the k-quants' tiles are VNNI's (matmul_amx.inl)
 #if EFIM_K_AVX512 || EFIM_K_AVX2
-  if (m <= int8_stream_rows) {
+  const bool il = w.layout == weight_layout::interleaved8;
+  if (m <= (il ? il8_stream_rows<T>(d) : int8_stream_rows)) {
     // (rows as stored: units of 16 rows; interleaved: groups of 8, il8_rows)
-    const bool il = w.layout == weight_layout::interleaved8;
     const std::size_t per = il ? 8 : 16, units = (w.rows + per - 1) / per;
     const auto rows = [&]<int8_dot D>() {
       pool.parallel_for(

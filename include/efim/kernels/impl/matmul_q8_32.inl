@@ -445,7 +445,7 @@ template <dtype T, int8_dot D>
 inline void matmul_q32_simd(thread_pool& pool, const kquant::block_q8_32* xq, const weight_view& w, float* y,
                             std::size_t m, accumulate acc) {
   if constexpr (interleavable(T)) {
-    if (w.layout == weight_layout::interleaved8 && m <= int8_stream_rows) {  // (prefill: q32_pack reads them)
+    if (w.layout == weight_layout::interleaved8 && m <= il8_stream_rows<T>(D)) {  // (more: q32_pack reads them)
       const std::size_t units = (w.rows + 7) / 8;
       pool.parallel_for(
           units,
