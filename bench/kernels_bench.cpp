@@ -360,10 +360,27 @@ void bench_crossover(rng& r) {
   std::vector<std::byte> il(kernels::interleavable(T) ? w.bytes.size() : 0);
   for (std::size_t c = 0; !il.empty() && c < w.copies; ++c)
     kernels::interleave8(w.view(c), il.data() + c * rows * w.row_bytes);
-  const auto run = [&](std::size_t m, bool interleaved) {
+  constexpr auto no = kernels::accumulate::no;
+  const auto panels_on = [&](const block* xq, std::size_t m, const kernels::weight_view& v, float* y) {
+    if constexpr (per32 && Avx512)
+      kd::isa_avx512::q32_panels<T, D>(xq, m, v, 0, rows, y, no);
+    else if constexpr (per32)
+      kd::isa_avx2::q32_panels<T, D>(xq, m, v, 0, rows, y, no);
+    else if constexpr (Avx512 && D == kernels::int8_dot::evex)
+      kd::isa_avx512::int8_panels<T>(xq, m, v, 0, rows, y, no);
+    else if constexpr (Avx512)
+      kd::isa_avx512::int8_panels256<T, D>(xq, m, v, 0, rows, y, no);
+    else
+      kd::isa_avx2::int8_panels256<T, D>(xq, m, v, 0, rows, y, no);
+  };
+  const auto quantized = [&](std::size_t m) {
     const auto x = random_vector(r, m * cols);
     std::vector<block> xq(m * nb);
     for (std::size_t b = 0; b < xq.size(); ++b) kquant::quantize(x.data() + b * per, xq[b]);
+    return xq;
+  };
+  const auto run = [&](std::size_t m, bool interleaved) {
+    const std::vector<block> xq = quantized(m);
     std::vector<float> ys(m * rows), yp(m * rows);
     std::size_t copy = 0;
     const auto view = [&] {
@@ -373,7 +390,6 @@ void bench_crossover(rng& r) {
       copy = (copy + 1) % w.copies;
       return v;
     };
-    constexpr auto no = kernels::accumulate::no;
     const auto stream = [&] {
       const auto v = view();
       if constexpr (kernels::interleavable(T) && Avx512) {
@@ -393,19 +409,7 @@ void bench_crossover(rng& r) {
       else
         kd::isa_avx2::kq_rows<T, D>(xq.data(), m, v, 0, rows, ys.data(), no);
     };
-    const auto panels = [&] {
-      const auto v = view();
-      if constexpr (per32 && Avx512)
-        kd::isa_avx512::q32_panels<T, D>(xq.data(), m, v, 0, rows, yp.data(), no);
-      else if constexpr (per32)
-        kd::isa_avx2::q32_panels<T, D>(xq.data(), m, v, 0, rows, yp.data(), no);
-      else if constexpr (Avx512 && D == kernels::int8_dot::evex)
-        kd::isa_avx512::int8_panels<T>(xq.data(), m, v, 0, rows, yp.data(), no);
-      else if constexpr (Avx512)
-        kd::isa_avx512::int8_panels256<T, D>(xq.data(), m, v, 0, rows, yp.data(), no);
-      else
-        kd::isa_avx2::int8_panels256<T, D>(xq.data(), m, v, 0, rows, yp.data(), no);
-    };
+    const auto panels = [&] { panels_on(xq.data(), m, view(), yp.data()); };
     const double ts = seconds_per_call(stream, 0.3), tp = seconds_per_call(panels, 0.3);
     std::printf(
         "int8 %-4s %s %3zu x rows x 2048x768, 1 thread: stream %8.1f us   panels %8.1f us   stream %5.2fx "
@@ -416,6 +420,29 @@ void bench_crossover(rng& r) {
   for (const std::size_t m : {1, 4, 8, 12, 16, 24, 32}) run(m, false);
   if (!il.empty())
     for (const std::size_t m : {12, 16, 32, 48, 64, 96, 128, 192, 256}) run(m, true);
+  // The panels packed from the rows as stored against the panels packed from the rows interleaved, the
+  // two in turn (the packing's share of a prefill).
+  for (const std::size_t m : {64, 512}) {
+    if (il.empty()) break;
+    const std::vector<block> xq = quantized(m);
+    std::vector<float> ys(m * rows), yi(m * rows);
+    std::size_t cs = 0, ci = 0;  // each from memory: the next copy every call
+    const auto stored = [&] {
+      panels_on(xq.data(), m, w.view(cs), ys.data());
+      cs = (cs + 1) % w.copies;
+    };
+    const auto interleaved = [&] {
+      panels_on(xq.data(), m,
+                {T, rows, cols, il.data() + ci * rows * w.row_bytes, kernels::weight_layout::interleaved8}, yi.data());
+      ci = (ci + 1) % w.copies;
+    };
+    const double ts = seconds_per_call(stored, 0.3), ti = seconds_per_call(interleaved, 0.3);
+    std::printf(
+        "int8 %-4s panels %3zu x rows x 2048x768, 1 thread: as stored %8.1f us   interleaved %8.1f us   interleaved "
+        "%5.2fx the speed as stored   %s\n",
+        std::string(to_string(T)).c_str(), m, ts * 1e6, ti * 1e6, ts / ti,
+        std::memcmp(ys.data(), yi.data(), ys.size() * sizeof(float)) == 0 ? "same bits" : "BITS DIFFER");
+  }
 }
 
 template <kernels::int8_dot D, bool Avx512>

@@ -327,10 +327,41 @@ struct q32_slice {
   float* mn;
 };
 
+// The 8 rows of an interleaved group (q8_0, q4_0) at g into rows r8 .. r8 + 8 of a slice of R: a
+// block of the group is already a slice's block (its quads 4 bytes a row in turn, 32 bytes a quad;
+// q4_0's chunk c holds quads c and c + 4 as low and high nibbles), so it is copied, not gathered row by
+// row; the 8 scales are one conversion.
+template <dtype T, bool Vnni, std::size_t R>
+inline void q32_pack_group(const std::byte* g, std::size_t nb, q32_slice& p, std::size_t r8) noexcept {
+  constexpr std::size_t bytes = 8 * info(T).bytes;  // a block of the 8 rows
+  for (std::size_t b = 0; b < nb; ++b, g += bytes) {
+    _mm256_storeu_ps(p.d + b * R + r8, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g))));
+    const auto quad_at = [&](std::size_t quad) { return reinterpret_cast<__m256i*>(p.q + ((b * 8 + quad) * R + r8) * 4); };
+    if constexpr (T == dtype::q8_0) {
+      #pragma GCC unroll 8
+      for (std::size_t quad = 0; quad < 8; ++quad) {
+        __m256i v = load(g + 16 + 32 * quad);
+        if constexpr (Vnni) v = _mm256_xor_si256(v, _mm256_set1_epi8(static_cast<char>(0x80)));
+        _mm256_storeu_si256(quad_at(quad), v);
+      }
+    } else {
+      static_assert(T == dtype::q4_0);
+      const __m256i low4 = _mm256_set1_epi8(15);
+      #pragma GCC unroll 4
+      for (std::size_t c = 0; c < 4; ++c) {
+        const __m256i v = load(g + 16 + 32 * c);
+        _mm256_storeu_si256(quad_at(c), _mm256_and_si256(v, low4));
+        _mm256_storeu_si256(quad_at(c + 4), _mm256_and_si256(_mm256_srli_epi16(v, 4), low4));
+      }
+    }
+  }
+}
+
 // Rows p0 .. p0 + nc of w (nc <= R * slices; past nc the last row repeats, not stored) into slices of R
-// rows.
+// rows: whole interleaved groups copied (q32_pack_group), other rows a block at a time.
 template <dtype T, bool Vnni, std::size_t R = 8>
 inline void q32_pack(const weight_view& w, std::size_t p0, std::size_t nc, std::size_t nb, q32_slice* s) {
+  static_assert(R % 8 == 0);
   const std::size_t slices = (nc + R - 1) / R, rb = row_bytes(T, w.cols);
   alignas(32) std::byte tmp[64];  // q32_weights reads 32 bytes from 2 past the block's start (q8_0)
   const std::size_t per_slice = nb * R * 32 / 4 + 2 * nb * R;  // in floats
@@ -341,6 +372,15 @@ inline void q32_pack(const weight_view& w, std::size_t p0, std::size_t nc, std::
     p.d = base + k * per_slice + nb * R * 32 / 4;
     p.mn = p.d + nb * R;
     for (std::size_t r = 0; r < R; ++r) {
+      if constexpr (interleavable(T)) {
+        const std::size_t first = p0 + k * R + r;  // r a multiple of 8 here, or past a group copied
+        if (r % 8 == 0 && w.layout == weight_layout::interleaved8 && first % 8 == 0 && k * R + r + 8 <= nc &&
+            first + 8 <= w.rows / 8 * 8) {
+          q32_pack_group<T, Vnni, R>(w.data + first * rb, nb, p, r);
+          r += 7;
+          continue;
+        }
+      }
       const std::size_t row = p0 + std::min(k * R + r, nc - 1);
       for (std::size_t b = 0; b < nb; ++b) {
         const std::byte* blk = block_as_stored<T>(w, rb, row, b, tmp);
