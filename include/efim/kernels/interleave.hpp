@@ -95,6 +95,29 @@ inline void il8_gather(const il8_fields& l, const std::byte* interleaved, std::b
       il8_copy(stored + l.field[k].at + c, interleaved + il8_at(l.field[k], c, r), l.field[k].chunk);
 }
 
+// The fields of t's block other than its quants (scales, mins, factors): what the int8 panels' packing
+// still takes a row at a time from a group of interleaved rows, whose quants it copies as they are
+// (il8_whole_group).
+constexpr il8_fields il8_scale_layout(dtype t) noexcept {
+  switch (t) {
+    case dtype::q8_0:
+    case dtype::q4_0:
+      return {{{{0, 2, 2}}}, 1};
+    case dtype::q4_k:
+    case dtype::q5_k:
+      return {{{{0, 2, 2}, {2, 2, 2}, {4, 12, 4}}}, 3};
+    case dtype::q6_k:
+      return {{{{192, 16, 4}, {208, 2, 2}}}, 2};
+    default:
+      return {{}, 0};
+  }
+}
+
+// Whether rows first .. first + 8 of w are a whole group of interleaved rows.
+inline bool il8_whole_group(const weight_view& w, std::size_t first) noexcept {
+  return w.layout == weight_layout::interleaved8 && first % 8 == 0 && first + 8 <= w.rows / 8 * 8;
+}
+
 // Block b of row r of w as stored: where it is (rows as stored, or a row past the last whole group),
 // else gathered from its group into tmp (the type's block bytes).
 template <dtype T>

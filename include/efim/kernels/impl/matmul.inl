@@ -135,6 +135,21 @@ inline constexpr bool unpacked = grouped<T> && T != dtype::q8_0;
   _mm256_store_si256(reinterpret_cast<__m256i*>(p), v);
 }
 
+// Where the int8 packs (matmul_q8.inl) read a super-block's quants 32 bytes at a time: at(off) is the
+// 32 bytes of one row from byte `off` of its block as stored (block_runs); or, rows interleaved
+// (interleave.hpp, quant fields in chunks of 4 bytes), bytes off + c .. off + c + 4 of each of the
+// group's 8 rows in turn (il8_runs), which the same byte-wise unpacking turns into 4 weights of each
+// of the 8 rows: a quad of the packs' layout.
+struct block_runs {
+  const std::byte* blk;
+  [[gnu::always_inline]] __m256i operator()(std::size_t off) const noexcept { return load(blk + off); }
+};
+struct il8_runs {
+  const std::byte* g;  // the 8 rows' interleaved block
+  std::size_t c;       // a multiple of 4, under 32
+  [[gnu::always_inline]] __m256i operator()(std::size_t off) const noexcept { return load(g + 8 * off + 8 * c); }
+};
+
 // A q5_k or q6_k super-block staged: q[0..255] its quants as bytes (q5_k: 0..31 unsigned; q6_k:
 // -32..31 signed), a[0..15] its scales (q5_k: as k_scales_mins; q6_k: a[s] = d * sc of 16-weight
 // sub-block s, the exact products q6_scale gives).

@@ -11,13 +11,17 @@
 inline constexpr std::size_t int8_stream_rows = 12;
 
 // The same bound for weights with 8 rows interleaved (interleave.hpp, the host model's default), whose
-// groups stream faster (il8_rows: the 8 rows' blocks in one sequential read) and whose panels pack slower
-// (the packing gathers each row's blocks from the groups): on Zen 4, 2 threads, 2,048 x 768 and 4,096 x
-// 4,096, the streams were 1.0-1.5x the panels' speed up to these counts with VNNI (EVEX on the AVX-512 and
-// AVX2 paths alike; VEX untried) and with VPMADDUBSW (madd), and 2-5x at 16 rows: q8_0 and q4_0 up to
-// 256 (384: 1.00-1.18x; 512: 0.92-1.03x), q4_k 96 with VNNI (128: 0.94-1.09x) and 48 with madd (64:
-// 0.95x), q5_k 48 and 64 (96: 0.92-0.96x with VNNI), q6_k 32 and 16 (48 with VNNI on the AVX2 path and
-// 32 with madd: 0.91-0.94x). AMX (Xeons) keeps int8_stream_rows.
+// groups stream faster (il8_rows: the 8 rows' blocks in one sequential read): on Zen 4, 2 threads,
+// 2,048 x 768 and 4,096 x 4,096, the streams were 1.0-1.5x the panels' speed up to these counts with VNNI
+// (EVEX on the AVX-512 and AVX2 paths alike; VEX untried) and with VPMADDUBSW (madd), and 2-5x at 16
+// rows: q8_0 and q4_0 up to 256 (384: 1.00-1.18x; 512: 0.92-1.03x), q4_k 96 with VNNI (128:
+// 0.94-1.09x) and 48 with madd (64: 0.95x), q5_k 48 and 64 (96: 0.92-0.96x with VNNI), q6_k 32 and 16
+// (48 with VNNI on the AVX2 path and 32 with madd: 0.91-0.94x). Those panels gathered each row's blocks
+// from its group; since they copy a group's quants as they are (q32_pack_group, int8_pack_group), the
+// same sweep puts the crossovers lower (q8_0 48-64, q4_0 24-48, q6_k 16-24, q4_k 64 in the AVX-512
+// path's 512-bit panels, q5_k 32 there), but the whole model (q8_0 and q4_0, prompts of 64 and 128
+// tokens in one batch) was 4-10% slower at those bounds than at these, so these stay. AMX (Xeons) keeps
+// int8_stream_rows.
 template <dtype T>
 constexpr std::size_t il8_stream_rows(int8_dot d) noexcept {
   const bool vnni = d != int8_dot::madd;
@@ -124,15 +128,17 @@ inline void q32_amx_panels(const kquant::block_q8_32* xq, std::size_t m, const w
 // VPDPBUSD sums 4 consecutive weights, so a register of 64 weights holds two q4_k / q5_k groups or four q6_k groups.
 
 // 64 weights of super-block `blk` as bytes in the order of k: z = 0..3 covers k in [64 z, 64 z + 64).
-template <dtype T>
-[[gnu::always_inline]] inline __m512i int8_weights(const std::byte* blk, std::size_t z) noexcept {
+// (Read through il8_runs{g, c}: the low half is quad 16 z + c / 4 of the 8 rows, the high half quad
+// 16 z + 8 + c / 4.)
+template <dtype T, class Runs>
+[[gnu::always_inline]] inline __m512i int8_weights_at(Runs at, std::size_t z) noexcept {
   const __m256i low4 = _mm256_set1_epi8(15);
   __m256i lo, hi;
   if constexpr (T == dtype::q6_k) {
     // ql[64 h ..] low nibbles: k 128 h + [0, 32) and [32, 64) from bytes 0-31 and 32-63; high
     // nibbles the next 64; qh[32 h + l] holds the top 2 bits of the four, 2 bits each.
     const std::size_t h = z / 2;
-    const __m256i a = load(blk + 64 * h), b = load(blk + 64 * h + 32), q = load(blk + 128 + 32 * h);
+    const __m256i a = at(64 * h), b = at(64 * h + 32), q = at(128 + 32 * h);
     const __m256i top = _mm256_set1_epi8(0x30);
     if (z % 2 == 0) {
       lo = _mm256_or_si256(_mm256_and_si256(a, low4), _mm256_and_si256(_mm256_slli_epi16(q, 4), top));
@@ -145,16 +151,20 @@ template <dtype T>
   } else {
     // qs[32 z ..]: low nibbles group 2 z, high nibbles group 2 z + 1; q5_k's fifth bits: bit g of qh[l].
     const std::size_t qs = T == dtype::q4_k ? 16 : 48;
-    const __m256i v = load(blk + qs + 32 * z);
+    const __m256i v = at(qs + 32 * z);
     lo = _mm256_and_si256(v, low4);
     hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
     if constexpr (T == dtype::q5_k) {
-      const __m256i qh = load(blk + 16), bit4 = _mm256_set1_epi8(0x10);
+      const __m256i qh = at(16), bit4 = _mm256_set1_epi8(0x10);
       lo = _mm256_or_si256(lo, to_bit4(qh, static_cast<int>(2 * z), bit4));
       hi = _mm256_or_si256(hi, to_bit4(qh, static_cast<int>(2 * z + 1), bit4));
     }
   }
   return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+template <dtype T>
+[[gnu::always_inline]] inline __m512i int8_weights(const std::byte* blk, std::size_t z) noexcept {
+  return int8_weights_at<T>(block_runs{blk}, z);
 }
 
 // Super-block blk's scales: scale[z] the per-lane scale of int8_weights(blk, z), sub the subtrahend
@@ -201,6 +211,26 @@ struct int8_panel {
   float* dmin;       // [super-block][32 rows]
 };
 
+// The quads of a whole group of interleaved rows (il8_whole_group) at g into rows r8 .. r8 + 8 of the
+// panel's: each 32 bytes of the group's quants hold 4 bytes of each of its rows, unpacked as a row's
+// are (int8_weights_at) into a quad of the 8 rows.
+template <dtype T>
+inline void int8_pack_group(const std::byte* g, std::size_t nsb, std::uint8_t* q, std::size_t r8) noexcept {
+  for (std::size_t b = 0; b < nsb; ++b) {
+    const std::byte* blk = g + 8 * b * info(T).bytes;
+    std::uint8_t* at = q + b * qk_k * int8_nr + 4 * r8;
+    #pragma GCC unroll 4
+    for (std::size_t z = 0; z < 4; ++z)
+      #pragma GCC unroll 8
+      for (std::size_t c = 0; c < 32; c += 4) {
+        const __m512i v = int8_weights_at<T>(il8_runs{blk, c}, z);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(at + (16 * z + c / 4) * 4 * int8_nr), _mm512_castsi512_si256(v));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(at + (16 * z + 8 + c / 4) * 4 * int8_nr),
+                            _mm512_extracti64x4_epi64(v, 1));
+      }
+  }
+}
+
 template <dtype T>
 inline int8_panel int8_pack(const weight_view& w, std::size_t p0, std::size_t nc, std::size_t nsb) {
   constexpr std::size_t G = q8_groups<T>;
@@ -219,12 +249,20 @@ inline int8_panel int8_pack(const weight_view& w, std::size_t p0, std::size_t nc
   alignas(32) std::byte tmp[info(T).bytes];  // a block of interleaved rows, gathered
   for (std::size_t r = 0; r < int8_nr; ++r) {
     const std::size_t row = p0 + std::min(r, nc - 1);  // past nc: repeat, not stored
+    // A whole group of interleaved rows: its quads copied with its first row, each row's scales gathered.
+    const bool grouped = r - r % 8 + 8 <= nc && il8_whole_group(w, p0 + r - r % 8);
+    if (grouped && r % 8 == 0) int8_pack_group<T>(w.data + row * rb, nsb, p.q, r);
     for (std::size_t b = 0; b < nsb; ++b) {
-      const std::byte* blk = block_as_stored<T>(w, rb, row, b, tmp);
-      std::uint8_t* dst = p.q + b * qk_k * int8_nr + 4 * r;
-      #pragma GCC unroll 8
-      for (std::size_t z = 0; z < 4; ++z)
-        _mm512_i32scatter_epi32(dst + z * 16 * 4 * int8_nr, quad_at, int8_weights<T>(blk, z), 1);
+      const std::byte* blk = tmp;
+      if (grouped) {
+        il8_gather(il8_scale_layout(T), w.data + (row - r % 8) * rb + 8 * b * info(T).bytes, tmp, r % 8);
+      } else {
+        blk = block_as_stored<T>(w, rb, row, b, tmp);
+        std::uint8_t* dst = p.q + b * qk_k * int8_nr + 4 * r;
+        #pragma GCC unroll 8
+        for (std::size_t z = 0; z < 4; ++z)
+          _mm512_i32scatter_epi32(dst + z * 16 * 4 * int8_nr, quad_at, int8_weights<T>(blk, z), 1);
+      }
       __m512i scale[4], sub;
       int8_scales<T>(blk, scale, sub, p.d[b * int8_nr + r], p.dmin[b * int8_nr + r]);
       alignas(64) std::int32_t sc[16], mn[16];
@@ -396,13 +434,14 @@ template <int8_dot D>
 // VPMADDUBSW's pair sums of weights and activations (no pair reaches the 16-bit limit: the quants are
 // at most 63, the activations at most 127 in magnitude), then scaled by 16-bit factors.
 
-// 32 weights of super-block blk in the order of k: t = 0..7 covers k in [32 t, 32 t + 32).
-template <dtype T>
-[[gnu::always_inline]] inline __m256i int8_weights256(const std::byte* blk, std::size_t t) noexcept {
+// 32 weights of super-block blk in the order of k: t = 0..7 covers k in [32 t, 32 t + 32). (Read
+// through il8_runs{g, c}: quad 8 t + c / 4 of the 8 rows.)
+template <dtype T, class Runs>
+[[gnu::always_inline]] inline __m256i int8_weights256_at(Runs at, std::size_t t) noexcept {
   const __m256i low4 = _mm256_set1_epi8(15);
   if constexpr (T == dtype::q6_k) {
     const std::size_t h = t / 4, run = t % 4;
-    const __m256i lq = load(blk + 64 * h + 32 * (run % 2)), q = load(blk + 128 + 32 * h);
+    const __m256i lq = at(64 * h + 32 * (run % 2)), q = at(128 + 32 * h);
     const __m256i top = _mm256_set1_epi8(0x30);
     const __m256i low = run < 2 ? _mm256_and_si256(lq, low4) : _mm256_and_si256(_mm256_srli_epi16(lq, 4), low4);
     const __m256i high = run == 0   ? _mm256_slli_epi16(q, 4)
@@ -412,12 +451,16 @@ template <dtype T>
     return _mm256_or_si256(low, _mm256_and_si256(high, top));
   } else {
     const std::size_t qs = T == dtype::q4_k ? 16 : 48;
-    const __m256i v = load(blk + qs + 32 * (t / 2));
+    const __m256i v = at(qs + 32 * (t / 2));
     __m256i q = t % 2 == 0 ? _mm256_and_si256(v, low4) : _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
     if constexpr (T == dtype::q5_k)
-      q = _mm256_or_si256(q, to_bit4(load(blk + 16), static_cast<int>(t), _mm256_set1_epi8(0x10)));
+      q = _mm256_or_si256(q, to_bit4(at(16), static_cast<int>(t), _mm256_set1_epi8(0x10)));
     return q;
   }
+}
+template <dtype T>
+[[gnu::always_inline]] inline __m256i int8_weights256(const std::byte* blk, std::size_t t) noexcept {
+  return int8_weights256_at<T>(block_runs{blk}, t);
 }
 
 // Decode, every form: 8 weight rows at a time, as the types of 32-weight blocks go (matmul_q8_32.inl).
@@ -611,17 +654,34 @@ inline void int8_pack256(const weight_view& w, std::size_t p0, std::size_t nc, s
     p.mn = p.sc + ints;
     p.d = reinterpret_cast<float*>(p.mn + pairs);
     p.dmin = p.d + floats;
+    // A whole group of interleaved rows (the slice's 8): its quads copied, each row's scales gathered.
+    static_assert(R == 8);
+    const bool grouped = k * R + R <= nc && il8_whole_group(w, p0 + k * R);
+    for (std::size_t b = 0; grouped && b < nsb; ++b) {
+      const std::byte* g = w.data + (p0 + k * R) * rb + 8 * b * info(T).bytes;
+      #pragma GCC unroll 8
+      for (std::size_t t = 0; t < 8; ++t)
+        #pragma GCC unroll 8
+        for (std::size_t c = 0; c < 32; c += 4)
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(p.q + b * qk_k * R + (8 * t + c / 4) * 4 * R),
+                              int8_weights256_at<T>(il8_runs{g, c}, t));
+    }
     for (std::size_t r = 0; r < R; ++r) {
       const std::size_t row = p0 + std::min(k * R + r, nc - 1);
       for (std::size_t b = 0; b < nsb; ++b) {
         alignas(32) std::byte tmp[info(T).bytes];  // a block of interleaved rows, gathered
-        const std::byte* blk = block_as_stored<T>(w, rb, row, b, tmp);
-        std::uint8_t* dst = p.q + b * qk_k * R + 4 * r;
-        #pragma GCC unroll 8
-        for (std::size_t t = 0; t < 8; ++t) {
-          alignas(32) std::uint8_t quads[32];
-          _mm256_store_si256(reinterpret_cast<__m256i*>(quads), int8_weights256<T>(blk, t));
-          for (std::size_t l = 0; l < 8; ++l) std::memcpy(dst + (8 * t + l) * 4 * R, quads + 4 * l, 4);
+        const std::byte* blk = tmp;
+        if (grouped) {
+          il8_gather(il8_scale_layout(T), w.data + (p0 + k * R) * rb + 8 * b * info(T).bytes, tmp, r);
+        } else {
+          blk = block_as_stored<T>(w, rb, row, b, tmp);
+          std::uint8_t* dst = p.q + b * qk_k * R + 4 * r;
+          #pragma GCC unroll 8
+          for (std::size_t t = 0; t < 8; ++t) {
+            alignas(32) std::uint8_t quads[32];
+            _mm256_store_si256(reinterpret_cast<__m256i*>(quads), int8_weights256<T>(blk, t));
+            for (std::size_t l = 0; l < 8; ++l) std::memcpy(dst + (8 * t + l) * 4 * R, quads + 4 * l, 4);
+          }
         }
         std::int16_t sc[G], mn[16];  // mn: the factor of each bsums entry (16 weights)
         if constexpr (T == dtype::q6_k) {
@@ -1112,7 +1172,7 @@ inline void matmul_int8_typed(thread_pool& pool, const kquant::block_q8_k* xq, c
 }
 
 // Interleaved rows (interleave.hpp) as they are on the AVX2 and AVX-512 paths (decode streams them,
-// the panels' packing gathers their blocks); on the others as stored, in a buffer of the calling
+// the panels' packing copies their groups); on the others as stored, in a buffer of the calling
 // thread's.
 EFIM_K_ENTRY void matmul_int8(thread_pool& pool, const kquant::block_q8_k* xq, const weight_view& w, float* y,
                               std::size_t m, accumulate acc, int8_dot d) {

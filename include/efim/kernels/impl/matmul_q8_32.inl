@@ -374,8 +374,7 @@ inline void q32_pack(const weight_view& w, std::size_t p0, std::size_t nc, std::
     for (std::size_t r = 0; r < R; ++r) {
       if constexpr (interleavable(T)) {
         const std::size_t first = p0 + k * R + r;  // r a multiple of 8 here, or past a group copied
-        if (r % 8 == 0 && w.layout == weight_layout::interleaved8 && first % 8 == 0 && k * R + r + 8 <= nc &&
-            first + 8 <= w.rows / 8 * 8) {
+        if (r % 8 == 0 && k * R + r + 8 <= nc && il8_whole_group(w, first)) {
           q32_pack_group<T, Vnni, R>(w.data + first * rb, nb, p, r);
           r += 7;
           continue;
@@ -584,7 +583,7 @@ inline void matmul_q32_typed(thread_pool& pool, const kquant::block_q8_32* xq, c
 // y (m, rows) = [y +] x w^T for x rounded to 8 bits per 32 (xq: m rows of cols / 32 blocks) and w of
 // q8_0, q4_0, q5_0 or q5_1, on this path.
 // Interleaved rows (interleave.hpp) as they are on the AVX2 and AVX-512 paths (decode streams them,
-// the panels' packing gathers their blocks); on the others as stored, in a buffer of the calling
+// the panels' packing copies their groups); on the others as stored, in a buffer of the calling
 // thread's.
 EFIM_K_ENTRY void matmul_int8_32(thread_pool& pool, const kquant::block_q8_32* xq, const weight_view& w, float* y,
                                  std::size_t m, accumulate acc, int8_dot d) {
