@@ -95,14 +95,11 @@ inline void il8_gather(const il8_fields& l, const std::byte* interleaved, std::b
       il8_copy(stored + l.field[k].at + c, interleaved + il8_at(l.field[k], c, r), l.field[k].chunk);
 }
 
-// The fields of t's block other than its quants (scales, mins, factors): what the int8 panels' packing
-// still takes a row at a time from a group of interleaved rows, whose quants it copies as they are
-// (il8_whole_group).
+// The fields of a k-quant's block other than its quants (scales, mins, factors): what the int8 panels'
+// packing still takes a row at a time from a whole group of interleaved rows (il8_whole_group), whose
+// quants it takes 8 rows at a time. (q8_0 and q4_0 convert the group's 8 scales in one step.)
 constexpr il8_fields il8_scale_layout(dtype t) noexcept {
   switch (t) {
-    case dtype::q8_0:
-    case dtype::q4_0:
-      return {{{{0, 2, 2}}}, 1};
     case dtype::q4_k:
     case dtype::q5_k:
       return {{{{0, 2, 2}, {2, 2, 2}, {4, 12, 4}}}, 3};

@@ -373,7 +373,7 @@ inline void q32_pack(const weight_view& w, std::size_t p0, std::size_t nc, std::
     p.mn = p.d + nb * R;
     for (std::size_t r = 0; r < R; ++r) {
       if constexpr (interleavable(T)) {
-        const std::size_t first = p0 + k * R + r;  // r a multiple of 8 here, or past a group copied
+        const std::size_t first = p0 + k * R + r;  // (after a group copied, r goes on 8 rows later)
         if (r % 8 == 0 && k * R + r + 8 <= nc && il8_whole_group(w, first)) {
           q32_pack_group<T, Vnni, R>(w.data + first * rb, nb, p, r);
           r += 7;
