@@ -360,6 +360,10 @@ void bench_crossover(rng& r) {
   std::vector<std::byte> il(kernels::interleavable(T) ? w.bytes.size() : 0);
   for (std::size_t c = 0; !il.empty() && c < w.copies; ++c)
     kernels::interleave8(w.view(c), il.data() + c * rows * w.row_bytes);
+  const auto il_view = [&](std::size_t c) {  // copy c of the matrix, its rows interleaved
+    return kernels::weight_view{T, rows, cols, il.data() + c * rows * w.row_bytes,
+                                kernels::weight_layout::interleaved8};
+  };
   constexpr auto no = kernels::accumulate::no;
   const auto panels_on = [&](const block* xq, std::size_t m, const kernels::weight_view& v, float* y) {
     if constexpr (per32 && Avx512)
@@ -384,9 +388,7 @@ void bench_crossover(rng& r) {
     std::vector<float> ys(m * rows), yp(m * rows);
     std::size_t copy = 0;
     const auto view = [&] {
-      const auto v = interleaved ? kernels::weight_view{T, rows, cols, il.data() + copy * rows * w.row_bytes,
-                                                        kernels::weight_layout::interleaved8}
-                                 : w.view(copy);
+      const auto v = interleaved ? il_view(copy) : w.view(copy);
       copy = (copy + 1) % w.copies;
       return v;
     };
@@ -423,7 +425,7 @@ void bench_crossover(rng& r) {
   // The panels packed from the rows as stored against the panels packed from the rows interleaved, the
   // two in turn (the packing's share of a prefill).
   for (const std::size_t m : {64, 512}) {
-    if (il.empty()) break;
+    if (il.empty()) continue;
     const std::vector<block> xq = quantized(m);
     std::vector<float> ys(m * rows), yi(m * rows);
     std::size_t cs = 0, ci = 0;  // each from memory: the next copy every call
@@ -432,8 +434,7 @@ void bench_crossover(rng& r) {
       cs = (cs + 1) % w.copies;
     };
     const auto interleaved = [&] {
-      panels_on(xq.data(), m,
-                {T, rows, cols, il.data() + ci * rows * w.row_bytes, kernels::weight_layout::interleaved8}, yi.data());
+      panels_on(xq.data(), m, il_view(ci), yi.data());
       ci = (ci + 1) % w.copies;
     };
     const double ts = seconds_per_call(stored, 0.3), ti = seconds_per_call(interleaved, 0.3);
