@@ -20,11 +20,18 @@ inline constexpr std::size_t int8_stream_rows = 12;
 // from its group; since they copy a group's quants as they are (q32_pack_group, int8_pack_group), the
 // same sweep puts the crossovers lower (q8_0 48-64, q4_0 24-48, q6_k 16-24, q4_k 64 in the AVX-512
 // path's 512-bit panels, q5_k 32 there), but the whole model (q8_0 and q4_0, prompts of 64 and 128
-// tokens in one batch) was 4-10% slower at those bounds than at these, so these stay. AMX (Xeons) keeps
-// int8_stream_rows.
+// tokens in one batch) was 4-10% slower at those bounds than at these, so these stay. Except where
+// q8_0 and q4_0 have the AVX-512 path's 512-bit VNNI panels (q32_panels512, 1.3x the 256-bit ones):
+// there the lab's interleaved streams fall under them between 16 and 32 x rows (q8_0 1.19x at 16,
+// 0.95x at 32, 0.83x at 64; q4_0 1.06x, 0.89x, 0.76x), and the whole model's prefill of 64 and 128
+// tokens was 1.12-1.22x as fast at a bound of 32 as at 256 (16 lost at 20-24 tokens). AMX (Xeons)
+// keeps int8_stream_rows.
 template <dtype T>
 constexpr std::size_t il8_stream_rows(int8_dot d) noexcept {
   const bool vnni = d != int8_dot::madd;
+#if EFIM_K_AVX512 && defined(EFIM_K_AVX2_PATH_DEFINED)
+  if ((T == dtype::q8_0 || T == dtype::q4_0) && d == int8_dot::evex) return 32;
+#endif
   if (T == dtype::q8_0 || T == dtype::q4_0) return 256;
   if (T == dtype::q4_k) return vnni ? 96 : 48;
   if (T == dtype::q5_k) return vnni ? 48 : 64;

@@ -451,9 +451,94 @@ template <dtype T, std::size_t MR, int8_dot D>
 
 inline constexpr std::size_t q32_panel_slices = 4;  // a panel of 32 rows, reused by every tile of x rows
 
+#if EFIM_K_AVX512 && defined(EFIM_K_AVX2_PATH_DEFINED)
+// AVX-512 with VNNI, many x rows (prefill), as the k-quants' panels (int8_tile): a panel of 32 rows in
+// one slice (q32_pack<.., 32>), so that a quad of its rows is two zmm registers and every tile of 4 x
+// rows multiplies 4 weights of 32 rows per two VPDPBUSD and x row, where q32_tile's 256-bit registers
+// take four. The same integers and float steps as q32_tile (q32_steps), so the same bits; each
+// block's sums start at -bias * sum(a) rather than subtracting it after.
+inline constexpr std::size_t q32_nr = 8 * q32_panel_slices;
+
+// out[i * 32 + j] for x rows xs[0 .. MR) against the panel's 32 rows.
+template <dtype T, std::size_t MR>
+EFIM_K_TARGET_VNNI inline void q32_tile512(const q32_slice& p, std::size_t nb, const kquant::block_q8_32* const* xs,
+                                           float* out) {
+  __m512 acc[MR][2];
+  #pragma GCC unroll 8
+  for (std::size_t i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+  for (std::size_t b = 0; b < nb; ++b) {
+    const std::uint8_t* q = p.q + b * 8 * 4 * q32_nr;
+    __m512i dot[MR][2];
+    #pragma GCC unroll 8
+    for (std::size_t i = 0; i < MR; ++i) dot[i][0] = dot[i][1] = _mm512_set1_epi32(-q32_bias<T> * xs[i][b].sum);
+    #pragma GCC unroll 8
+    for (std::size_t quad = 0; quad < 8; ++quad) {
+      const __m512i w0 = _mm512_load_si512(q + quad * 4 * q32_nr), w1 = _mm512_load_si512(q + quad * 4 * q32_nr + 64);
+      #pragma GCC unroll 8
+      for (std::size_t i = 0; i < MR; ++i) {
+        std::int32_t four;
+        std::memcpy(&four, xs[i][b].qs + 4 * quad, sizeof four);
+        const __m512i a = _mm512_set1_epi32(four);
+        dot[i][0] = _mm512_dpbusd_epi32(dot[i][0], w0, a);
+        dot[i][1] = _mm512_dpbusd_epi32(dot[i][1], w1, a);
+      }
+    }
+    #pragma GCC unroll 2
+    for (std::size_t h = 0; h < 2; ++h) {
+      const __m512 d = _mm512_load_ps(p.d + b * q32_nr + 16 * h);
+      const __m512 mn = T == dtype::q5_1 ? _mm512_load_ps(p.mn + b * q32_nr + 16 * h) : d;
+      #pragma GCC unroll 8
+      for (std::size_t i = 0; i < MR; ++i) {
+        const __m512 da = _mm512_set1_ps(xs[i][b].d);
+        acc[i][h] = _mm512_fmadd_ps(_mm512_mul_ps(d, da), _mm512_cvtepi32_ps(dot[i][h]), acc[i][h]);
+        if constexpr (T == dtype::q5_1)
+          acc[i][h] =
+              _mm512_fmadd_ps(_mm512_mul_ps(mn, da), _mm512_set1_ps(static_cast<float>(xs[i][b].sum)), acc[i][h]);
+      }
+    }
+  }
+  #pragma GCC unroll 8
+  for (std::size_t i = 0; i < MR; ++i) {
+    _mm512_store_ps(out + i * q32_nr, acc[i][0]);
+    _mm512_store_ps(out + i * q32_nr + 16, acc[i][1]);
+  }
+}
+
+template <dtype T>
+inline void q32_panels512(const kquant::block_q8_32* xq, std::size_t m, const weight_view& w, std::size_t r0,
+                          std::size_t r1, float* y, accumulate acc) {
+  const std::size_t nb = w.cols / 32;
+  for (std::size_t p0 = r0; p0 < r1; p0 += q32_nr) {
+    const std::size_t nc = std::min(q32_nr, r1 - p0);
+    q32_slice s;
+    q32_pack<T, true, q32_nr>(w, p0, nc, nb, &s);
+    for (std::size_t i0 = 0; i0 < m; i0 += 4) {
+      const std::size_t mr = std::min<std::size_t>(4, m - i0);
+      const kquant::block_q8_32* xs[4];
+      for (std::size_t i = 0; i < 4; ++i) xs[i] = xq + std::min(i0 + i, m - 1) * nb;
+      alignas(64) float out[4 * q32_nr];
+      if (mr == 4)
+        q32_tile512<T, 4>(s, nb, xs, out);
+      else if (mr == 3)
+        q32_tile512<T, 3>(s, nb, xs, out);
+      else if (mr == 2)
+        q32_tile512<T, 2>(s, nb, xs, out);
+      else
+        q32_tile512<T, 1>(s, nb, xs, out);
+      store_tile(out, q32_nr, y + i0 * w.rows + p0, w.rows, mr, nc, acc);
+    }
+  }
+}
+#endif
+
+// Rows [r0, r1) of y for m x rows, panel by panel (panels of 32 rows): slices of 8 rows in 256-bit
+// registers (q32_tile), or on the AVX-512 path with VNNI the 512-bit panels above.
 template <dtype T, int8_dot D>
 inline void q32_panels(const kquant::block_q8_32* xq, std::size_t m, const weight_view& w, std::size_t r0,
                        std::size_t r1, float* y, accumulate acc) {
+#if EFIM_K_AVX512 && defined(EFIM_K_AVX2_PATH_DEFINED)
+  if constexpr (D == int8_dot::evex) return q32_panels512<T>(xq, m, w, r0, r1, y, acc);
+#endif
   constexpr std::size_t panel = 8 * q32_panel_slices;
   const std::size_t nb = w.cols / 32;
   for (std::size_t p0 = r0; p0 < r1; p0 += panel) {
