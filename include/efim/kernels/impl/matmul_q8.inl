@@ -24,8 +24,8 @@ inline constexpr std::size_t int8_stream_rows = 12;
 // q8_0 and q4_0 have the AVX-512 path's 512-bit VNNI panels (q32_panels512, 1.3x the 256-bit ones):
 // there the lab's interleaved streams fall under them between 16 and 32 x rows (q8_0 1.19x at 16,
 // 0.95x at 32, 0.83x at 64; q4_0 1.06x, 0.89x, 0.76x), and the whole model's prefill of 64 and 128
-// tokens was 1.12-1.22x as fast at a bound of 32 as at 256 (16 lost at 20-24 tokens). AMX (Xeons)
-// keeps int8_stream_rows.
+// tokens was 1.11-1.23x as fast at a bound of 32 as at 256 (once 1.48x; 16 lost at 20-24 tokens).
+// AMX (Xeons) keeps int8_stream_rows.
 template <dtype T>
 constexpr std::size_t il8_stream_rows(int8_dot d) noexcept {
   const bool vnni = d != int8_dot::madd;
