@@ -39,6 +39,25 @@ constexpr std::size_t il8_stream_rows(int8_dot d) noexcept {
   return int8_stream_rows;
 }
 
+// The panels' loop over x rows: tile.template operator()<MR>(xs, i0) for each tile of MR <= 4 rows of
+// xq (nb blocks a row) from row i0, xs[0 .. 4) their blocks (past m the last row repeats, not stored).
+template <class Block, class Tile>
+inline void x_tiles4(const Block* xq, std::size_t m, std::size_t nb, Tile&& tile) {
+  for (std::size_t i0 = 0; i0 < m; i0 += 4) {
+    const Block* xs[4];
+    for (std::size_t i = 0; i < 4; ++i) xs[i] = xq + std::min(i0 + i, m - 1) * nb;
+    const std::size_t mr = std::min<std::size_t>(4, m - i0);
+    if (mr == 4)
+      tile.template operator()<4>(xs, i0);
+    else if (mr == 3)
+      tile.template operator()<3>(xs, i0);
+    else if (mr == 2)
+      tile.template operator()<2>(xs, i0);
+    else
+      tile.template operator()<1>(xs, i0);
+  }
+}
+
 // Scale groups per super-block: q6_k scales 16 weights at a time, q4_k and q5_k 32.
 template <dtype T>
 inline constexpr std::size_t q8_groups = T == dtype::q6_k ? 16 : 8;
@@ -374,21 +393,11 @@ inline void int8_panels(const kquant::block_q8_k* xq, std::size_t m, const weigh
   for (std::size_t p0 = r0; p0 < r1; p0 += int8_nr) {
     const std::size_t nc = std::min(int8_nr, r1 - p0);
     const int8_panel p = int8_pack<T>(w, p0, nc, nsb);
-    for (std::size_t i0 = 0; i0 < m; i0 += 4) {
-      const std::size_t mr = std::min<std::size_t>(4, m - i0);
-      const kquant::block_q8_k* xs[4];
-      for (std::size_t i = 0; i < 4; ++i) xs[i] = xq + std::min(i0 + i, m - 1) * nsb;
-      alignas(64) float out[4 * int8_nr];
-      if (mr == 4)
-        int8_tile<T, 4>(p, nsb, xs, out);
-      else if (mr == 3)
-        int8_tile<T, 3>(p, nsb, xs, out);
-      else if (mr == 2)
-        int8_tile<T, 2>(p, nsb, xs, out);
-      else
-        int8_tile<T, 1>(p, nsb, xs, out);
-      store_tile(out, int8_nr, y + i0 * w.rows + p0, w.rows, mr, nc, acc);
-    }
+    x_tiles4(xq, m, nsb, [&]<std::size_t MR>(const kquant::block_q8_k* const* xs, std::size_t i0) {
+      alignas(64) float out[MR * int8_nr];
+      int8_tile<T, MR>(p, nsb, xs, out);
+      store_tile(out, int8_nr, y + i0 * w.rows + p0, w.rows, MR, nc, acc);
+    });
   }
 }
 #endif
@@ -801,23 +810,13 @@ inline void int8_panels256(const kquant::block_q8_k* xq, std::size_t m, const we
     const std::size_t nc = std::min(panel, r1 - p0), slices = (nc + R - 1) / R;
     int8_slice s[int8_slices];
     int8_pack256<T>(w, p0, nc, nsb, s);
-    for (std::size_t i0 = 0; i0 < m; i0 += 4) {
-      const std::size_t mr = std::min<std::size_t>(4, m - i0);
-      const kquant::block_q8_k* xs[4];
-      for (std::size_t i = 0; i < 4; ++i) xs[i] = xq + std::min(i0 + i, m - 1) * nsb;
+    x_tiles4(xq, m, nsb, [&]<std::size_t MR>(const kquant::block_q8_k* const* xs, std::size_t i0) {
       for (std::size_t k = 0; k < slices; ++k) {
-        alignas(32) float out[4 * R];
-        if (mr == 4)
-          int8_tile256<T, 4, D>(s[k], nsb, xs, out);
-        else if (mr == 3)
-          int8_tile256<T, 3, D>(s[k], nsb, xs, out);
-        else if (mr == 2)
-          int8_tile256<T, 2, D>(s[k], nsb, xs, out);
-        else
-          int8_tile256<T, 1, D>(s[k], nsb, xs, out);
-        store_tile(out, R, y + i0 * w.rows + p0 + k * R, w.rows, mr, std::min(R, nc - k * R), acc);
+        alignas(32) float out[MR * R];
+        int8_tile256<T, MR, D>(s[k], nsb, xs, out);
+        store_tile(out, R, y + i0 * w.rows + p0 + k * R, w.rows, MR, std::min(R, nc - k * R), acc);
       }
-    }
+    });
   }
 }
 

@@ -512,21 +512,11 @@ inline void q32_panels512(const kquant::block_q8_32* xq, std::size_t m, const we
     const std::size_t nc = std::min(q32_nr, r1 - p0);
     q32_slice s;
     q32_pack<T, true, q32_nr>(w, p0, nc, nb, &s);
-    for (std::size_t i0 = 0; i0 < m; i0 += 4) {
-      const std::size_t mr = std::min<std::size_t>(4, m - i0);
-      const kquant::block_q8_32* xs[4];
-      for (std::size_t i = 0; i < 4; ++i) xs[i] = xq + std::min(i0 + i, m - 1) * nb;
-      alignas(64) float out[4 * q32_nr];
-      if (mr == 4)
-        q32_tile512<T, 4>(s, nb, xs, out);
-      else if (mr == 3)
-        q32_tile512<T, 3>(s, nb, xs, out);
-      else if (mr == 2)
-        q32_tile512<T, 2>(s, nb, xs, out);
-      else
-        q32_tile512<T, 1>(s, nb, xs, out);
-      store_tile(out, q32_nr, y + i0 * w.rows + p0, w.rows, mr, nc, acc);
-    }
+    x_tiles4(xq, m, nb, [&]<std::size_t MR>(const kquant::block_q8_32* const* xs, std::size_t i0) {
+      alignas(64) float out[MR * q32_nr];
+      q32_tile512<T, MR>(s, nb, xs, out);
+      store_tile(out, q32_nr, y + i0 * w.rows + p0, w.rows, MR, nc, acc);
+    });
   }
 }
 #endif
@@ -545,23 +535,13 @@ inline void q32_panels(const kquant::block_q8_32* xq, std::size_t m, const weigh
     const std::size_t nc = std::min(panel, r1 - p0), slices = (nc + 7) / 8;
     q32_slice s[q32_panel_slices];
     q32_pack<T, uses_vpdpbusd(D)>(w, p0, nc, nb, s);
-    for (std::size_t i0 = 0; i0 < m; i0 += 4) {
-      const std::size_t mr = std::min<std::size_t>(4, m - i0);
-      const kquant::block_q8_32* xs[4];
-      for (std::size_t i = 0; i < 4; ++i) xs[i] = xq + std::min(i0 + i, m - 1) * nb;
+    x_tiles4(xq, m, nb, [&]<std::size_t MR>(const kquant::block_q8_32* const* xs, std::size_t i0) {
       for (std::size_t k = 0; k < slices; ++k) {
-        alignas(32) float out[4 * 8];
-        if (mr == 4)
-          q32_tile<T, 4, D>(s[k], nb, xs, out);
-        else if (mr == 3)
-          q32_tile<T, 3, D>(s[k], nb, xs, out);
-        else if (mr == 2)
-          q32_tile<T, 2, D>(s[k], nb, xs, out);
-        else
-          q32_tile<T, 1, D>(s[k], nb, xs, out);
-        store_tile(out, 8, y + i0 * w.rows + p0 + 8 * k, w.rows, mr, std::min<std::size_t>(8, nc - 8 * k), acc);
+        alignas(32) float out[MR * 8];
+        q32_tile<T, MR, D>(s[k], nb, xs, out);
+        store_tile(out, 8, y + i0 * w.rows + p0 + 8 * k, w.rows, MR, std::min<std::size_t>(8, nc - 8 * k), acc);
       }
-    }
+    });
   }
 }
 
