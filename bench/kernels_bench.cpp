@@ -395,9 +395,12 @@ void bench_crossover(rng& r) {
     const auto stream = [&] {
       const auto v = view();
       if constexpr (kernels::interleavable(T) && Avx512) {
-        using kernel =
-            std::conditional_t<per32, kd::isa_avx512::q32_il8_kernel<T, D>, kd::isa_avx512::kq_il8_kernel<T, D>>;
-        if (interleaved) return kd::isa_avx512::il8_rows<kernel>(xq.data(), m, v, nb, 0, rows, ys.data(), no);
+        if constexpr (per32) {
+          if (interleaved) return kd::isa_avx512::q32_il8_rows<T, D>(xq.data(), m, v, 0, rows, ys.data(), no);
+        } else {
+          using kernel = kd::isa_avx512::kq_il8_kernel<T, D>;
+          if (interleaved) return kd::isa_avx512::il8_rows<kernel>(xq.data(), m, v, nb, 0, rows, ys.data(), no);
+        }
       } else if constexpr (kernels::interleavable(T)) {
         using kernel = std::conditional_t<per32, kd::isa_avx2::q32_il8_kernel<T, D>, kd::isa_avx2::kq_il8_kernel<T, D>>;
         if (interleaved) return kd::isa_avx2::il8_rows<kernel>(xq.data(), m, v, nb, 0, rows, ys.data(), no);
@@ -422,6 +425,31 @@ void bench_crossover(rng& r) {
   for (const std::size_t m : {1, 4, 8, 12, 16, 24, 32}) run(m, false);
   if (!il.empty())
     for (const std::size_t m : {12, 16, 32, 48, 64, 96, 128, 192, 256}) run(m, true);
+  // On the AVX-512 path with VNNI, the interleaved streams of q8_0 and q4_0 two groups of 8 rows at a
+  // time in 512-bit registers (q32_il8x2, what matmul takes) against one group in 256-bit registers.
+  if constexpr (per32 && Avx512 && D == kernels::int8_dot::evex && kernels::interleavable(T)) {
+    for (const std::size_t m : {1, 2, 4, 6, 8, 12, 16, 32, 64, 128}) {
+      const std::vector<block> xq = quantized(m);
+      std::vector<float> y1(m * rows), y2(m * rows);
+      std::size_t c1 = 0, c2 = 0;
+      const auto one = [&] {
+        kd::isa_avx512::il8_rows<kd::isa_avx512::q32_il8_kernel<T, D>>(xq.data(), m, il_view(c1), nb, 0, rows,
+                                                                       y1.data(), no);
+        c1 = (c1 + 1) % w.copies;
+      };
+      const auto two = [&] {
+        kd::isa_avx512::il8_rows<kd::isa_avx512::q32_il8x2_kernel<T>>(xq.data(), m, il_view(c2), nb, 0, rows, y2.data(),
+                                                                      no);
+        c2 = (c2 + 1) % w.copies;
+      };
+      const double t1 = seconds_per_call(one, 0.3), t2 = seconds_per_call(two, 0.3);
+      std::printf(
+          "int8 %-4s interleaved %3zu x rows x 2048x768, 1 thread: one group %8.1f us   two groups %8.1f us   two "
+          "%5.2fx one's speed   %s\n",
+          std::string(to_string(T)).c_str(), m, t1 * 1e6, t2 * 1e6, t1 / t2,
+          std::memcmp(y1.data(), y2.data(), y1.size() * sizeof(float)) == 0 ? "same bits" : "BITS DIFFER");
+    }
+  }
   // The panels packed from the rows as stored against the panels packed from the rows interleaved, the
   // two in turn (the packing's share of a prefill).
   for (const std::size_t m : {64, 512}) {

@@ -21,22 +21,32 @@ inline constexpr std::size_t int8_stream_rows = 12;
 // same sweep puts the crossovers lower (q8_0 48-64, q4_0 24-48, q6_k 16-24, q4_k 64 in the AVX-512
 // path's 512-bit panels, q5_k 32 there), but the whole model (q8_0 and q4_0, prompts of 64 and 128
 // tokens in one batch) was 4-10% slower at those bounds than at these, so these stay. Except where
-// q8_0 and q4_0 have the AVX-512 path's 512-bit VNNI panels (q32_panels512, 1.3x the 256-bit ones):
-// there the lab's interleaved streams fall under them between 16 and 32 x rows (q8_0 1.19x at 16,
-// 0.95x at 32, 0.83x at 64; q4_0 1.06x, 0.89x, 0.76x), and the whole model's prefill of 64 and 128
-// tokens was 1.11-1.23x as fast at a bound of 32 as at 256 (once 1.48x; 16 lost at 20-24 tokens).
-// AMX (Xeons) keeps int8_stream_rows.
+// q8_0 and q4_0 have the AVX-512 path's 512-bit VNNI panels (q32_panels512, 1.3x the 256-bit ones)
+// and streams (q32_il8x2, two groups at a time, 1.2-1.45x the 256-bit ones from 8 x rows): there the
+// lab's streams are 1.10-1.12x the panels' speed at 64 x rows and 1.0-1.13x at 96 (with the 256-bit
+// streams they fell under the panels between 16 and 32), and the whole model's prefill of 64 tokens
+// was faster at a bound of 64 than at 32 (1.0-1.4x in this machine's noise). AMX (Xeons) keeps
+// int8_stream_rows.
 template <dtype T>
 constexpr std::size_t il8_stream_rows(int8_dot d) noexcept {
   const bool vnni = d != int8_dot::madd;
 #if EFIM_K_AVX512 && defined(EFIM_K_AVX2_PATH_DEFINED)
-  if ((T == dtype::q8_0 || T == dtype::q4_0) && d == int8_dot::evex) return 32;
+  if ((T == dtype::q8_0 || T == dtype::q4_0) && d == int8_dot::evex) return 64;
 #endif
   if (T == dtype::q8_0 || T == dtype::q4_0) return 256;
   if (T == dtype::q4_k) return vnni ? 96 : 48;
   if (T == dtype::q5_k) return vnni ? 48 : 64;
   if (T == dtype::q6_k) return vnni ? 32 : 16;
   return int8_stream_rows;
+}
+
+// f.template operator()<MR>() for MR = mr, 1 <= mr <= N (a tile's x rows as a template argument).
+template <std::size_t N, class F>
+[[gnu::always_inline]] inline void with_mr(std::size_t mr, F&& f) {
+  if constexpr (N > 1) {
+    if (mr < N) return with_mr<N - 1>(mr, f);
+  }
+  f.template operator()<N>();
 }
 
 // The panels' loop over x rows: tile.template operator()<MR>(xs, i0) for each tile of MR <= 4 rows of
@@ -46,15 +56,7 @@ inline void x_tiles4(const Block* xq, std::size_t m, std::size_t nb, Tile&& tile
   for (std::size_t i0 = 0; i0 < m; i0 += 4) {
     const Block* xs[4];
     for (std::size_t i = 0; i < 4; ++i) xs[i] = xq + std::min(i0 + i, m - 1) * nb;
-    const std::size_t mr = std::min<std::size_t>(4, m - i0);
-    if (mr == 4)
-      tile.template operator()<4>(xs, i0);
-    else if (mr == 3)
-      tile.template operator()<3>(xs, i0);
-    else if (mr == 2)
-      tile.template operator()<2>(xs, i0);
-    else
-      tile.template operator()<1>(xs, i0);
+    with_mr<4>(std::min<std::size_t>(4, m - i0), [&]<std::size_t MR>() { tile.template operator()<MR>(xs, i0); });
   }
 }
 
@@ -836,36 +838,44 @@ inline constexpr std::size_t il8_prefetch_ahead = 8192;
     __builtin_prefetch(reinterpret_cast<const void*>(ahead), 0, 2);
 }
 
+// Groups of 8 rows a call of Kernel::run: 1, or 2 where the kernel takes two groups side by side (the
+// next group starts where the first ends) and names in Kernel::single a kernel of one group for the
+// range's last group when its count is odd.
+template <typename Kernel>
+constexpr std::size_t il8_groups() noexcept {
+  if constexpr (requires { Kernel::groups; })
+    return Kernel::groups;
+  else
+    return 1;
+}
+
 // Rows [r0, r1) (r0 a multiple of 8) of y = x w^T for w interleaved8 and m x rows rounded to blocks (nb
-// a row): Kernel::run<MR>(group, nb, xs, out, end) multiplies a group of 8 rows by MR <= Kernel::tile x
-// rows, prefetching up to `end` (the first x tile only: the others find the group in L1 or L2); the
-// rows past the last whole group, stored as rows, go to Kernel::tail.
+// a row): Kernel::run<MR>(group, nb, xs, out, end) multiplies il8_groups<Kernel>() groups of 8 rows by
+// MR <= Kernel::tile x rows, prefetching up to `end` (the first x tile only: the others find the group
+// in L1 or L2); the rows past the last whole group, stored as rows, go to Kernel::tail.
 template <typename Kernel, typename Block>
 inline void il8_rows(const Block* xq, std::size_t m, const weight_view& w, std::size_t nb, std::size_t r0,
                      std::size_t r1, float* y, accumulate acc) {
-  constexpr std::size_t tile = Kernel::tile;
+  constexpr std::size_t tile = Kernel::tile, span = 8 * il8_groups<Kernel>();
   const std::size_t rb = row_bytes(w.type, w.cols), whole = w.rows / 8 * 8;
   const std::uintptr_t end = reinterpret_cast<std::uintptr_t>(w.data + whole * rb);
-  for (std::size_t r = r0; r < std::min(r1, whole); r += 8) {
+  std::size_t r = r0;
+  for (; r + span <= std::min(r1, whole); r += span) {
     const std::byte* const g = w.data + r * rb;
     for (std::size_t i0 = 0; i0 < m; i0 += tile) {
       const std::size_t mr = std::min(tile, m - i0);
       const Block* xs[tile];
       for (std::size_t i = 0; i < tile; ++i) xs[i] = xq + std::min(i0 + i, m - 1) * nb;
       const std::uintptr_t pf_end = i0 == 0 ? end : 0;
-      alignas(32) float out[tile * 8];
-      if (tile >= 4 && mr == 4)
-        Kernel::template run<tile >= 4 ? 4 : 1>(g, nb, xs, out, pf_end);
-      else if (tile >= 3 && mr == 3)
-        Kernel::template run<tile >= 3 ? 3 : 1>(g, nb, xs, out, pf_end);
-      else if (mr == 2)
-        Kernel::template run<2>(g, nb, xs, out, pf_end);
-      else
-        Kernel::template run<1>(g, nb, xs, out, pf_end);
-      store_tile(out, 8, y + i0 * w.rows + r, w.rows, mr, 8, acc);
+      alignas(64) float out[tile * span];
+      with_mr<tile>(mr, [&]<std::size_t MR>() { Kernel::template run<MR>(g, nb, xs, out, pf_end); });
+      store_tile(out, span, y + i0 * w.rows + r, w.rows, mr, span, acc);
     }
   }
-  if (r1 > whole) Kernel::tail(xq, m, w, std::max(r0, whole), r1, y, acc);
+  if constexpr (span > 8)
+    il8_rows<typename Kernel::single>(xq, m, w, nb, r, r1, y, acc);
+  else if (r1 > whole)
+    Kernel::tail(xq, m, w, std::max(r0, whole), r1, y, acc);
 }
 
 // A VPSHUFB of each 32-bit lane's bytes: byte k of the result is byte b_k of the same lane, or zero
