@@ -398,8 +398,7 @@ void bench_crossover(rng& r) {
         if constexpr (per32) {
           if (interleaved) return kd::isa_avx512::q32_il8_rows<T, D>(xq.data(), m, v, 0, rows, ys.data(), no);
         } else {
-          using kernel = kd::isa_avx512::kq_il8_kernel<T, D>;
-          if (interleaved) return kd::isa_avx512::il8_rows<kernel>(xq.data(), m, v, nb, 0, rows, ys.data(), no);
+          if (interleaved) return kd::isa_avx512::kq_il8_rows<T, D>(xq.data(), m, v, 0, rows, ys.data(), no);
         }
       } else if constexpr (kernels::interleavable(T)) {
         using kernel = std::conditional_t<per32, kd::isa_avx2::q32_il8_kernel<T, D>, kd::isa_avx2::kq_il8_kernel<T, D>>;
@@ -425,52 +424,47 @@ void bench_crossover(rng& r) {
   for (const std::size_t m : {1, 4, 8, 12, 16, 24, 32}) run(m, false);
   if (!il.empty())
     for (const std::size_t m : {12, 16, 32, 48, 64, 96, 128, 192, 256}) run(m, true);
-  // On the AVX-512 path with VNNI, the interleaved streams of q8_0 and q4_0 two groups of 8 rows at a
-  // time in 512-bit registers (q32_il8x2, what matmul takes) against one group in 256-bit registers.
-  if constexpr (per32 && Avx512 && D == kernels::int8_dot::evex && kernels::interleavable(T)) {
-    for (const std::size_t m : {1, 2, 4, 6, 8, 12, 16, 32, 64, 128}) {
-      const std::vector<block> xq = quantized(m);
-      std::vector<float> y1(m * rows), y2(m * rows);
-      std::size_t c1 = 0, c2 = 0;
-      const auto one = [&] {
-        kd::isa_avx512::il8_rows<kd::isa_avx512::q32_il8_kernel<T, D>>(xq.data(), m, il_view(c1), nb, 0, rows,
-                                                                       y1.data(), no);
-        c1 = (c1 + 1) % w.copies;
-      };
-      const auto two = [&] {
-        kd::isa_avx512::il8_rows<kd::isa_avx512::q32_il8x2_kernel<T>>(xq.data(), m, il_view(c2), nb, 0, rows, y2.data(),
-                                                                      no);
-        c2 = (c2 + 1) % w.copies;
-      };
-      const double t1 = seconds_per_call(one, 0.3), t2 = seconds_per_call(two, 0.3);
-      std::printf(
-          "int8 %-4s interleaved %3zu x rows x 2048x768, 1 thread: one group %8.1f us   two groups %8.1f us   two "
-          "%5.2fx one's speed   %s\n",
-          std::string(to_string(T)).c_str(), m, t1 * 1e6, t2 * 1e6, t1 / t2,
-          std::memcmp(y1.data(), y2.data(), y1.size() * sizeof(float)) == 0 ? "same bits" : "BITS DIFFER");
-    }
+  // Two ways a and b of the product of m x rows, each from memory (the next copy every call), timed in
+  // turn: a(xq, copy, y), b(xq, copy, y); prints what each is and b's speed over a's.
+  const auto in_turn = [&](std::size_t m, const char* what, const char* a_name, const char* b_name, auto&& a,
+                           auto&& b) {
+    const std::vector<block> xq = quantized(m);
+    std::vector<float> ya(m * rows), yb(m * rows);
+    std::size_t ca = 0, cb = 0;
+    const auto run_a = [&] {
+      a(xq.data(), ca, ya.data());
+      ca = (ca + 1) % w.copies;
+    };
+    const auto run_b = [&] {
+      b(xq.data(), cb, yb.data());
+      cb = (cb + 1) % w.copies;
+    };
+    const double ta = seconds_per_call(run_a, 0.3), tb = seconds_per_call(run_b, 0.3);
+    std::printf("int8 %-4s %s %3zu x rows x 2048x768, 1 thread: %s %8.1f us   %s %8.1f us   %s %5.2fx the speed   %s\n",
+                std::string(to_string(T)).c_str(), what, m, a_name, ta * 1e6, b_name, tb * 1e6, b_name, ta / tb,
+                std::memcmp(ya.data(), yb.data(), ya.size() * sizeof(float)) == 0 ? "same bits" : "BITS DIFFER");
+  };
+  // On the AVX-512 path with VNNI, the interleaved streams of q8_0, q4_0, q4_k and q5_k two groups of 8
+  // rows at a time in 512-bit registers (q32_il8x2, kq_il8x2: what matmul takes from a few x rows)
+  // against one group in 256-bit registers.
+  if constexpr (Avx512 && D == kernels::int8_dot::evex && kernels::interleavable(T) && T != dtype::q6_k) {
+    namespace k5 = kd::isa_avx512;
+    using one = std::conditional_t<per32, k5::q32_il8_kernel<T, D>, k5::kq_il8_kernel<T, D>>;
+    using two = std::conditional_t<per32, k5::q32_il8x2_kernel<T>, k5::kq_il8x2_kernel<T>>;
+    for (const std::size_t m : {1, 2, 4, 6, 8, 12, 16, 32, 64, 128})
+      in_turn(
+          m, "interleaved", "one group", "two groups",
+          [&](const block* xq, std::size_t c, float* y) { k5::il8_rows<one>(xq, m, il_view(c), nb, 0, rows, y, no); },
+          [&](const block* xq, std::size_t c, float* y) { k5::il8_rows<two>(xq, m, il_view(c), nb, 0, rows, y, no); });
   }
-  // The panels packed from the rows as stored against the panels packed from the rows interleaved, the
-  // two in turn (the packing's share of a prefill).
+  // The panels packed from the rows as stored against the panels packed from the rows interleaved (the
+  // packing's share of a prefill).
   for (const std::size_t m : {64, 512}) {
     if (il.empty()) continue;
-    const std::vector<block> xq = quantized(m);
-    std::vector<float> ys(m * rows), yi(m * rows);
-    std::size_t cs = 0, ci = 0;  // each from memory: the next copy every call
-    const auto stored = [&] {
-      panels_on(xq.data(), m, w.view(cs), ys.data());
-      cs = (cs + 1) % w.copies;
-    };
-    const auto interleaved = [&] {
-      panels_on(xq.data(), m, il_view(ci), yi.data());
-      ci = (ci + 1) % w.copies;
-    };
-    const double ts = seconds_per_call(stored, 0.3), ti = seconds_per_call(interleaved, 0.3);
-    std::printf(
-        "int8 %-4s panels %3zu x rows x 2048x768, 1 thread: as stored %8.1f us   interleaved %8.1f us   interleaved "
-        "%5.2fx the speed as stored   %s\n",
-        std::string(to_string(T)).c_str(), m, ts * 1e6, ti * 1e6, ts / ti,
-        std::memcmp(ys.data(), yi.data(), ys.size() * sizeof(float)) == 0 ? "same bits" : "BITS DIFFER");
+    in_turn(
+        m, "panels", "as stored", "interleaved",
+        [&](const block* xq, std::size_t c, float* y) { panels_on(xq, m, w.view(c), y); },
+        [&](const block* xq, std::size_t c, float* y) { panels_on(xq, m, il_view(c), y); });
   }
 }
 

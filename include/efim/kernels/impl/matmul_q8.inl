@@ -731,6 +731,23 @@ inline void int8_pack256(const weight_view& w, std::size_t p0, std::size_t nc, s
   std::memcpy(&v, p, sizeof v);
   return _mm256_set1_epi32(v);
 }
+#if EFIM_K_AVX512
+// 32 bytes from a and 32 from b in one register; 4 bytes at p in every lane.
+[[gnu::always_inline]] inline __m512i pair256(const std::byte* a, const std::byte* b) noexcept {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(load(a)), load(b), 1);
+}
+[[gnu::always_inline]] inline __m512i broadcast4x16(const void* p) noexcept {
+  std::int32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return _mm512_set1_epi32(v);
+}
+// 8 f16 at a and 8 at b, widened.
+[[gnu::always_inline]] inline __m512 halves16(const std::byte* a, const std::byte* b) noexcept {
+  return _mm512_cvtph_ps(
+      _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
+                              _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1));
+}
+#endif
 
 // out[i][j] (out[i * 8 + j], 32-byte aligned) for x rows xs[0 .. MR) against the slice's 8 rows. The
 // sums in floats stay in `out` between super-blocks (16 registers hold the integer sums and operands).
@@ -1091,6 +1108,125 @@ struct kq_il8_kernel {
   }
 };
 
+
+#if EFIM_K_AVX512 && defined(EFIM_K_AVX2_PATH_DEFINED)
+// lane_pick in each 128-bit lane of a zmm register; to_bit4 on 512 bits.
+[[gnu::always_inline]] inline __m512i lane_pick512(__m512i v, int b0, int b1, int b2, int b3) noexcept {
+  return _mm512_shuffle_epi8(v, _mm512_broadcast_i32x4(_mm_setr_epi32(
+                                    lane_pick_dword(0, b0, b1, b2, b3), lane_pick_dword(1, b0, b1, b2, b3),
+                                    lane_pick_dword(2, b0, b1, b2, b3), lane_pick_dword(3, b0, b1, b2, b3))));
+}
+[[gnu::always_inline]] inline __m512i to_bit4_512(__m512i v, int from, __m512i mask) noexcept {
+  const __m512i moved = from <= 4 ? _mm512_sll_epi16(v, _mm_cvtsi32_si128(4 - from))
+                                  : _mm512_srl_epi16(v, _mm_cvtsi32_si128(from - 4));
+  return _mm512_and_si512(moved, mask);
+}
+
+// q4_k and q5_k with AVX-512 VNNI: two groups of 8 rows side by side (the second starts where the first
+// ends), each 32-byte field of the first group in the low half of a zmm register and the second's in
+// the high half (q32_il8x2), so that each step of kq_il8 (VNNI form) does 16 rows; the same integers and
+// float steps per output in the same order, so the same bits.
+template <dtype T, std::size_t MR>
+EFIM_K_TARGET_VNNI inline void kq_il8x2(const std::byte* g, std::size_t nsb, const kquant::block_q8_k* const* xs,
+                                        float* out, std::uintptr_t end) noexcept {
+  static_assert(T == dtype::q4_k || T == dtype::q5_k);
+  constexpr std::size_t bytes = 8 * info(T).bytes;  // a super-block of 8 rows
+  constexpr std::size_t dmin_at = il8_field_at(T, 1), sc_at = il8_field_at(T, 2), qh_at = il8_field_at(T, 3),
+                        qs = il8_field_at(T, il8_layout(T).n - 1);
+  const std::byte* h = g + nsb * bytes;  // the second group
+  const __m512i low4 = _mm512_set1_epi8(15), top = _mm512_set1_epi8(0x30), low6 = _mm512_set1_epi8(0x3f);
+  __m512 acc[MR];
+  #pragma GCC unroll 8
+  for (std::size_t i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
+  std::uintptr_t ahead = reinterpret_cast<std::uintptr_t>(g) + il8_prefetch_ahead;
+  std::uintptr_t ahead_h = reinterpret_cast<std::uintptr_t>(h) + il8_prefetch_ahead;
+  for (std::size_t b = 0; b < nsb; ++b, g += bytes, h += bytes) {
+    il8_prefetch(ahead, bytes, end);
+    il8_prefetch(ahead_h, bytes, end);
+    __m512i isum[MR], msum[MR];
+    #pragma GCC unroll 8
+    for (std::size_t i = 0; i < MR; ++i) isum[i] = msum[i] = _mm512_setzero_si512();
+    // The 6-bit scales and mins as kq_il8 takes them, for the 16 rows.
+    const __m512i u0 = pair256(g + sc_at, h + sc_at), u1 = pair256(g + sc_at + 32, h + sc_at + 32),
+                  u2 = pair256(g + sc_at + 64, h + sc_at + 64);
+    const __m512i sc[2] = {_mm512_and_si512(u0, low6), _mm512_or_si512(_mm512_and_si512(u2, low4),
+                                                                        _mm512_and_si512(_mm512_srli_epi16(u0, 2), top))};
+    const __m512i mn[2] = {_mm512_and_si512(u1, low6),
+                           _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(u2, 4), low4),
+                                           _mm512_and_si512(_mm512_srli_epi16(u1, 2), top))};
+    #pragma GCC unroll 8
+    for (int grp = 0; grp < 8; ++grp) {
+      const __m512i pair = lane_pick512(mn[grp / 4], grp % 4, -1, grp % 4, -1);
+      #pragma GCC unroll 8
+      for (std::size_t i = 0; i < MR; ++i)
+        msum[i] = _mm512_add_epi32(msum[i], _mm512_madd_epi16(pair, broadcast4x16(xs[i][b].bsums + 2 * grp)));
+    }
+    __m512i scale[8];
+    #pragma GCC unroll 8
+    for (int grp = 0; grp < 8; ++grp) scale[grp] = lane_pick512(sc[grp / 4], grp % 4, -1, -1, -1);
+    #pragma GCC unroll 2
+    for (int k = 0; k < 4; ++k) {
+      const int lo_g = 2 * k, hi_g = 2 * k + 1;
+      __m512i slo[MR], shi[MR];
+      #pragma GCC unroll 8
+      for (std::size_t i = 0; i < MR; ++i) slo[i] = shi[i] = _mm512_setzero_si512();
+      #pragma GCC unroll 8
+      for (std::size_t q = 0; q < 8; ++q) {
+        const std::size_t at = qs + 32 * (8 * static_cast<std::size_t>(k) + q);
+        const __m512i v = pair256(g + at, h + at);
+        __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+        if constexpr (T == dtype::q5_k) {
+          const __m512i qh = pair256(g + qh_at + 32 * q, h + qh_at + 32 * q), bit4 = _mm512_set1_epi8(0x10);
+          lo = _mm512_or_si512(lo, to_bit4_512(qh, lo_g, bit4));
+          hi = _mm512_or_si512(hi, to_bit4_512(qh, hi_g, bit4));
+        }
+        #pragma GCC unroll 8
+        for (std::size_t i = 0; i < MR; ++i) {
+          slo[i] = _mm512_dpbusd_epi32(slo[i], lo, broadcast4x16(xs[i][b].qs + 64 * k + 4 * q));
+          shi[i] = _mm512_dpbusd_epi32(shi[i], hi, broadcast4x16(xs[i][b].qs + 64 * k + 32 + 4 * q));
+        }
+      }
+      #pragma GCC unroll 8
+      for (std::size_t i = 0; i < MR; ++i)
+        isum[i] = _mm512_add_epi32(isum[i], _mm512_add_epi32(_mm512_mullo_epi32(slo[i], scale[lo_g]),
+                                                             _mm512_mullo_epi32(shi[i], scale[hi_g])));
+    }
+    const __m512 d = halves16(g, h), dmin = halves16(g + dmin_at, h + dmin_at);
+    #pragma GCC unroll 8
+    for (std::size_t i = 0; i < MR; ++i) {
+      const __m512 da = _mm512_set1_ps(xs[i][b].d);
+      acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(d, da), _mm512_cvtepi32_ps(isum[i]), acc[i]);
+      acc[i] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, da), _mm512_cvtepi32_ps(msum[i]), acc[i]);
+    }
+  }
+  #pragma GCC unroll 8
+  for (std::size_t i = 0; i < MR; ++i) _mm512_store_ps(out + 16 * i, acc[i]);
+}
+
+template <dtype T>
+struct kq_il8x2_kernel {
+  static constexpr std::size_t tile = 4, groups = 2;
+  using single = kq_il8_kernel<T, int8_dot::evex>;
+  template <std::size_t MR>
+  static void run(const std::byte* g, std::size_t nsb, const kquant::block_q8_k* const* xs, float* out,
+                  std::uintptr_t end) noexcept {
+    kq_il8x2<T, MR>(g, nsb, xs, out, end);
+  }
+};
+#endif
+
+// Rows [r0, r1) (r0 a multiple of 8) of y for m x rows and w interleaved (il8_rows): q4_k and q5_k on
+// the AVX-512 path with VNNI two groups at a time (kq_il8x2), else one.
+template <dtype T, int8_dot D>
+inline void kq_il8_rows(const kquant::block_q8_k* xq, std::size_t m, const weight_view& w, std::size_t r0,
+                        std::size_t r1, float* y, accumulate acc) {
+#if EFIM_K_AVX512 && defined(EFIM_K_AVX2_PATH_DEFINED)
+  if constexpr (D == int8_dot::evex && T != dtype::q6_k)
+    return il8_rows<kq_il8x2_kernel<T>>(xq, m, w, w.cols / qk_k, r0, r1, y, acc);
+#endif
+  il8_rows<kq_il8_kernel<T, D>>(xq, m, w, w.cols / qk_k, r0, r1, y, acc);
+}
+
 #endif
 
 // x[0 .. 256 n) rounded to 8 bits into out[0 .. n): kquant::quantize's bytes (the AVX-512 path takes the
@@ -1145,7 +1281,7 @@ inline void matmul_int8_typed(thread_pool& pool, const kquant::block_q8_k* xq, c
           units,
           [&](std::size_t b, std::size_t e) {
             if (il)
-              il8_rows<kq_il8_kernel<T, D>>(xq, m, w, w.cols / qk_k, b * 8, std::min(e * 8, w.rows), y, acc);
+              kq_il8_rows<T, D>(xq, m, w, b * 8, std::min(e * 8, w.rows), y, acc);
             else
               kq_rows<T, D>(xq, m, w, b * 16, std::min(e * 16, w.rows), y, acc);
           },

@@ -325,16 +325,6 @@ struct q32_il8_kernel {
 // row take one VPDPBUSD where q32_il8 takes one for 8 rows; x's 4 bytes are broadcast to all 16 lanes.
 // Each block's sums start at -bias * sum(a) (q32_tile512), then q32_steps' float steps per output in
 // the same order: the same bits as q32_il8.
-// 32 bytes from a and 32 from b in one register; 4 bytes at p in every lane.
-[[gnu::always_inline]] inline __m512i pair256(const std::byte* a, const std::byte* b) noexcept {
-  return _mm512_inserti64x4(_mm512_castsi256_si512(load(a)), load(b), 1);
-}
-[[gnu::always_inline]] inline __m512i broadcast4x16(const void* p) noexcept {
-  std::int32_t v;
-  std::memcpy(&v, p, sizeof v);
-  return _mm512_set1_epi32(v);
-}
-
 template <dtype T, std::size_t MR>
 EFIM_K_TARGET_VNNI inline void q32_il8x2(const std::byte* g, std::size_t nb, const kquant::block_q8_32* const* xs,
                                          float* out, std::uintptr_t end) noexcept {
@@ -371,9 +361,7 @@ EFIM_K_TARGET_VNNI inline void q32_il8x2(const std::byte* g, std::size_t nb, con
                                        broadcast4x16(xs[i][b].qs + 16 + 4 * q));
       }
     }
-    const __m512 d = _mm512_cvtph_ps(_mm256_inserti128_si256(
-        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g))),
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(h)), 1));
+    const __m512 d = halves16(g, h);
     #pragma GCC unroll 8
     for (std::size_t i = 0; i < MR; ++i)
       acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xs[i][b].d)), _mm512_cvtepi32_ps(dot[i]), acc[i]);
