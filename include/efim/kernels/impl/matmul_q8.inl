@@ -1108,7 +1108,6 @@ struct kq_il8_kernel {
   }
 };
 
-
 #if EFIM_K_AVX512 && defined(EFIM_K_AVX2_PATH_DEFINED)
 // lane_pick in each 128-bit lane of a zmm register; to_bit4 on 512 bits.
 [[gnu::always_inline]] inline __m512i lane_pick512(__m512i v, int b0, int b1, int b2, int b3) noexcept {
