@@ -50,6 +50,7 @@ wait_for 'fibonacci|Press ENTER' 20
 grep -q 'Press ENTER' <<< "$(screen)" && tmux -L "$sock" send-keys -t vim Enter
 wait_for 'fibonacci' 20
 tmux -L "$sock" send-keys -t vim 3G o
+typed=ret
 for key in r e t; do
   sleep 0.4
   tmux -L "$sock" send-keys -t vim "$key"
@@ -72,10 +73,24 @@ if [ -n "${EFIM_TEAM_REPLICAS:-}" ]; then
   fi
   kill -9 $serving
   echo "llama_vim: killed the replica that served the keystrokes (pid$serving)"
-  sleep 0.4
-  tmux -L "$sock" send-keys -t vim u
-  for _ in $(seq 1 600); do grep -q 'POST /infill 200.*computed=' "$survivor" && break; sleep 0.1; done
-  moved=$(grep -m1 'POST /infill 200.*computed=' "$survivor")
+  # Typing goes on until a keystroke's request reaches the other replica. A keystroke's request names
+  # its session (#n); llama.vim's context updates, sent when the cursor rests, do not (session=-).
+  # Each key differs from the suggestion shown after the text typed: one that continues it would be
+  # shown from llama.vim's own cache of completions, and llama.vim might send nothing.
+  moved=""
+  for _ in 1 2 3; do
+    sleep 0.4
+    line=$(screen | sed -n 4p | sed 's/^ *//')
+    ghost=${line#"$typed"}
+    key=u
+    [ "${ghost:0:1}" = u ] && key=x
+    typed=$typed$key
+    tmux -L "$sock" send-keys -t vim "$key"
+    echo "llama_vim: typed $key (the suggestion shown began \"${ghost:0:1}\")"
+    for _ in $(seq 1 50); do grep -aq 'POST /infill 200 session=#.*computed=' "$survivor" && break; sleep 0.1; done
+    moved=$(grep -a -m1 'POST /infill 200 session=#.*computed=' "$survivor")
+    [ -n "$moved" ] && break
+  done
   echo "llama_vim: the next keystroke on the other replica: ${moved:-none}"
   # Taken up from the store: the session found (an append, an accepted suggestion or an edit as
   # llama.vim's speculative requests make them, never a session's first), its blocks read (a new
@@ -106,8 +121,9 @@ tmux -L "$sock" send-keys -t vim ':wq' Enter
 for _ in $(seq 1 100); do tmux -L "$sock" has-session -t vim 2> /dev/null || break; sleep 0.1; done
 echo "llama_vim: lines 4-6 after Tab:"
 sed -n '4,6p' "$work/fib.py" | cut -c1-120
-# The file grew by more than the typed "ret", and starts what was shown where the suggestion was.
-if [[ "$(sed -n 4p "$work/fib.py")" =~ ^\ *retu?$ ]] && [ "$(wc -l < "$work/fib.py")" -le 7 ]; then
+# The file grew by more than the text typed ("ret", and the keys typed after a kill), and starts what
+# was shown where the suggestion was.
+if [ "$(sed -n 4p "$work/fib.py" | sed 's/^ *//')" = "$typed" ] && [ "$(wc -l < "$work/fib.py")" -le 7 ]; then
   echo "llama_vim: nothing was accepted:"; cat "$work/fib.py"; exit 1
 fi
 # (blanks aside: the screen shows a tab as spaces and drops trailing ones; compared as bytes)
