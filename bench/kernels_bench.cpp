@@ -444,10 +444,10 @@ void bench_crossover(rng& r) {
                 std::string(to_string(T)).c_str(), what, m, a_name, ta * 1e6, b_name, tb * 1e6, b_name, ta / tb,
                 std::memcmp(ya.data(), yb.data(), ya.size() * sizeof(float)) == 0 ? "same bits" : "BITS DIFFER");
   };
-  // On the AVX-512 path with VNNI, the interleaved streams of q8_0, q4_0, q4_k and q5_k two groups of 8
+  // On the AVX-512 path with VNNI, the interleaved streams of q8_0, q4_0 and the k-quants two groups of 8
   // rows at a time in 512-bit registers (q32_il8x2, kq_il8x2: what matmul takes from a few x rows)
   // against one group in 256-bit registers.
-  if constexpr (Avx512 && D == kernels::int8_dot::evex && kernels::interleavable(T) && T != dtype::q6_k) {
+  if constexpr (Avx512 && D == kernels::int8_dot::evex && kernels::interleavable(T)) {
     namespace k5 = kd::isa_avx512;
     using one = std::conditional_t<per32, k5::q32_il8_kernel<T, D>, k5::kq_il8_kernel<T, D>>;
     using two = std::conditional_t<per32, k5::q32_il8x2_kernel<T>, k5::kq_il8x2_kernel<T>>;

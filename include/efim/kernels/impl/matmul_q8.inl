@@ -25,13 +25,14 @@ inline constexpr std::size_t int8_stream_rows = 12;
 // and streams (q32_il8x2, two groups at a time, 1.2-1.45x the 256-bit ones from 8 x rows): there the
 // lab's streams are 1.10-1.12x the panels' speed at 64 x rows and 1.0-1.13x at 96 (with the 256-bit
 // streams they fell under the panels between 16 and 32), and the whole model's prefill of 64 tokens
-// was faster at a bound of 64 than at 32 (1.0-1.4x in this machine's noise). AMX (Xeons) keeps
-// int8_stream_rows.
+// was faster at a bound of 64 than at 32 (1.0-1.4x in this machine's noise). So is q6_k there, whose
+// two-group streams (kq_il8x2) were 1.13-1.19x the 512-bit panels' speed at 64 x rows, 1.04-1.08x at 96
+// and 0.99-1.00x at 128. AMX (Xeons) keeps int8_stream_rows.
 template <dtype T>
 constexpr std::size_t il8_stream_rows(int8_dot d) noexcept {
   const bool vnni = d != int8_dot::madd;
 #if EFIM_K_AVX512 && defined(EFIM_K_AVX2_PATH_DEFINED)
-  if ((T == dtype::q8_0 || T == dtype::q4_0) && d == int8_dot::evex) return 64;
+  if ((T == dtype::q8_0 || T == dtype::q4_0 || T == dtype::q6_k) && d == int8_dot::evex) return 64;
 #endif
   if (T == dtype::q8_0 || T == dtype::q4_0) return 256;
   if (T == dtype::q4_k) return vnni ? 96 : 48;
@@ -1121,19 +1122,16 @@ struct kq_il8_kernel {
   return _mm512_and_si512(moved, mask);
 }
 
-// q4_k and q5_k with AVX-512 VNNI: two groups of 8 rows side by side (the second starts where the first
+// The k-quants with AVX-512 VNNI: two groups of 8 rows side by side (the second starts where the first
 // ends), each 32-byte field of the first group in the low half of a zmm register and the second's in
 // the high half (q32_il8x2), so that each step of kq_il8 (VNNI form) does 16 rows; the same integers and
 // float steps per output in the same order, so the same bits.
 template <dtype T, std::size_t MR>
 EFIM_K_TARGET_VNNI inline void kq_il8x2(const std::byte* g, std::size_t nsb, const kquant::block_q8_k* const* xs,
                                         float* out, std::uintptr_t end) noexcept {
-  static_assert(T == dtype::q4_k || T == dtype::q5_k);
   constexpr std::size_t bytes = 8 * info(T).bytes;  // a super-block of 8 rows
-  constexpr std::size_t dmin_at = il8_field_at(T, 1), sc_at = il8_field_at(T, 2), qh_at = il8_field_at(T, 3),
-                        qs = il8_field_at(T, il8_layout(T).n - 1);
-  const std::byte* h = g + nsb * bytes;  // the second group
-  const __m512i low4 = _mm512_set1_epi8(15), top = _mm512_set1_epi8(0x30), low6 = _mm512_set1_epi8(0x3f);
+  const std::byte* h = g + nsb * bytes;             // the second group
+  const __m512i low4 = _mm512_set1_epi8(15), top = _mm512_set1_epi8(0x30);
   __m512 acc[MR];
   #pragma GCC unroll 8
   for (std::size_t i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
@@ -1145,51 +1143,111 @@ EFIM_K_TARGET_VNNI inline void kq_il8x2(const std::byte* g, std::size_t nsb, con
     __m512i isum[MR], msum[MR];
     #pragma GCC unroll 8
     for (std::size_t i = 0; i < MR; ++i) isum[i] = msum[i] = _mm512_setzero_si512();
-    // The 6-bit scales and mins as kq_il8 takes them, for the 16 rows.
-    const __m512i u0 = pair256(g + sc_at, h + sc_at), u1 = pair256(g + sc_at + 32, h + sc_at + 32),
-                  u2 = pair256(g + sc_at + 64, h + sc_at + 64);
-    const __m512i sc[2] = {_mm512_and_si512(u0, low6), _mm512_or_si512(_mm512_and_si512(u2, low4),
-                                                                        _mm512_and_si512(_mm512_srli_epi16(u0, 2), top))};
-    const __m512i mn[2] = {_mm512_and_si512(u1, low6),
-                           _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(u2, 4), low4),
-                                           _mm512_and_si512(_mm512_srli_epi16(u1, 2), top))};
-    #pragma GCC unroll 8
-    for (int grp = 0; grp < 8; ++grp) {
-      const __m512i pair = lane_pick512(mn[grp / 4], grp % 4, -1, grp % 4, -1);
+    if constexpr (T == dtype::q6_k) {
+      constexpr std::size_t qh_at = il8_field_at(T, 1), sc_at = il8_field_at(T, 2), d_at = il8_field_at(T, 3);
+      __m512i sc[4];
+      #pragma GCC unroll 4
+      for (std::size_t k = 0; k < 4; ++k) sc[k] = pair256(g + sc_at + 32 * k, h + sc_at + 32 * k);
+      #pragma GCC unroll 8
+      for (int p = 0; p < 8; ++p) {
+        const __m512i pair = _mm512_srai_epi16(lane_pick512(sc[p / 2], -1, 2 * p % 4, -1, 2 * p % 4 + 1), 3);
+        #pragma GCC unroll 8
+        for (std::size_t i = 0; i < MR; ++i)
+          msum[i] = _mm512_add_epi32(msum[i], _mm512_madd_epi16(pair, broadcast4x16(xs[i][b].bsums + 2 * p)));
+      }
+      __m512i scale[16];
+      #pragma GCC unroll 16
+      for (int grp = 0; grp < 16; ++grp)
+        scale[grp] = _mm512_srai_epi32(lane_pick512(sc[grp / 4], -1, -1, -1, grp % 4), 24);
+      #pragma GCC unroll 4
+      for (std::size_t hh = 0; hh < 4; ++hh) {
+        const std::size_t hf = hh / 2, half = hh % 2;
+// s = sp and sp + 2 (the low and high nibbles of one ql row) at a time: two runs of sums per x
+// row live, so that tiles of 4 x rows fit the 32 registers.
+        #pragma GCC unroll 2
+        for (std::size_t sp = 0; sp < 2; ++sp) {
+          __m512i s32[2][MR];
+          #pragma GCC unroll 8
+          for (std::size_t i = 0; i < MR; ++i) s32[0][i] = s32[1][i] = _mm512_setzero_si512();
+          #pragma GCC unroll 4
+          for (std::size_t u = 4 * half; u < 4 * half + 4; ++u) {
+            const std::size_t q_at = 32 * (16 * hf + 8 * sp + u), h_at = qh_at + 32 * (8 * hf + u);
+            const __m512i q = pair256(g + q_at, h + q_at), qh = pair256(g + h_at, h + h_at);
+            const __m512i lo_top = sp == 0 ? _mm512_slli_epi16(qh, 4) : _mm512_slli_epi16(qh, 2),
+                          hi_top = sp == 0 ? qh : _mm512_srli_epi16(qh, 2);
+            const __m512i wq[2] = {
+                _mm512_or_si512(_mm512_and_si512(q, low4), _mm512_and_si512(lo_top, top)),
+                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(q, 4), low4), _mm512_and_si512(hi_top, top))};
+            #pragma GCC unroll 2
+            for (std::size_t j = 0; j < 2; ++j)
+              #pragma GCC unroll 8
+              for (std::size_t i = 0; i < MR; ++i)
+                s32[j][i] = _mm512_dpbusd_epi32(s32[j][i], wq[j],
+                                                broadcast4x16(xs[i][b].qs + 128 * hf + 32 * (sp + 2 * j) + 4 * u));
+          }
+          #pragma GCC unroll 2
+          for (std::size_t j = 0; j < 2; ++j)
+            #pragma GCC unroll 8
+            for (std::size_t i = 0; i < MR; ++i)
+              isum[i] =
+                  _mm512_add_epi32(isum[i], _mm512_mullo_epi32(s32[j][i], scale[8 * hf + 2 * (sp + 2 * j) + half]));
+        }
+      }
+      const __m512 d = halves16(g + d_at, h + d_at);
       #pragma GCC unroll 8
       for (std::size_t i = 0; i < MR; ++i)
-        msum[i] = _mm512_add_epi32(msum[i], _mm512_madd_epi16(pair, broadcast4x16(xs[i][b].bsums + 2 * grp)));
-    }
-    __m512i scale[8];
-    #pragma GCC unroll 8
-    for (int grp = 0; grp < 8; ++grp) scale[grp] = lane_pick512(sc[grp / 4], grp % 4, -1, -1, -1);
-    #pragma GCC unroll 2
-    for (int k = 0; k < 4; ++k) {
-      const int lo_g = 2 * k, hi_g = 2 * k + 1;
-      __m512i slo[MR], shi[MR];
+        acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xs[i][b].d)),
+                                 _mm512_cvtepi32_ps(_mm512_sub_epi32(isum[i], msum[i])), acc[i]);
+    } else {
+      constexpr std::size_t dmin_at = il8_field_at(T, 1), sc_at = il8_field_at(T, 2), qh_at = il8_field_at(T, 3),
+                            qs = il8_field_at(T, il8_layout(T).n - 1);
+      const __m512i low6 = _mm512_set1_epi8(0x3f);
+      // The 6-bit scales and mins as kq_il8 takes them, for the 16 rows.
+      const __m512i u0 = pair256(g + sc_at, h + sc_at), u1 = pair256(g + sc_at + 32, h + sc_at + 32),
+                    u2 = pair256(g + sc_at + 64, h + sc_at + 64);
+      const __m512i sc[2] = {
+          _mm512_and_si512(u0, low6),
+          _mm512_or_si512(_mm512_and_si512(u2, low4), _mm512_and_si512(_mm512_srli_epi16(u0, 2), top))};
+      const __m512i mn[2] = {_mm512_and_si512(u1, low6),
+                             _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(u2, 4), low4),
+                                             _mm512_and_si512(_mm512_srli_epi16(u1, 2), top))};
       #pragma GCC unroll 8
-      for (std::size_t i = 0; i < MR; ++i) slo[i] = shi[i] = _mm512_setzero_si512();
+      for (int grp = 0; grp < 8; ++grp) {
+        const __m512i pair = lane_pick512(mn[grp / 4], grp % 4, -1, grp % 4, -1);
+        #pragma GCC unroll 8
+        for (std::size_t i = 0; i < MR; ++i)
+          msum[i] = _mm512_add_epi32(msum[i], _mm512_madd_epi16(pair, broadcast4x16(xs[i][b].bsums + 2 * grp)));
+      }
+      __m512i scale[8];
       #pragma GCC unroll 8
-      for (std::size_t q = 0; q < 8; ++q) {
-        const std::size_t at = qs + 32 * (8 * static_cast<std::size_t>(k) + q);
-        const __m512i v = pair256(g + at, h + at);
-        __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-        if constexpr (T == dtype::q5_k) {
-          const __m512i qh = pair256(g + qh_at + 32 * q, h + qh_at + 32 * q), bit4 = _mm512_set1_epi8(0x10);
-          lo = _mm512_or_si512(lo, to_bit4_512(qh, lo_g, bit4));
-          hi = _mm512_or_si512(hi, to_bit4_512(qh, hi_g, bit4));
-        }
+      for (int grp = 0; grp < 8; ++grp) scale[grp] = lane_pick512(sc[grp / 4], grp % 4, -1, -1, -1);
+      #pragma GCC unroll 2
+      for (int k = 0; k < 4; ++k) {
+        const int lo_g = 2 * k, hi_g = 2 * k + 1;
+        __m512i slo[MR], shi[MR];
+        #pragma GCC unroll 8
+        for (std::size_t i = 0; i < MR; ++i) slo[i] = shi[i] = _mm512_setzero_si512();
+        #pragma GCC unroll 8
+        for (std::size_t q = 0; q < 8; ++q) {
+          const std::size_t at = qs + 32 * (8 * static_cast<std::size_t>(k) + q);
+          const __m512i v = pair256(g + at, h + at);
+          __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+          if constexpr (T == dtype::q5_k) {
+            const __m512i qh = pair256(g + qh_at + 32 * q, h + qh_at + 32 * q), bit4 = _mm512_set1_epi8(0x10);
+            lo = _mm512_or_si512(lo, to_bit4_512(qh, lo_g, bit4));
+            hi = _mm512_or_si512(hi, to_bit4_512(qh, hi_g, bit4));
+          }
         #pragma GCC unroll 8
         for (std::size_t i = 0; i < MR; ++i) {
           slo[i] = _mm512_dpbusd_epi32(slo[i], lo, broadcast4x16(xs[i][b].qs + 64 * k + 4 * q));
           shi[i] = _mm512_dpbusd_epi32(shi[i], hi, broadcast4x16(xs[i][b].qs + 64 * k + 32 + 4 * q));
         }
-      }
+        }
       #pragma GCC unroll 8
       for (std::size_t i = 0; i < MR; ++i)
         isum[i] = _mm512_add_epi32(isum[i], _mm512_add_epi32(_mm512_mullo_epi32(slo[i], scale[lo_g]),
                                                              _mm512_mullo_epi32(shi[i], scale[hi_g])));
-    }
+      }
     const __m512 d = halves16(g, h), dmin = halves16(g + dmin_at, h + dmin_at);
     #pragma GCC unroll 8
     for (std::size_t i = 0; i < MR; ++i) {
@@ -1197,10 +1255,16 @@ EFIM_K_TARGET_VNNI inline void kq_il8x2(const std::byte* g, std::size_t nsb, con
       acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(d, da), _mm512_cvtepi32_ps(isum[i]), acc[i]);
       acc[i] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, da), _mm512_cvtepi32_ps(msum[i]), acc[i]);
     }
+    }
   }
   #pragma GCC unroll 8
   for (std::size_t i = 0; i < MR; ++i) _mm512_store_ps(out + 16 * i, acc[i]);
 }
+
+// x rows from which the two groups are faster: on Zen 4 (one thread, 2,048 x 768 from memory) q4_k and
+// q5_k at every count, q6_k from 4 (at 1 and 2 its stream is bound by the memory: 0.91-1.01x).
+template <dtype T>
+inline constexpr std::size_t kq_il8x2_rows = T == dtype::q6_k ? 4 : 1;
 
 template <dtype T>
 struct kq_il8x2_kernel {
@@ -1214,14 +1278,15 @@ struct kq_il8x2_kernel {
 };
 #endif
 
-// Rows [r0, r1) (r0 a multiple of 8) of y for m x rows and w interleaved (il8_rows): q4_k and q5_k on
-// the AVX-512 path with VNNI two groups at a time (kq_il8x2), else one.
+// Rows [r0, r1) (r0 a multiple of 8) of y for m x rows and w interleaved (il8_rows): on the AVX-512
+// path with VNNI two groups at a time (kq_il8x2), else one.
 template <dtype T, int8_dot D>
 inline void kq_il8_rows(const kquant::block_q8_k* xq, std::size_t m, const weight_view& w, std::size_t r0,
                         std::size_t r1, float* y, accumulate acc) {
 #if EFIM_K_AVX512 && defined(EFIM_K_AVX2_PATH_DEFINED)
-  if constexpr (D == int8_dot::evex && T != dtype::q6_k)
-    return il8_rows<kq_il8x2_kernel<T>>(xq, m, w, w.cols / qk_k, r0, r1, y, acc);
+  if constexpr (D == int8_dot::evex) {
+    if (m >= kq_il8x2_rows<T>) return il8_rows<kq_il8x2_kernel<T>>(xq, m, w, w.cols / qk_k, r0, r1, y, acc);
+  }
 #endif
   il8_rows<kq_il8_kernel<T, D>>(xq, m, w, w.cols / qk_k, r0, r1, y, acc);
 }
