@@ -1162,8 +1162,8 @@ EFIM_K_TARGET_VNNI inline void kq_il8x2(const std::byte* g, std::size_t nsb, con
       #pragma GCC unroll 4
       for (std::size_t hh = 0; hh < 4; ++hh) {
         const std::size_t hf = hh / 2, half = hh % 2;
-// s = sp and sp + 2 (the low and high nibbles of one ql row) at a time: two runs of sums per x
-// row live, so that tiles of 4 x rows fit the 32 registers.
+        // s = sp and sp + 2 (the low and high nibbles of one ql row) at a time: two runs of sums per x
+        // row live, so that tiles of 4 x rows fit the 32 registers.
         #pragma GCC unroll 2
         for (std::size_t sp = 0; sp < 2; ++sp) {
           __m512i s32[2][MR];
@@ -1237,24 +1237,24 @@ EFIM_K_TARGET_VNNI inline void kq_il8x2(const std::byte* g, std::size_t nsb, con
             lo = _mm512_or_si512(lo, to_bit4_512(qh, lo_g, bit4));
             hi = _mm512_or_si512(hi, to_bit4_512(qh, hi_g, bit4));
           }
+          #pragma GCC unroll 8
+          for (std::size_t i = 0; i < MR; ++i) {
+            slo[i] = _mm512_dpbusd_epi32(slo[i], lo, broadcast4x16(xs[i][b].qs + 64 * k + 4 * q));
+            shi[i] = _mm512_dpbusd_epi32(shi[i], hi, broadcast4x16(xs[i][b].qs + 64 * k + 32 + 4 * q));
+          }
+        }
         #pragma GCC unroll 8
-        for (std::size_t i = 0; i < MR; ++i) {
-          slo[i] = _mm512_dpbusd_epi32(slo[i], lo, broadcast4x16(xs[i][b].qs + 64 * k + 4 * q));
-          shi[i] = _mm512_dpbusd_epi32(shi[i], hi, broadcast4x16(xs[i][b].qs + 64 * k + 32 + 4 * q));
-        }
-        }
-      #pragma GCC unroll 8
-      for (std::size_t i = 0; i < MR; ++i)
-        isum[i] = _mm512_add_epi32(isum[i], _mm512_add_epi32(_mm512_mullo_epi32(slo[i], scale[lo_g]),
-                                                             _mm512_mullo_epi32(shi[i], scale[hi_g])));
+        for (std::size_t i = 0; i < MR; ++i)
+          isum[i] = _mm512_add_epi32(isum[i], _mm512_add_epi32(_mm512_mullo_epi32(slo[i], scale[lo_g]),
+                                                               _mm512_mullo_epi32(shi[i], scale[hi_g])));
       }
-    const __m512 d = halves16(g, h), dmin = halves16(g + dmin_at, h + dmin_at);
-    #pragma GCC unroll 8
-    for (std::size_t i = 0; i < MR; ++i) {
-      const __m512 da = _mm512_set1_ps(xs[i][b].d);
-      acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(d, da), _mm512_cvtepi32_ps(isum[i]), acc[i]);
-      acc[i] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, da), _mm512_cvtepi32_ps(msum[i]), acc[i]);
-    }
+      const __m512 d = halves16(g, h), dmin = halves16(g + dmin_at, h + dmin_at);
+      #pragma GCC unroll 8
+      for (std::size_t i = 0; i < MR; ++i) {
+        const __m512 da = _mm512_set1_ps(xs[i][b].d);
+        acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(d, da), _mm512_cvtepi32_ps(isum[i]), acc[i]);
+        acc[i] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, da), _mm512_cvtepi32_ps(msum[i]), acc[i]);
+      }
     }
   }
   #pragma GCC unroll 8
