@@ -378,6 +378,45 @@ int main(int argc, char** argv) {
       const auto w = file.bind();
       const auto prompt = bench_tokens(prompt_n, w.cfg.vocab);
       const std::string name = fs::path(path).filename().string();
+      // The one-row decode tiles of the model's types that have the choice, timed as the programs do
+      // (model::tune_decode_tiles; exact products, so that q8_0's exact rows take it too).
+      nlohmann::json tiles = nlohmann::json::array();
+      {
+        thread_pool tuning(threads);
+        const double tune_start = now();
+        std::vector<kernels::decode_tiles_timing> timed = model::tune_decode_tiles(tuning, w, kernels::products::exact);
+        const double tune_s = now() - tune_start;
+        std::vector<dtype> types{w.output.type};
+        for (const auto& l : w.layers)
+          for (const auto* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
+            if (m->data != nullptr && std::find(types.begin(), types.end(), m->type) == types.end())
+              types.push_back(m->type);
+        for (const dtype t : types) {
+          if (!kernels::decode_tiles_apply(kernels::weight_view{t, 1, 32, nullptr})) continue;
+          const kernels::decode_tiles kind = kernels::decode_tiles_for(t);
+          const auto it = std::find_if(timed.begin(), timed.end(), [&](const auto& x) { return x.type == t; });
+          nlohmann::json j = {{"type", std::string(to_string(t))}, {"tiles", kernels::decode_tiles_name(kind)}};
+          if (it != timed.end()) {
+            j["streams_over_prefetched"] = it->streams_over_prefetched();
+            j["timed_rows"] = it->rows;
+            j["timed_bytes"] = it->bytes;
+            j["seconds_timing_all_types"] = tune_s;
+            std::printf(
+                "decode tiles, %s: the %s (timed on %zu x %zu, %.0f MB: the streams %.2fx the prefetched; %.0f ms "
+                "timing)\n",
+                std::string(to_string(t)).c_str(), kernels::decode_tiles_name(kind), it->rows, it->cols,
+                static_cast<double>(it->bytes) / 1e6, it->streams_over_prefetched(), 1e3 * tune_s);
+          } else {
+            const char* why = kernels::active_decode_tiles() != kernels::decode_tiles::automatic ? "EFIM_DECODE_TILES"
+                              : kernels::measured_decode_tiles(t) != kernels::decode_tiles::automatic
+                                  ? "timed for an earlier model"
+                                  : "by vendor: too small a matrix to time";
+            std::printf("decode tiles, %s: the %s (%s)\n", std::string(to_string(t)).c_str(),
+                        kernels::decode_tiles_name(kind), why);
+          }
+          tiles.push_back(std::move(j));
+        }
+      }
       std::vector<float> host_logits, ref_logits;
       // efim and llama.cpp take turns, one repetition each, so that both see the same machine (the
       // speed of a shared virtual machine drifts by 10-20% over minutes); the best of each is kept.
@@ -433,6 +472,7 @@ int main(int argc, char** argv) {
                           {"copy_bandwidth_bytes_per_s", bandwidth},
                           {"read_bandwidth_bytes_per_s", read},
                           {"decode_weight_bytes_per_token", decode_bytes},
+                          {"decode_tiles", tiles},
                           {"efim",
                            {{"prefill_tokens_per_s", host.prefill_tps},
                             {"decode_tokens_per_s", host.decode_tps},

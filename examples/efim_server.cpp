@@ -12,6 +12,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <mutex>
 #include <optional>
@@ -401,6 +402,9 @@ int serve(const options& o, efim::text::bpe_tokenizer tok, const efim::prompt::f
                  ? (o.products == efim::kernels::products::int8 ? "; int8 products" : "; exact products")
                  : "")
          << (o.kv_store.empty() ? "" : "; shared KV store " + o.kv_store);
+  for (const auto& t : p.decode_tuning())  // (the pipeline timed both kinds of one-row decode tiles)
+    banner << "; " << efim::to_string(t.type) << " decode tiles: " << efim::kernels::decode_tiles_name(t.faster) << " ("
+           << std::fixed << std::setprecision(2) << t.streams_over_prefetched() << "x streams over prefetched, timed)";
   return run_service(o, p, so, banner.str(), http);
 }
 

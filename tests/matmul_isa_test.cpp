@@ -3,6 +3,7 @@
 // differ (see tests/CMakeLists.txt).
 #include <bit>
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
@@ -11,6 +12,7 @@
 #include "efim/core/dtype.hpp"
 #include "efim/core/random.hpp"
 #include "efim/core/thread_pool.hpp"
+#include "efim/kernels/decode_tuning.hpp"
 #include "efim/kernels/isa.hpp"
 #include "efim/kernels/matmul.hpp"
 
@@ -131,5 +133,68 @@ TEST_CASE("int8 products give the same bits on every instruction-set path, whate
     CHECK(hash == int8_bits);
     CHECK(hash_32 == int8_bits_32);
   }
+  kernels::select_isa(before);
+}
+
+TEST_CASE("decode tiles: both kinds timed on a matrix, the faster one kept for its type", "[kernels][matmul]") {
+  const kernels::isa before = kernels::active_isa();
+  const kernels::decode_tiles forced = kernels::select_decode_tiles(kernels::decode_tiles::automatic);
+  const auto forget = [] {
+    for (const dtype t : {dtype::f32, dtype::f16, dtype::bf16, dtype::q8_0})
+      kernels::record_decode_tiles(t, kernels::decode_tiles::automatic);
+  };
+  thread_pool pool(2);
+  const std::size_t rows = 1024, cols = 768;
+  std::vector<std::byte> bytes(rows * row_bytes(dtype::f16, cols));
+  rng r(5);
+  for (std::size_t i = 0; i < rows * cols; ++i) {
+    const std::uint16_t h = f32_to_f16(static_cast<float>(r.uniform() - 0.5));
+    std::memcpy(bytes.data() + 2 * i, &h, 2);
+  }
+  const kernels::weight_view w{dtype::f16, rows, cols, bytes.data()};
+  for (const kernels::isa path : {kernels::isa::avx512, kernels::isa::avx2, kernels::isa::generic}) {
+    if (kernels::select_isa(path) != path) continue;
+    INFO("path " << kernels::isa_name(path));
+    forget();
+    const auto timed = kernels::tune_decode_tiles(pool, w, rows, 2);
+    if (path != kernels::isa::avx512 || !EFIM_KERNELS_DISPATCHED) {
+      // One kind only on these paths: nothing timed, nothing recorded.
+      CHECK_FALSE(timed);
+      CHECK(kernels::measured_decode_tiles(dtype::f16) == kernels::decode_tiles::automatic);
+      continue;
+    }
+    REQUIRE(timed);
+    CHECK(timed->type == dtype::f16);
+    CHECK(timed->rows == rows);
+    CHECK(timed->cols == cols);
+    CHECK(timed->bytes == rows * cols * 2);
+    CHECK(timed->streams_s > 0);
+    CHECK(timed->prefetched_s > 0);
+    CHECK(std::isfinite(timed->streams_over_prefetched()));
+    const kernels::decode_tiles faster =
+        timed->prefetched_s < timed->streams_s ? kernels::decode_tiles::prefetched : kernels::decode_tiles::streams;
+    CHECK(timed->faster == faster);
+    // Recorded for f16 alone, and taken where no kind is forced; the choice in force before is back.
+    CHECK(kernels::measured_decode_tiles(dtype::f16) == faster);
+    CHECK(kernels::decode_tiles_for(dtype::f16) == faster);
+    CHECK(kernels::measured_decode_tiles(dtype::f32) == kernels::decode_tiles::automatic);
+    CHECK(kernels::measured_decode_tiles(dtype::q4_0) == kernels::decode_tiles::automatic);
+    CHECK(kernels::active_decode_tiles() == kernels::decode_tiles::automatic);
+    const kernels::decode_tiles other =
+        faster == kernels::decode_tiles::streams ? kernels::decode_tiles::prefetched : kernels::decode_tiles::streams;
+    kernels::select_decode_tiles(other);
+    CHECK(kernels::decode_tiles_for(dtype::f16) == other);  // a forced kind wins over the measurement
+    kernels::select_decode_tiles(kernels::decode_tiles::automatic);
+    // At most the matrix's rows are timed.
+    const auto all = kernels::tune_decode_tiles(pool, w, 10 * rows, 1);
+    REQUIRE(all);
+    CHECK(all->rows == rows);
+    // Types with one kind only, and interleaved rows: nothing timed.
+    CHECK_FALSE(kernels::tune_decode_tiles(pool, kernels::weight_view{dtype::q4_0, 8, 32, bytes.data()}, 8));
+    CHECK_FALSE(kernels::tune_decode_tiles(
+        pool, kernels::weight_view{dtype::q8_0, 8, 32, bytes.data(), kernels::weight_layout::interleaved8}, 8));
+  }
+  forget();
+  kernels::select_decode_tiles(forced);
   kernels::select_isa(before);
 }

@@ -26,6 +26,7 @@
 #include "efim/kernels/host.hpp"
 #include "efim/kernels/isa.hpp"
 #include "efim/kv/host_storage.hpp"
+#include "efim/model/decode_tuning.hpp"
 #include "efim/model/gguf_model.hpp"
 #include "efim/model/reference.hpp"
 #include "efim/model/transformer.hpp"
@@ -2154,4 +2155,63 @@ TEST_CASE("fuzzing model files: every corruption gives an error or a model that 
   }
   CHECK(ran > 0);
   CHECK(refused > 0);
+}
+
+TEST_CASE("a model's decode tiles: each type with the choice timed once, on its largest matrix", "[model][matmul]") {
+  const kernels::decode_tiles forced = kernels::select_decode_tiles(kernels::decode_tiles::automatic);
+  const auto forget = [] {
+    for (const dtype t : {dtype::f32, dtype::f16, dtype::bf16, dtype::q8_0})
+      kernels::record_decode_tiles(t, kernels::decode_tiles::automatic);
+  };
+  forget();
+  model::config c;
+  c.vocab = 300;
+  c.hidden = 64;
+  c.layers = 2;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.ffn = 256;
+  c.max_context = 64;
+  thread_pool pool(2);
+  const model::decode_tuning_options anything{.min_bytes = 0, .max_bytes = std::size_t{1} << 30, .rounds = 1};
+  const bool apply = kernels::decode_tiles_apply(kernels::weight_view{dtype::f16, 1, 32, nullptr});
+  SECTION("f16: the output matrix (300 x 64), larger than the FFN's 256 x 64") {
+    const auto w = model::random_weights(c, 3, {.type = dtype::f16});
+    // Under min_bytes nothing is timed (a small model's matrices stay in the caches).
+    CHECK(model::tune_decode_tiles(pool, w, kernels::products::exact).empty());
+    const auto timed = model::tune_decode_tiles(pool, w, kernels::products::exact, anything);
+    if (!apply) {
+      CHECK(timed.empty());
+    } else {
+      REQUIRE(timed.size() == 1);
+      CHECK(timed[0].type == dtype::f16);
+      CHECK(timed[0].rows == 300);
+      CHECK(timed[0].cols == 64);
+      CHECK(kernels::measured_decode_tiles(dtype::f16) == timed[0].faster);
+      // Once per type and process.
+      CHECK(model::tune_decode_tiles(pool, w, kernels::products::exact, anything).empty());
+      forget();
+      // max_bytes bounds the rows timed.
+      const auto part =
+          model::tune_decode_tiles(pool, w, kernels::products::exact, {.min_bytes = 0, .max_bytes = 1000});
+      REQUIRE(part.size() == 1);
+      CHECK(part[0].rows == 1000 / (64 * 2));
+    }
+    forget();
+    // A kind forced (EFIM_DECODE_TILES, select_decode_tiles): nothing to time.
+    kernels::select_decode_tiles(kernels::decode_tiles::streams);
+    CHECK(model::tune_decode_tiles(pool, w, kernels::products::exact, anything).empty());
+    kernels::select_decode_tiles(kernels::decode_tiles::automatic);
+  }
+  SECTION("q8_0: timed for exact products, not for int8 ones (kernels of their own)") {
+    const auto w = model::random_weights(c, 3, {.type = dtype::q8_0});
+    CHECK(model::tune_decode_tiles(pool, w, kernels::products::int8, anything).empty());
+    CHECK(model::tune_decode_tiles(pool, w, kernels::products::exact, anything).size() == (apply ? 1u : 0u));
+  }
+  SECTION("q4_0: no type with the choice") {
+    const auto w = model::random_weights(c, 3, {.type = dtype::q4_0});
+    CHECK(model::tune_decode_tiles(pool, w, kernels::products::exact, anything).empty());
+  }
+  forget();
+  kernels::select_decode_tiles(forced);
 }

@@ -42,12 +42,14 @@
 #include "efim/engine/scheduler.hpp"
 #include "efim/engine/stop_rules.hpp"
 #include "efim/kernels/common.hpp"
+#include "efim/kernels/isa.hpp"
 #include "efim/kernels/sampling.hpp"
 #include "efim/model/batch.hpp"
 #include "efim/model/weights.hpp"
 #if !defined(__CUDACC__)
 // The host backend's decoder. nvcc does not compile the host kernels' instruction-set paths: a CUDA
 // translation unit includes efim/cuda.cuh (the CUDA backend's decoder) before this header instead.
+#include "efim/model/decode_tuning.hpp"
 #include "efim/model/transformer.hpp"
 #endif
 #include "efim/prompt/concepts.hpp"
@@ -80,6 +82,10 @@ struct pipeline_options {
   // 8 bits, as llama.cpp does; efim-server and efim-cli default to it): on the host every product, on
   // the CUDA backend the decode steps' (up to 8 rows). A backend without the option takes exact only.
   kernels::products products = kernels::products::exact;
+  // On the host backend, time both kinds of one-row decode tiles on the model's largest matrix of each
+  // type that has the choice, once per type and process, and take the faster (model/decode_tuning.hpp:
+  // tens of milliseconds where a matrix is large enough to say something; the same bits either way).
+  bool tune_decode_tiles = true;
   // Called with what a stream's on_done threw (or its on_token, once its request had ended already):
   // the request is over, so nothing else can carry it. Called on the thread that ran the callback (the
   // engine's, or one that submitted to an async_runner), so possibly on several at once; what it throws
@@ -144,6 +150,10 @@ class pipeline {
     // KV computed with int8 products is another model's: never shared with exact products' KV.
     model_key_ = weights.fingerprint ^ (options_.products == kernels::products::int8 ? 0x9e3779b97f4a7c15ull : 0);
     shape_ = remote_shape();
+#if !defined(__CUDACC__)
+    if constexpr (uses_pool)
+      if (options_.tune_decode_tiles) decode_tuning_ = model::tune_decode_tiles(*pool_, weights, options_.products);
+#endif
     require(!options_.remote || exports_blocks, errc::invalid_argument,
             "pipeline: a shared KV tier needs a backend whose KV storage exports blocks (the host backend's)");
   }
@@ -283,6 +293,10 @@ class pipeline {
   [[nodiscard]] std::size_t running() const noexcept { return scheduler_.running().size(); }
   [[nodiscard]] std::size_t waiting() const noexcept { return scheduler_.waiting().size() + fetching_.size(); }
   [[nodiscard]] const remote_use& remote_stats() const noexcept { return remote_use_; }
+  // The decode tiles timed when the pipeline started (options().tune_decode_tiles; empty where none was).
+  [[nodiscard]] const std::vector<kernels::decode_tiles_timing>& decode_tuning() const noexcept {
+    return decode_tuning_;
+  }
   [[nodiscard]] const text::token_memo& memo() const noexcept { return prep_.memo(); }
 
  private:
@@ -541,6 +555,7 @@ class pipeline {
   pipeline_options options_;
   preparer_type prep_;
   std::unique_ptr<thread_pool> pool_;
+  std::vector<kernels::decode_tiles_timing> decode_tuning_;
   typename B::context ctx_;
   model::transformer<B> model_;
   cache_type cache_;

@@ -14,8 +14,11 @@
 // rounded separately). Within one path results never depend on batch, chunking, block placement or
 // thread count.
 #include <atomic>
+#include <cstddef>
 #include <cstdlib>
 #include <string_view>
+
+#include "efim/core/dtype.hpp"
 
 #if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
 #define EFIM_KERNELS_X86 1
@@ -203,12 +206,16 @@ inline bool runs(int8_dot d) noexcept {
 inline bool amd_cpu() noexcept { return cpu().amd; }
 
 // Which tiles the AVX-512 path reads a decode product's weight rows with where two kinds serve (one x
-// row of f32, f16, bf16 or q8_0): the AVX2 path's (four streams of rows, no software prefetch) or its
-// own (8-row tiles, the next block prefetched). `by_vendor` (the default) takes the first on AMD CPUs
-// and the second elsewhere, as measured on Zen 4 and Emerald Rapids (docs/benchmarks.md); `streams` and
-// `prefetched` take one kind on any CPU, so that one process can time both (EFIM_DECODE_TILES=
-// streams|prefetched, read once, or select_decode_tiles). Same bits either way.
-enum class decode_tiles : int { by_vendor, streams, prefetched };
+// row of f32, f16, bf16 or q8_0 with exact products: decode_tiles_choice): the AVX2 path's (four
+// streams of rows, no software prefetch) or its own (8-row tiles, the next block prefetched). Same
+// bits either way; which is faster depends on the CPU's memory system (Zen 4: the streams, 1.0-1.4x;
+// Emerald Rapids: the tiles read twice what one stream without prefetch read; docs/benchmarks.md).
+// `automatic` (the default) takes for each type the kind tune_decode_tiles measured faster on this
+// machine (kernels/decode_tuning.hpp; the programs time both once per type when they load a model),
+// and until then, or for a type not timed, the first on AMD CPUs and the second elsewhere. `streams`
+// and `prefetched` take one kind on any CPU, so that one process can time both (EFIM_DECODE_TILES=
+// streams|prefetched, read once, or select_decode_tiles).
+enum class decode_tiles : int { automatic, streams, prefetched };
 
 inline const char* decode_tiles_name(decode_tiles t) noexcept {
   switch (t) {
@@ -216,10 +223,15 @@ inline const char* decode_tiles_name(decode_tiles t) noexcept {
       return "streams";
     case decode_tiles::prefetched:
       return "prefetched";
-    case decode_tiles::by_vendor:
+    case decode_tiles::automatic:
       break;
   }
-  return "by vendor";
+  return "automatic";
+}
+
+// The types whose one-row decode takes either kind of decode tiles (those that unpack no nibbles).
+constexpr bool decode_tiles_choice(dtype t) noexcept {
+  return t == dtype::f32 || t == dtype::f16 || t == dtype::bf16 || t == dtype::q8_0;
 }
 
 namespace detail {
@@ -229,9 +241,14 @@ inline std::atomic<int>& decode_tiles_choice() noexcept {
     const std::string_view want = env == nullptr ? std::string_view{} : std::string_view(env);
     return static_cast<int>(want == "streams"      ? decode_tiles::streams
                             : want == "prefetched" ? decode_tiles::prefetched
-                                                   : decode_tiles::by_vendor);
+                                                   : decode_tiles::automatic);
   }()};
   return choice;
+}
+// The kind measured faster for f32, f16, bf16 and q8_0 (decode_tiles::automatic where not measured).
+inline std::atomic<int>& measured_decode_tiles(dtype t) noexcept {
+  static std::atomic<int> kinds[4]{};
+  return kinds[t == dtype::f32 ? 0 : t == dtype::f16 ? 1 : t == dtype::bf16 ? 2 : 3];
 }
 }  // namespace detail
 
@@ -243,11 +260,39 @@ inline decode_tiles select_decode_tiles(decode_tiles t) noexcept {
   detail::decode_tiles_choice().store(static_cast<int>(t), std::memory_order_relaxed);
   return t;
 }
-// Whether the AVX-512 path takes the AVX2 path's streams where both kinds serve (above).
-inline bool decode_streams() noexcept {
-  const decode_tiles t = active_decode_tiles();
-  return t == decode_tiles::by_vendor ? amd_cpu() : t == decode_tiles::streams;
+
+// The kind measured faster for type t on this machine (automatic: not measured, or not a type with the
+// choice), and a new measurement's result (tune_decode_tiles records it; automatic forgets it).
+inline decode_tiles measured_decode_tiles(dtype t) noexcept {
+  if (!decode_tiles_choice(t)) return decode_tiles::automatic;
+  return static_cast<decode_tiles>(detail::measured_decode_tiles(t).load(std::memory_order_relaxed));
 }
+inline void record_decode_tiles(dtype t, decode_tiles faster) noexcept {
+  if (decode_tiles_choice(t))
+    detail::measured_decode_tiles(t).store(static_cast<int>(faster), std::memory_order_relaxed);
+}
+
+// The kind a one-row decode of type t takes now (above): streams or prefetched.
+inline decode_tiles decode_tiles_for(dtype t) noexcept {
+  const decode_tiles chosen = active_decode_tiles();
+  if (chosen != decode_tiles::automatic) return chosen;
+  const decode_tiles measured = measured_decode_tiles(t);
+  if (measured != decode_tiles::automatic) return measured;
+  return amd_cpu() ? decode_tiles::streams : decode_tiles::prefetched;
+}
+// A timing of both kinds over rows of one matrix (kernels/decode_tuning.hpp: tune_decode_tiles).
+struct decode_tiles_timing {
+  dtype type = dtype::f32;
+  std::size_t rows = 0, cols = 0, bytes = 0;  // the part of the matrix timed
+  double streams_s = 0, prefetched_s = 0;     // the best pass of each kind, seconds
+  decode_tiles faster = decode_tiles::streams;
+
+  // How much faster the streams read than the prefetched tiles (below 1: slower).
+  [[nodiscard]] double streams_over_prefetched() const { return prefetched_s / streams_s; }
+};
+
+// Whether the AVX-512 path takes the AVX2 path's streams for type t where both kinds serve (above).
+inline bool decode_streams(dtype t) noexcept { return decode_tiles_for(t) == decode_tiles::streams; }
 
 namespace detail {
 

@@ -994,7 +994,7 @@ inline void stream_block(const float* x, std::size_t i0, const weight_view& w, s
 template <dtype T>
 inline bool avx2_tiles(std::size_t m) noexcept {
 #if defined(EFIM_K_AVX2_PATH_DEFINED)
-  return !unpacked<T> && decode_streams() && m == 1;
+  return !unpacked<T> && decode_streams(T) && m == 1;
 #else
   (void)m;
   return false;
@@ -1013,11 +1013,11 @@ inline void stream_rows(const float* x, std::size_t m, const weight_view& w, std
   // lane sums and reduction give the same bits; 2 to 8 rows of f16 do not (the f16 model's decode of 4
   // and 8 sequences 1.19x and 1.35x faster through these tiles, which convert each weight once for
   // every four rows, where the AVX2 path's 2 x 2 tiles do for every two). (A generic path compiled for
-  // AVX-512 comes before the AVX2 one and keeps its own tiles.) On AMD only (decode_streams, which
-  // EFIM_DECODE_TILES overrides): on Intel cores the AVX2 path's one-row stream (no software prefetch;
-  // before four_streams, not measured there since) read half of what these 8-row tiles with the next
-  // block prefetched read (Emerald Rapids, 2 threads, 151,936 x 768: f16 14.3 -> 23.5 GB/s of weights,
-  // bf16 13.7 -> 21.5, f32 18.4 -> 22.1).
+  // AVX-512 comes before the AVX2 one and keeps its own tiles.) Where decode_streams(T) says (the kind
+  // tune_decode_tiles measured faster for T, else AMD CPUs; EFIM_DECODE_TILES overrides): on Intel cores
+  // the AVX2 path's one-row stream (no software prefetch; before four_streams, not measured there
+  // since) read half of what these 8-row tiles with the next block prefetched read (Emerald Rapids, 2
+  // threads, 151,936 x 768: f16 14.3 -> 23.5 GB/s of weights, bf16 13.7 -> 21.5, f32 18.4 -> 22.1).
   if (avx2_tiles<T>(m)) return isa_avx2::stream_rows<T>(x, m, w, r0, r1, y, acc);
 #endif
   const std::size_t rb = row_bytes(w.type, w.cols);
