@@ -138,7 +138,8 @@ TEST_CASE("int8 products give the same bits on every instruction-set path, whate
 
 TEST_CASE("decode tiles: both kinds timed on a matrix, the faster one kept for its type", "[kernels][matmul]") {
   const kernels::isa before = kernels::active_isa();
-  const kernels::decode_tiles forced = kernels::select_decode_tiles(kernels::decode_tiles::automatic);
+  const kernels::decode_tiles forced = kernels::active_decode_tiles();  // (EFIM_DECODE_TILES, say)
+  kernels::select_decode_tiles(kernels::decode_tiles::automatic);
   const auto forget = [] {
     for (const dtype t : {dtype::f32, dtype::f16, dtype::bf16, dtype::q8_0})
       kernels::record_decode_tiles(t, kernels::decode_tiles::automatic);

@@ -2158,7 +2158,8 @@ TEST_CASE("fuzzing model files: every corruption gives an error or a model that 
 }
 
 TEST_CASE("a model's decode tiles: each type with the choice timed once, on its largest matrix", "[model][matmul]") {
-  const kernels::decode_tiles forced = kernels::select_decode_tiles(kernels::decode_tiles::automatic);
+  const kernels::decode_tiles forced = kernels::active_decode_tiles();  // (EFIM_DECODE_TILES, say)
+  kernels::select_decode_tiles(kernels::decode_tiles::automatic);
   const auto forget = [] {
     for (const dtype t : {dtype::f32, dtype::f16, dtype::bf16, dtype::q8_0})
       kernels::record_decode_tiles(t, kernels::decode_tiles::automatic);

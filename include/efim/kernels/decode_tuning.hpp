@@ -21,7 +21,7 @@ namespace efim::kernels {
 // Whether a one-row product over w can take either kind now: the active path is AVX-512 (the only one
 // with both), w's type has the choice and its rows are stored as rows.
 inline bool decode_tiles_apply(const weight_view& w) noexcept {
-  return EFIM_KERNELS_DISPATCHED && active_isa() == isa::avx512 && decode_tiles_choice(w.type) &&
+  return EFIM_KERNELS_DISPATCHED && active_isa() == isa::avx512 && has_decode_tiles_choice(w.type) &&
          w.layout == weight_layout::rows;
 }
 

@@ -206,7 +206,7 @@ inline bool runs(int8_dot d) noexcept {
 inline bool amd_cpu() noexcept { return cpu().amd; }
 
 // Which tiles the AVX-512 path reads a decode product's weight rows with where two kinds serve (one x
-// row of f32, f16, bf16 or q8_0 with exact products: decode_tiles_choice): the AVX2 path's (four
+// row of f32, f16, bf16 or q8_0 with exact products: has_decode_tiles_choice): the AVX2 path's (four
 // streams of rows, no software prefetch) or its own (8-row tiles, the next block prefetched). Same
 // bits either way; which is faster depends on the CPU's memory system (Zen 4: the streams, 1.0-1.4x;
 // Emerald Rapids: the tiles read twice what one stream without prefetch read; docs/benchmarks.md).
@@ -230,7 +230,7 @@ inline const char* decode_tiles_name(decode_tiles t) noexcept {
 }
 
 // The types whose one-row decode takes either kind of decode tiles (those that unpack no nibbles).
-constexpr bool decode_tiles_choice(dtype t) noexcept {
+constexpr bool has_decode_tiles_choice(dtype t) noexcept {
   return t == dtype::f32 || t == dtype::f16 || t == dtype::bf16 || t == dtype::q8_0;
 }
 
@@ -264,11 +264,11 @@ inline decode_tiles select_decode_tiles(decode_tiles t) noexcept {
 // The kind measured faster for type t on this machine (automatic: not measured, or not a type with the
 // choice), and a new measurement's result (tune_decode_tiles records it; automatic forgets it).
 inline decode_tiles measured_decode_tiles(dtype t) noexcept {
-  if (!decode_tiles_choice(t)) return decode_tiles::automatic;
+  if (!has_decode_tiles_choice(t)) return decode_tiles::automatic;
   return static_cast<decode_tiles>(detail::measured_decode_tiles(t).load(std::memory_order_relaxed));
 }
 inline void record_decode_tiles(dtype t, decode_tiles faster) noexcept {
-  if (decode_tiles_choice(t))
+  if (has_decode_tiles_choice(t))
     detail::measured_decode_tiles(t).store(static_cast<int>(faster), std::memory_order_relaxed);
 }
 
