@@ -398,19 +398,19 @@ int main(int argc, char** argv) {
           nlohmann::json j = {{"type", std::string(to_string(t))}, {"tiles", kernels::decode_tiles_name(kind)}};
           if (it != timed.end()) {
             j["streams_over_prefetched"] = it->streams_over_prefetched();
-            j["timed_rows"] = it->rows;
+            j["timed_matrices"] = it->matrices;
             j["timed_bytes"] = it->bytes;
             j["seconds_timing_all_types"] = tune_s;
             std::printf(
-                "decode tiles, %s: the %s (timed on %zu x %zu, %.0f MB: the streams %.2fx the prefetched; %.0f ms "
-                "timing)\n",
-                std::string(to_string(t)).c_str(), kernels::decode_tiles_name(kind), it->rows, it->cols,
+                "decode tiles, %s: the %s (timed on %zu matrices, %.0f MB a pass: the streams %.2fx the "
+                "prefetched; %.0f ms timing)\n",
+                std::string(to_string(t)).c_str(), kernels::decode_tiles_name(kind), it->matrices,
                 static_cast<double>(it->bytes) / 1e6, it->streams_over_prefetched(), 1e3 * tune_s);
           } else {
             const char* why = kernels::active_decode_tiles() != kernels::decode_tiles::automatic ? "EFIM_DECODE_TILES"
                               : kernels::measured_decode_tiles(t) != kernels::decode_tiles::automatic
                                   ? "timed for an earlier model"
-                                  : "by vendor: too small a matrix to time";
+                                  : "by vendor: too few bytes to time";
             std::printf("decode tiles, %s: the %s (%s)\n", std::string(to_string(t)).c_str(),
                         kernels::decode_tiles_name(kind), why);
           }

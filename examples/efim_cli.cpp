@@ -126,7 +126,7 @@ int complete(int argc, char** argv) {
 
   efim::thread_pool pool(threads);
   efim::kernels::host::context ctx{pool};
-  efim::model::tune_decode_tiles(pool, weights, products);  // the faster one-row decode tiles, by timing
+  (void)efim::model::tune_decode_tiles(pool, weights, products);  // one-row decode tiles chosen by timing them
   efim::model::transformer<efim::kernels::host> model(weights, products);
   constexpr std::size_t block = 16;
   const std::size_t blocks = (tokens.size() + n_predict + block) / block;

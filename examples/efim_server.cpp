@@ -403,7 +403,7 @@ int serve(const options& o, efim::text::bpe_tokenizer tok, const efim::prompt::f
                  : "")
          << (o.kv_store.empty() ? "" : "; shared KV store " + o.kv_store);
   for (const auto& t : p.decode_tuning())  // (the pipeline timed both kinds of one-row decode tiles)
-    banner << "; " << efim::to_string(t.type) << " decode tiles: " << efim::kernels::decode_tiles_name(t.faster) << " ("
+    banner << "; " << efim::to_string(t.type) << " decode tiles: " << efim::kernels::decode_tiles_name(t.chosen) << " ("
            << std::fixed << std::setprecision(2) << t.streams_over_prefetched() << "x streams over prefetched, timed)";
   return run_service(o, p, so, banner.str(), http);
 }

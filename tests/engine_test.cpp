@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "decode_tiles_guard.hpp"
 #include "efim/cache/block_hash.hpp"
 #include "efim/cache/eviction.hpp"
 #include "efim/core/random.hpp"
@@ -1451,5 +1452,33 @@ TEST_CASE("generation: tokens an engine elsewhere did not name are shown by thei
     engine::completion done;
     auto g = make(16, {}, "ab", shown, done);
     CHECK_THROWS_AS(g.take('a', &index, eos, unnamed, 1), efim::error);
+  }
+}
+
+TEST_CASE("pipeline: the host backend times its decode tiles when it starts, unless told not to", "[engine]") {
+  const efim_test::decode_tiles_guard guard;
+  const auto w = efim_test::small_weights();  // f32 matrices, well under the default 16 MiB
+  const bool apply = kernels::decode_tiles_apply(kernels::weight_view{dtype::f32, 1, 32, nullptr});
+  {
+    efim_pipeline p(efim_test::qwen_tokenizer(), w, efim_test::small_options());
+    CHECK(p.decode_tuning().empty());  // too few bytes to say anything of a decode from memory
+  }
+  auto o = efim_test::small_options();
+  o.tune_decode_min_bytes = 0;
+  o.tune_decode_tiles = false;
+  {
+    efim_pipeline p(efim_test::qwen_tokenizer(), w, o);
+    CHECK(p.decode_tuning().empty());
+    CHECK(kernels::measured_decode_tiles(dtype::f32) == kernels::decode_tiles::automatic);
+  }
+  o.tune_decode_tiles = true;
+  efim_pipeline p(efim_test::qwen_tokenizer(), w, o);
+  if (apply) {
+    REQUIRE(p.decode_tuning().size() == 1);
+    CHECK(p.decode_tuning()[0].type == dtype::f32);
+    CHECK(p.decode_tuning()[0].matrices == 2 * 7 + 1);
+    CHECK(kernels::measured_decode_tiles(dtype::f32) == p.decode_tuning()[0].chosen);
+  } else {
+    CHECK(p.decode_tuning().empty());  // not the AVX-512 path: one kind only
   }
 }

@@ -9,6 +9,7 @@
 #include <initializer_list>
 #include <vector>
 
+#include "decode_tiles_guard.hpp"
 #include "efim/core/dtype.hpp"
 #include "efim/core/random.hpp"
 #include "efim/core/thread_pool.hpp"
@@ -136,14 +137,9 @@ TEST_CASE("int8 products give the same bits on every instruction-set path, whate
   kernels::select_isa(before);
 }
 
-TEST_CASE("decode tiles: both kinds timed on a matrix, the faster one kept for its type", "[kernels][matmul]") {
-  const kernels::isa before = kernels::active_isa();
-  const kernels::decode_tiles forced = kernels::active_decode_tiles();  // (EFIM_DECODE_TILES, say)
-  kernels::select_decode_tiles(kernels::decode_tiles::automatic);
-  const auto forget = [] {
-    for (const dtype t : {dtype::f32, dtype::f16, dtype::bf16, dtype::q8_0})
-      kernels::record_decode_tiles(t, kernels::decode_tiles::automatic);
-  };
+TEST_CASE("decode tiles: both kinds timed over matrices, the vendor's kept unless the other is faster",
+          "[kernels][matmul]") {
+  const efim_test::decode_tiles_guard guard;
   thread_pool pool(2);
   const std::size_t rows = 1024, cols = 768;
   std::vector<std::byte> bytes(rows * row_bytes(dtype::f16, cols));
@@ -156,7 +152,7 @@ TEST_CASE("decode tiles: both kinds timed on a matrix, the faster one kept for i
   for (const kernels::isa path : {kernels::isa::avx512, kernels::isa::avx2, kernels::isa::generic}) {
     if (kernels::select_isa(path) != path) continue;
     INFO("path " << kernels::isa_name(path));
-    forget();
+    efim_test::decode_tiles_guard::forget();
     const auto timed = kernels::tune_decode_tiles(pool, w, rows, 2);
     if (path != kernels::isa::avx512 || !EFIM_KERNELS_DISPATCHED) {
       // One kind only on these paths: nothing timed, nothing recorded.
@@ -166,36 +162,44 @@ TEST_CASE("decode tiles: both kinds timed on a matrix, the faster one kept for i
     }
     REQUIRE(timed);
     CHECK(timed->type == dtype::f16);
-    CHECK(timed->rows == rows);
-    CHECK(timed->cols == cols);
+    CHECK(timed->matrices == 1);
     CHECK(timed->bytes == rows * cols * 2);
     CHECK(timed->streams_s > 0);
     CHECK(timed->prefetched_s > 0);
     CHECK(std::isfinite(timed->streams_over_prefetched()));
-    const kernels::decode_tiles faster =
-        timed->prefetched_s < timed->streams_s ? kernels::decode_tiles::prefetched : kernels::decode_tiles::streams;
-    CHECK(timed->faster == faster);
+    const kernels::decode_tiles vendor = kernels::vendor_decode_tiles();
+    const bool streams_vendor = vendor == kernels::decode_tiles::streams;
+    const double vendor_s = streams_vendor ? timed->streams_s : timed->prefetched_s;
+    const double other_s = streams_vendor ? timed->prefetched_s : timed->streams_s;
+    const kernels::decode_tiles other =
+        streams_vendor ? kernels::decode_tiles::prefetched : kernels::decode_tiles::streams;
+    CHECK(timed->chosen == (other_s * kernels::decode_tiles_margin < vendor_s ? other : vendor));
     // Recorded for f16 alone, and taken where no kind is forced; the choice in force before is back.
-    CHECK(kernels::measured_decode_tiles(dtype::f16) == faster);
-    CHECK(kernels::decode_tiles_for(dtype::f16) == faster);
+    CHECK(kernels::measured_decode_tiles(dtype::f16) == timed->chosen);
+    CHECK(kernels::decode_tiles_for(dtype::f16) == timed->chosen);
     CHECK(kernels::measured_decode_tiles(dtype::f32) == kernels::decode_tiles::automatic);
     CHECK(kernels::measured_decode_tiles(dtype::q4_0) == kernels::decode_tiles::automatic);
     CHECK(kernels::active_decode_tiles() == kernels::decode_tiles::automatic);
-    const kernels::decode_tiles other =
-        faster == kernels::decode_tiles::streams ? kernels::decode_tiles::prefetched : kernels::decode_tiles::streams;
-    kernels::select_decode_tiles(other);
-    CHECK(kernels::decode_tiles_for(dtype::f16) == other);  // a forced kind wins over the measurement
+    const kernels::decode_tiles not_chosen = timed->chosen == kernels::decode_tiles::streams
+                                                 ? kernels::decode_tiles::prefetched
+                                                 : kernels::decode_tiles::streams;
+    kernels::select_decode_tiles(not_chosen);
+    CHECK(kernels::decode_tiles_for(dtype::f16) == not_chosen);  // a forced kind wins over the measurement
     kernels::select_decode_tiles(kernels::decode_tiles::automatic);
-    // At most the matrix's rows are timed.
+    // At most the matrix's rows; several matrices read in turn, their bytes added.
     const auto all = kernels::tune_decode_tiles(pool, w, 10 * rows, 1);
     REQUIRE(all);
-    CHECK(all->rows == rows);
-    // Types with one kind only, and interleaved rows: nothing timed.
+    CHECK(all->bytes == rows * cols * 2);
+    const kernels::weight_view two[] = {w, kernels::weight_view{dtype::f16, 8, cols, bytes.data()}};
+    const auto both = kernels::tune_decode_tiles(pool, two, 1);
+    REQUIRE(both);
+    CHECK(both->matrices == 2);
+    CHECK(both->bytes == (rows + 8) * cols * 2);
+    // Types with one kind only, interleaved rows, matrices of two types: nothing timed.
     CHECK_FALSE(kernels::tune_decode_tiles(pool, kernels::weight_view{dtype::q4_0, 8, 32, bytes.data()}, 8));
     CHECK_FALSE(kernels::tune_decode_tiles(
         pool, kernels::weight_view{dtype::q8_0, 8, 32, bytes.data(), kernels::weight_layout::interleaved8}, 8));
+    const kernels::weight_view mixed[] = {w, kernels::weight_view{dtype::f32, 8, 32, bytes.data()}};
+    CHECK_FALSE(kernels::tune_decode_tiles(pool, mixed, 1));
   }
-  forget();
-  kernels::select_decode_tiles(forced);
-  kernels::select_isa(before);
 }

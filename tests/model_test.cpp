@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "decode_tiles_guard.hpp"
 #include "efim/core/dtype.hpp"
 #include "efim/core/error.hpp"
 #include "efim/core/gguf.hpp"
@@ -2157,14 +2158,9 @@ TEST_CASE("fuzzing model files: every corruption gives an error or a model that 
   CHECK(refused > 0);
 }
 
-TEST_CASE("a model's decode tiles: each type with the choice timed once, on its largest matrix", "[model][matmul]") {
-  const kernels::decode_tiles forced = kernels::active_decode_tiles();  // (EFIM_DECODE_TILES, say)
-  kernels::select_decode_tiles(kernels::decode_tiles::automatic);
-  const auto forget = [] {
-    for (const dtype t : {dtype::f32, dtype::f16, dtype::bf16, dtype::q8_0})
-      kernels::record_decode_tiles(t, kernels::decode_tiles::automatic);
-  };
-  forget();
+TEST_CASE("a model's decode tiles: each type with the choice timed once, over its matrices in decode order",
+          "[model][matmul]") {
+  const efim_test::decode_tiles_guard guard;
   model::config c;
   c.vocab = 300;
   c.hidden = 64;
@@ -2176,29 +2172,41 @@ TEST_CASE("a model's decode tiles: each type with the choice timed once, on its 
   thread_pool pool(2);
   const model::decode_tuning_options anything{.min_bytes = 0, .max_bytes = std::size_t{1} << 30, .rounds = 1};
   const bool apply = kernels::decode_tiles_apply(kernels::weight_view{dtype::f16, 1, 32, nullptr});
-  SECTION("f16: the output matrix (300 x 64), larger than the FFN's 256 x 64") {
+  SECTION("f16: every matrix, the output last") {
     const auto w = model::random_weights(c, 3, {.type = dtype::f16});
     // Under min_bytes nothing is timed (a small model's matrices stay in the caches).
     CHECK(model::tune_decode_tiles(pool, w, kernels::products::exact).empty());
     const auto timed = model::tune_decode_tiles(pool, w, kernels::products::exact, anything);
+    // Per layer q (64 x 64), k and v (32 x 64), o (64 x 64), gate, up (256 x 64), down (64 x 256).
+    const std::size_t layer = ((64 + 32 + 32 + 64 + 256 + 256) * 64 + 64 * 256) * 2, output = 300 * 64 * 2;
     if (!apply) {
       CHECK(timed.empty());
     } else {
       REQUIRE(timed.size() == 1);
       CHECK(timed[0].type == dtype::f16);
-      CHECK(timed[0].rows == 300);
-      CHECK(timed[0].cols == 64);
-      CHECK(kernels::measured_decode_tiles(dtype::f16) == timed[0].faster);
+      CHECK(timed[0].matrices == 2 * 7 + 1);
+      CHECK(timed[0].bytes == 2 * layer + output);
+      CHECK(kernels::measured_decode_tiles(dtype::f16) == timed[0].chosen);
       // Once per type and process.
       CHECK(model::tune_decode_tiles(pool, w, kernels::products::exact, anything).empty());
-      forget();
-      // max_bytes bounds the rows timed.
-      const auto part =
-          model::tune_decode_tiles(pool, w, kernels::products::exact, {.min_bytes = 0, .max_bytes = 1000});
+      efim_test::decode_tiles_guard::forget();
+      // max_bytes bounds a pass (here without the last-level cache's floor): the first layer, and 1000
+      // bytes (7 rows) of the second's q.
+      const auto part = model::tune_decode_tiles(pool, w, kernels::products::exact,
+                                                 {.min_bytes = 0, .max_bytes = layer + 1000, .cache_multiple = 0});
       REQUIRE(part.size() == 1);
-      CHECK(part[0].rows == 1000 / (64 * 2));
+      CHECK(part[0].matrices == 8);
+      CHECK(part[0].bytes == layer + 7 * 64 * 2);
+      efim_test::decode_tiles_guard::forget();
+      // With the floor (twice the last-level cache, where the C library knows it), all of this model.
+      if (kernels::last_level_cache_bytes() > 0) {
+        const auto floor =
+            model::tune_decode_tiles(pool, w, kernels::products::exact, {.min_bytes = 0, .max_bytes = 1000});
+        REQUIRE(floor.size() == 1);
+        CHECK(floor[0].bytes == 2 * layer + output);
+      }
     }
-    forget();
+    efim_test::decode_tiles_guard::forget();
     // A kind forced (EFIM_DECODE_TILES, select_decode_tiles): nothing to time.
     kernels::select_decode_tiles(kernels::decode_tiles::streams);
     CHECK(model::tune_decode_tiles(pool, w, kernels::products::exact, anything).empty());
@@ -2213,6 +2221,4 @@ TEST_CASE("a model's decode tiles: each type with the choice timed once, on its 
     const auto w = model::random_weights(c, 3, {.type = dtype::q4_0});
     CHECK(model::tune_decode_tiles(pool, w, kernels::products::exact, anything).empty());
   }
-  forget();
-  kernels::select_decode_tiles(forced);
 }

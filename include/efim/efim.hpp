@@ -49,6 +49,7 @@
 #include "efim/kernels/sampling.hpp"
 #if !defined(__CUDACC__)
 #include "efim/kernels/attention.hpp"
+#include "efim/kernels/decode_tuning.hpp"
 #include "efim/kernels/gelu.hpp"
 #include "efim/kernels/host.hpp"
 #include "efim/kernels/layernorm.hpp"
@@ -57,6 +58,7 @@
 #include "efim/kernels/rope.hpp"
 #include "efim/kernels/simd.hpp"
 #include "efim/kernels/swiglu.hpp"
+#include "efim/model/decode_tuning.hpp"
 #include "efim/model/transformer.hpp"
 #else
 #include "efim/cuda.cuh"

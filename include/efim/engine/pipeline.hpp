@@ -82,10 +82,13 @@ struct pipeline_options {
   // 8 bits, as llama.cpp does; efim-server and efim-cli default to it): on the host every product, on
   // the CUDA backend the decode steps' (up to 8 rows). A backend without the option takes exact only.
   kernels::products products = kernels::products::exact;
-  // On the host backend, time both kinds of one-row decode tiles on the model's largest matrix of each
-  // type that has the choice, once per type and process, and take the faster (model/decode_tuning.hpp:
-  // tens of milliseconds where a matrix is large enough to say something; the same bits either way).
+  // On the host backend, time both kinds of one-row decode tiles over the model's matrices of each type
+  // that has the choice, once per type and process, and keep the faster (model/decode_tuning.hpp; the
+  // same bits either way). It reads up to 256 MiB of the matrices seven times (tens to hundreds of
+  // milliseconds; the first pass pages in a mapped file's part) and selects kinds process-wide while it
+  // runs. A type whose matrices hold fewer bytes than tune_decode_min_bytes is not timed.
   bool tune_decode_tiles = true;
+  std::size_t tune_decode_min_bytes = std::size_t{16} << 20;
   // Called with what a stream's on_done threw (or its on_token, once its request had ended already):
   // the request is over, so nothing else can carry it. Called on the thread that ran the callback (the
   // engine's, or one that submitted to an async_runner), so possibly on several at once; what it throws
@@ -150,12 +153,14 @@ class pipeline {
     // KV computed with int8 products is another model's: never shared with exact products' KV.
     model_key_ = weights.fingerprint ^ (options_.products == kernels::products::int8 ? 0x9e3779b97f4a7c15ull : 0);
     shape_ = remote_shape();
-#if !defined(__CUDACC__)
-    if constexpr (uses_pool)
-      if (options_.tune_decode_tiles) decode_tuning_ = model::tune_decode_tiles(*pool_, weights, options_.products);
-#endif
     require(!options_.remote || exports_blocks, errc::invalid_argument,
             "pipeline: a shared KV tier needs a backend whose KV storage exports blocks (the host backend's)");
+#if !defined(__CUDACC__)
+    if constexpr (uses_pool)
+      if (options_.tune_decode_tiles)
+        decode_tuning_ =
+            model::tune_decode_tiles(*pool_, weights, options_.products, {.min_bytes = options_.tune_decode_min_bytes});
+#endif
   }
 
   pipeline(const pipeline&) = delete;

@@ -246,7 +246,7 @@ inline std::atomic<int>& decode_tiles_choice() noexcept {
   return choice;
 }
 // The kind measured faster for f32, f16, bf16 and q8_0 (decode_tiles::automatic where not measured).
-inline std::atomic<int>& measured_decode_tiles(dtype t) noexcept {
+inline std::atomic<int>& measured_kind(dtype t) noexcept {
   static std::atomic<int> kinds[4]{};
   return kinds[t == dtype::f32 ? 0 : t == dtype::f16 ? 1 : t == dtype::bf16 ? 2 : 3];
 }
@@ -265,30 +265,33 @@ inline decode_tiles select_decode_tiles(decode_tiles t) noexcept {
 // choice), and a new measurement's result (tune_decode_tiles records it; automatic forgets it).
 inline decode_tiles measured_decode_tiles(dtype t) noexcept {
   if (!has_decode_tiles_choice(t)) return decode_tiles::automatic;
-  return static_cast<decode_tiles>(detail::measured_decode_tiles(t).load(std::memory_order_relaxed));
+  return static_cast<decode_tiles>(detail::measured_kind(t).load(std::memory_order_relaxed));
 }
 inline void record_decode_tiles(dtype t, decode_tiles faster) noexcept {
-  if (has_decode_tiles_choice(t))
-    detail::measured_decode_tiles(t).store(static_cast<int>(faster), std::memory_order_relaxed);
+  if (has_decode_tiles_choice(t)) detail::measured_kind(t).store(static_cast<int>(faster), std::memory_order_relaxed);
 }
 
+// The kind the CPU's vendor suggests (AMD: the streams, others: the prefetched tiles; above).
+inline decode_tiles vendor_decode_tiles() noexcept {
+  return amd_cpu() ? decode_tiles::streams : decode_tiles::prefetched;
+}
 // The kind a one-row decode of type t takes now (above): streams or prefetched.
 inline decode_tiles decode_tiles_for(dtype t) noexcept {
   const decode_tiles chosen = active_decode_tiles();
   if (chosen != decode_tiles::automatic) return chosen;
   const decode_tiles measured = measured_decode_tiles(t);
   if (measured != decode_tiles::automatic) return measured;
-  return amd_cpu() ? decode_tiles::streams : decode_tiles::prefetched;
+  return vendor_decode_tiles();
 }
-// A timing of both kinds over rows of one matrix (kernels/decode_tuning.hpp: tune_decode_tiles).
+// A timing of both kinds over a model's matrices of one type (kernels/decode_tuning.hpp).
 struct decode_tiles_timing {
   dtype type = dtype::f32;
-  std::size_t rows = 0, cols = 0, bytes = 0;  // the part of the matrix timed
-  double streams_s = 0, prefetched_s = 0;     // the best pass of each kind, seconds
-  decode_tiles faster = decode_tiles::streams;
+  std::size_t matrices = 0, bytes = 0;     // what one pass read
+  double streams_s = 0, prefetched_s = 0;  // the best pass of each kind, seconds
+  decode_tiles chosen = decode_tiles::streams;
 
-  // How much faster the streams read than the prefetched tiles (below 1: slower).
-  [[nodiscard]] double streams_over_prefetched() const { return prefetched_s / streams_s; }
+  // How much faster the streams read than the prefetched tiles (below 1: slower; 0 if not timed).
+  [[nodiscard]] double streams_over_prefetched() const { return streams_s > 0 ? prefetched_s / streams_s : 0; }
 };
 
 // Whether the AVX-512 path takes the AVX2 path's streams for type t where both kinds serve (above).
