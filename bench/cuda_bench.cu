@@ -246,10 +246,8 @@ const char* mma_name(kernels::device::mma_attention k) {
 }
 
 bool any_quantized(const model::weights& w) {
-  if (kernels::quant::kept_quantized(w.output.type)) return true;
-  for (const auto& l : w.layers)
-    for (const auto* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
-      if (kernels::quant::kept_quantized(m->type)) return true;
+  for (const auto* m : model::decode_matrices(w))
+    if (kernels::quant::kept_quantized(m->type)) return true;
   return false;
 }
 
@@ -322,10 +320,7 @@ double run(const options& o, const std::string& name, const std::string& type, c
   device::buffer<std::byte> conv(
       std::max({dw.workspace(o.prefill), dw.workspace(1), dw.workspace(o.batch), o.batch * widest * 2, slices_bytes}));
   // The step's matrices: each layer's seven, then the output matrix.
-  std::vector<const kernels::device::matrix*> step_matrices;
-  for (const auto& lw : dw.layers)
-    for (const auto* w : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down}) step_matrices.push_back(w);
-  step_matrices.push_back(&dw.output);
+  const std::vector<const kernels::device::matrix*> step_matrices = model::decode_matrices(dw);
   timer t;
   const auto best_ms = [&](int reps, const auto& pass) {  // (after one untimed pass)
     pass();
@@ -389,8 +384,7 @@ double run(const options& o, const std::string& name, const std::string& type, c
       if (kind == 7)
         same.push_back(&dw.output);
       else
-        for (const auto& lw : dw.layers)
-          same.push_back(std::array{&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down}[kind]);
+        for (const auto& lw : dw.layers) same.push_back(model::layer_matrices(lw)[kind]);
       const double slices = time_products(path::blas, same), tiles = time_products(path::tiles, same),
                    tiles16 = time_products(path::tiles16, same);
       const auto* w = same.front();

@@ -166,9 +166,8 @@ double weight_bytes_per_token(const model::weights& w) {
   const auto bytes = [](const kernels::weight_view& m) {
     return m.data == nullptr ? 0.0 : static_cast<double>(m.rows * row_bytes(m.type, m.cols));
   };
-  double total = bytes(w.output);
-  for (const auto& l : w.layers)
-    for (const auto* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) total += bytes(*m);
+  double total = 0;
+  for (const auto* m : model::decode_matrices(w)) total += bytes(*m);
   return total;
 }
 
@@ -386,11 +385,10 @@ int main(int argc, char** argv) {
         const double tune_start = now();
         std::vector<kernels::decode_tiles_timing> timed = model::tune_decode_tiles(tuning, w, kernels::products::exact);
         const double tune_s = now() - tune_start;
-        std::vector<dtype> types{w.output.type};
-        for (const auto& l : w.layers)
-          for (const auto* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
-            if (m->data != nullptr && std::find(types.begin(), types.end(), m->type) == types.end())
-              types.push_back(m->type);
+        std::vector<dtype> types;
+        for (const auto* m : model::decode_matrices(w))
+          if (m->data != nullptr && std::find(types.begin(), types.end(), m->type) == types.end())
+            types.push_back(m->type);
         for (const dtype t : types) {
           if (!kernels::decode_tiles_apply(kernels::weight_view{t, 1, 32, nullptr})) continue;
           const kernels::decode_tiles kind = kernels::decode_tiles_for(t);

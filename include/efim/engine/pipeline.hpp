@@ -83,8 +83,9 @@ struct pipeline_options {
   // the CUDA backend the decode steps' (up to 8 rows). A backend without the option takes exact only.
   kernels::products products = kernels::products::exact;
   // On the host backend, time both kinds of one-row decode tiles over the model's matrices of each type
-  // that has the choice, once per type and process, and keep the faster (model/decode_tuning.hpp; the
-  // same bits either way). It reads up to 256 MiB of the matrices seven times (tens to hundreds of
+  // that has the choice, once per type and process, and keep the vendor's kind unless the other is more
+  // than 3% faster (model/decode_tuning.hpp; the same bits either way). It reads up to 256 MiB of the
+  // matrices, or twice the last-level cache where that is more, seven times (tens to hundreds of
   // milliseconds; the first pass pages in a mapped file's part) and selects kinds process-wide while it
   // runs. A type whose matrices hold fewer bytes than tune_decode_min_bytes is not timed.
   bool tune_decode_tiles = true;

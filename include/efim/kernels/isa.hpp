@@ -210,8 +210,9 @@ inline bool amd_cpu() noexcept { return cpu().amd; }
 // streams of rows, no software prefetch) or its own (8-row tiles, the next block prefetched). Same
 // bits either way; which is faster depends on the CPU's memory system (Zen 4: the streams, 1.0-1.4x;
 // Emerald Rapids: the tiles read twice what one stream without prefetch read; docs/benchmarks.md).
-// `automatic` (the default) takes for each type the kind tune_decode_tiles measured faster on this
-// machine (kernels/decode_tuning.hpp; the programs time both once per type when they load a model),
+// `automatic` (the default) takes for each type the kind tune_decode_tiles chose on this machine: the
+// vendor's kind unless the other was more than 3% faster (kernels/decode_tuning.hpp; the programs time
+// both once per type when they load a model),
 // and until then, or for a type not timed, the first on AMD CPUs and the second elsewhere. `streams`
 // and `prefetched` take one kind on any CPU, so that one process can time both (EFIM_DECODE_TILES=
 // streams|prefetched, read once, or select_decode_tiles).
@@ -245,7 +246,7 @@ inline std::atomic<int>& decode_tiles_choice() noexcept {
   }()};
   return choice;
 }
-// The kind measured faster for f32, f16, bf16 and q8_0 (decode_tiles::automatic where not measured).
+// The kind chosen by timing for f32, f16, bf16 and q8_0 (decode_tiles::automatic where not timed).
 inline std::atomic<int>& measured_kind(dtype t) noexcept {
   static std::atomic<int> kinds[4]{};
   return kinds[t == dtype::f32 ? 0 : t == dtype::f16 ? 1 : t == dtype::bf16 ? 2 : 3];
@@ -261,8 +262,8 @@ inline decode_tiles select_decode_tiles(decode_tiles t) noexcept {
   return t;
 }
 
-// The kind measured faster for type t on this machine (automatic: not measured, or not a type with the
-// choice), and a new measurement's result (tune_decode_tiles records it; automatic forgets it).
+// The kind chosen by timing for type t on this machine (automatic: not timed, or not a type with the
+// choice), and a new timing's choice (tune_decode_tiles records it; automatic forgets it).
 inline decode_tiles measured_decode_tiles(dtype t) noexcept {
   if (!has_decode_tiles_choice(t)) return decode_tiles::automatic;
   return static_cast<decode_tiles>(detail::measured_kind(t).load(std::memory_order_relaxed));

@@ -37,10 +37,7 @@ inline std::vector<kernels::decode_tiles_timing> tune_decode_tiles(thread_pool& 
   std::vector<kernels::decode_tiles_timing> made;
   const std::lock_guard<std::recursive_mutex> lock(kernels::detail::decode_tuning_mutex());
   if (kernels::active_decode_tiles() != kernels::decode_tiles::automatic) return made;
-  std::vector<const matrix*> order;  // as a decode step reads them
-  for (const layer_weights& l : w.layers)
-    for (const matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) order.push_back(m);
-  order.push_back(&w.output);  // (the embedding is looked up, not multiplied, unless tied)
+  const std::vector<const matrix*> order = decode_matrices(w);  // as a decode step reads them
   const std::size_t budget = std::max(o.max_bytes, o.cache_multiple * kernels::last_level_cache_bytes());
   for (const dtype t : {dtype::f32, dtype::f16, dtype::bf16, dtype::q8_0}) {
     if (t == dtype::q8_0 && products == kernels::products::int8) continue;

@@ -71,7 +71,7 @@ class device_weights {
   [[nodiscard]] std::size_t workspace(std::size_t m) const noexcept {
     std::size_t most = kernels::device::matmul_workspace(output, m);
     for (const device_layer_weights& l : layers)
-      for (const kernels::device::matrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
+      for (const kernels::device::matrix* w : layer_matrices(l))
         most = std::max(most, kernels::device::matmul_workspace(*w, m));
     return most;
   }

@@ -197,9 +197,7 @@ class transformer<kernels::host> {
   void interleave(const weights& w) {
     auto own = std::make_shared<interleaved>();
     own->w = w;
-    std::vector<matrix*> all{&own->w.output};
-    for (layer_weights& l : own->w.layers)
-      for (matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) all.push_back(m);
+    std::vector<matrix*> all = decode_matrices(own->w);
     std::erase_if(all, [](const matrix* m) { return m->data == nullptr || !kernels::interleavable(m->type) || m->rows < 8; });
     if (all.empty()) return;
     own->held.reserve(all.size());  // (a view's bytes move with its matrix anyway)

@@ -4,6 +4,7 @@
 //
 // `bind` checks every tensor a config implies (name, shape, type) against a GGUF tensor directory and
 // builds the views; `gguf_model.hpp` opens files, reads configs and writes models.
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -39,6 +40,13 @@ struct layer_weights {
   vector b_down;                  // (hidden)
 };
 
+// A layer's matrices in the order a decode step multiplies by them (q, k, v, o, gate, up, down): of any
+// layer type with these members (the host's, the CUDA backend's), const or not.
+template <class Layer>
+constexpr auto layer_matrices(Layer& l) noexcept {
+  return std::array{&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down};
+}
+
 struct weights {
   config cfg;
   matrix token_embd;  // (vocab, hidden)
@@ -54,6 +62,20 @@ struct weights {
   [[nodiscard]] dtype type() const noexcept { return layers.empty() ? token_embd.type : layers.front().w_up.type; }
 };
 
+// The matrices a decode step multiplies by, in that order: each layer's, then the output matrix (the
+// token embedding is looked up a row a token, not multiplied, unless it is the output matrix too). Of
+// any weights type with `layers` and `output` (the host's, the CUDA backend's), const or not; a
+// matrix a model does not have (w_gate without swiglu) is there with no data.
+template <class Weights>
+auto decode_matrices(Weights& w) {
+  std::vector<decltype(&w.output)> all;
+  all.reserve(w.layers.size() * 7 + 1);
+  for (auto& l : w.layers)
+    for (auto* m : layer_matrices(l)) all.push_back(m);
+  all.push_back(&w.output);
+  return all;
+}
+
 // What the CUDA backend keeps in device memory for weights (model/device_weights.cuh; host code, so the
 // plan is checked without a GPU): every matrix as the file stores it (its products read f32, f16, bf16
 // and every block-quantized type as stored: kernels::quant::kept_quantized), norm weights and biases
@@ -68,7 +90,7 @@ inline std::size_t device_weight_bytes(const weights& w) {
   floats(w.output_norm_b);
   floats(w.output_b);
   for (const layer_weights& l : w.layers) {
-    for (const matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) bytes += device_matrix_bytes(*m);
+    for (const matrix* m : layer_matrices(l)) bytes += device_matrix_bytes(*m);
     for (const vector v : {l.attn_norm, l.attn_norm_b, l.bq, l.bk, l.bv, l.bo, l.ffn_norm, l.ffn_norm_b, l.b_up, l.b_down})
       floats(v);
   }
