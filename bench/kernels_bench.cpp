@@ -498,18 +498,53 @@ void bench_crossover_section() {
   std::printf("(the generic path has one int8 kernel: nothing to compare)\n");
 }
 
+constexpr const char* usage = R"(usage: efim-kernels-bench [THREADS [WORD...]]
+
+Kernel lab: each host kernel checked against a plain reference, then both timed in the same run and
+their ratio printed; also the whole model's prefill and decode tokens/s.
+  THREADS   threads of the pool (0, the default: one per hardware thread)
+  WORD      sections to run (default: matmul typed attention model): matmul, typed, attention, model,
+            crossover (the two-group streams, panels and bounds, one thread from memory; never by
+            default); for typed also element types (f32 f16 bf16 q8_0 q4_0 q5_0 q5_1 q4_k q5_k q6_k:
+            those alone), decode (no prefill rows), int8 (rows with int8 products too), cached (a decode
+            row from the caches) and tiles (each exact one-row decode with both kinds of decode tiles,
+            on the AVX-512 path). Words may come as one argument: efim-kernels-bench 2 "typed decode q4_k"
+)";
+
+// What words the command line may name (usage).
+bool known_word(std::string_view w) {
+  for (const char* k : {"matmul", "typed", "attention", "model", "crossover", "decode", "int8", "cached", "tiles"})
+    if (w == k) return true;
+  return std::any_of(std::begin(all_dtypes), std::end(all_dtypes), [&](dtype t) { return to_string(t) == w; });
+}
+
 }  // namespace
 
-// Arguments: threads (0: one per hardware thread), then optionally which sections to run (words
-// naming any of: matmul, typed, attention, model, crossover; for typed, also element types and
-// "decode", "int8", "cached" and "tiles", as in `efim-kernels-bench 2 typed decode q4_k q6_k`). crossover
-// is not in the default set.
 int main(int argc, char** argv) {
-  const std::size_t threads = argc > 1 ? static_cast<std::size_t>(std::stoul(argv[1])) : 0;
+  if (argc > 1 && (std::string_view(argv[1]) == "--help" || std::string_view(argv[1]) == "-h")) {
+    std::fputs(usage, stdout);
+    return 0;
+  }
+  std::size_t threads = 0;
+  if (argc > 1) {
+    const std::string_view a = argv[1];
+    if (a.empty() || a.size() > 4 || !std::all_of(a.begin(), a.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      std::fprintf(stderr, "efim-kernels-bench: THREADS must be a number of threads (0-9999), not '%s'\n%s", argv[1],
+                   usage);
+      return 2;
+    }
+    threads = std::stoul(std::string(a));
+  }
   std::vector<std::string> words;
   for (int i = 2; i < argc; ++i) {
     std::istringstream in(argv[i]);
-    for (std::string w; in >> w;) words.push_back(w);
+    for (std::string w; in >> w;) {
+      if (!known_word(w)) {
+        std::fprintf(stderr, "efim-kernels-bench: unknown word '%s'\n%s", w.c_str(), usage);
+        return 2;
+      }
+      words.push_back(w);
+    }
   }
   if (words.empty()) words = {"matmul", "typed", "attention", "model"};
   const auto run = [&](const char* section) { return std::find(words.begin(), words.end(), section) != words.end(); };

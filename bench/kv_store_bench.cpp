@@ -19,6 +19,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <optional>
 #include <sstream>
@@ -121,21 +122,51 @@ int main(int argc, char** argv) {
   std::vector<std::string> shapes{"default", "1.5b"};
   std::size_t tokens = 512, threads = 0;
   std::string url;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i], v = argv[i + 1];
+  const char* const usage =
+      "usage: efim-kv-store-bench [--shapes default,1.5b] [--tokens N] [--threads N] [--redis URL]\n"
+      "A prompt's KV blocks computed by the host backend (A) against the same blocks fetched from a Redis\n"
+      "KV tier and verified (B), per model shape. Without --redis it starts its own redis-server on\n"
+      "loopback. --threads 0 (the default): one per hardware thread.\n";
+  const auto count = [&](const std::string& flag, const std::string& v, bool zero) -> std::size_t {
+    if (v.empty() || v.size() > 9 || v.find_first_not_of("0123456789") != std::string::npos ||
+        (!zero && std::stoul(v) == 0)) {
+      std::fprintf(stderr, "efim-kv-store-bench: %s needs a %s number, not '%s'\n", flag.c_str(),
+                   zero ? "whole" : "positive", v.c_str());
+      std::exit(2);
+    }
+    return std::stoul(v);
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--help" || flag == "-h") {
+      std::fputs(usage, stdout);
+      return 0;
+    }
+    if (flag != "--shapes" && flag != "--tokens" && flag != "--threads" && flag != "--redis") {
+      std::fprintf(stderr, "efim-kv-store-bench: unknown option %s\n%s", flag.c_str(), usage);
+      return 2;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "efim-kv-store-bench: %s needs a value\n%s", flag.c_str(), usage);
+      return 2;
+    }
+    const std::string v = argv[++i];
     if (flag == "--shapes") {
       shapes.clear();
       std::stringstream ss(v);
-      for (std::string s; std::getline(ss, s, ',');) shapes.push_back(s);
+      for (std::string s; std::getline(ss, s, ',');) {
+        if (s != "default" && s != "1.5b") {
+          std::fprintf(stderr, "efim-kv-store-bench: unknown shape '%s' (default, 1.5b)\n", s.c_str());
+          return 2;
+        }
+        shapes.push_back(s);
+      }
     } else if (flag == "--tokens") {
-      tokens = std::stoul(v);
+      tokens = count(flag, v, false);
     } else if (flag == "--threads") {
-      threads = std::stoul(v);
-    } else if (flag == "--redis") {
-      url = v;
+      threads = count(flag, v, true);
     } else {
-      std::cerr << "usage: efim-kv-store-bench [--shapes default,1.5b] [--tokens N] [--threads N] [--redis URL]\n";
-      return 2;
+      url = v;
     }
   }
   std::optional<redis_process> own;
