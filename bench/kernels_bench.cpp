@@ -286,9 +286,9 @@ void bench_model(thread_pool& pool) {
 // alone, "decode" skips the prefill rows, "int8" adds rows with products::int8 after each exact one for
 // the quantized types (kernels::int8_products), and "cached" a decode row of a 512 x 768 matrix that
 // stays in the caches (the kernels' arithmetic rather than the memory's speed). "tiles" times each exact
-// one-row decode on the AVX-512 path twice, with each kind of decode tiles (kernels::decode_tiles: the AVX2
-// path's streams and the AVX-512 path's prefetched 8-row tiles, which the CPU's vendor otherwise picks),
-// and prints their ratio.
+// one-row decode of a type with the choice (f32, f16, bf16, q8_0) on the AVX-512 path twice, with each kind of decode
+// tiles (kernels::decode_tiles: the AVX2 path's streams and the AVX-512 path's prefetched 8-row tiles, which the CPU's
+// vendor otherwise picks), and prints their ratio.
 void bench_typed(thread_pool& pool, const std::vector<std::string>& words) {
   struct shape {
     std::size_t rows, cols;
@@ -314,7 +314,8 @@ void bench_typed(thread_pool& pool, const std::vector<std::string>& words) {
     }
     // An exact decode row, or (one x row, "tiles", the AVX-512 path) one with each kind of decode tiles.
     const auto decode = [&](std::size_t m, std::size_t rows, std::size_t cols, bool cached) {
-      if (!named("tiles") || m != 1 || kernels::active_isa() != kernels::isa::avx512) {
+      if (!named("tiles") || m != 1 || kernels::active_isa() != kernels::isa::avx512 ||
+          !kernels::has_decode_tiles_choice(t)) {
         bench_typed_matmul(pool, t, m, rows, cols, nullptr, kernels::products::exact, cached);
         return;
       }
