@@ -58,7 +58,10 @@ echo "cpu_check: $cpu; results in $results"
 
 native=.cache/llama.cpp/native/VERSION
 if [[ "${LLAMA:-1}" == 1 && -f .cache/llama.cpp/VERSION ]]; then
-  if [[ ! -f "$native" ]] || ! grep -qxF "cpu: $cpu" "$native" || ! grep -q "commit $(sed -n 's/.*commit \([0-9a-f]\{40\}\).*/\1/p' .cache/llama.cpp/VERSION | head -n 1)" "$native"; then
+  release=$(sed -n 's/.*commit \([0-9a-f]\{40\}\).*/\1/p' .cache/llama.cpp/VERSION | head -n 1)
+  # (Built again: none yet, built on another CPU or from another release, or with AMX where advertised.)
+  if [[ ! -f "$native" ]] || ! grep -qxF "cpu: $cpu" "$native" || ! grep -q "commit $release" "$native" ||
+    { has amx_tile && ! grep -q "without AMX" "$native"; }; then
     opts=()
     has amx_tile && opts+=(--no-amx)
     echo "cpu_check: building llama.cpp for this CPU (bench/build_llama_cpp.sh ${opts[*]:-}; about 5 minutes on 2 cores)"
