@@ -504,6 +504,8 @@ int main(int argc, char** argv) try {
       std::fputs(usage, stdout);
       return 0;
     }
+    if (std::string_view(usage).find("  " + std::string(flag) + " ") == std::string_view::npos)
+      fail("unknown option " + std::string(flag) + " (see --help)");
     if (i + 1 >= argc) fail(std::string(flag) + " needs a value (see --help)");
     const char* v = argv[++i];
     if (flag == "--model") {

@@ -50,6 +50,8 @@ int main(int argc, char** argv) try {
       std::fputs(usage, stdout);
       return 0;
     }
+    if (std::string_view(usage).find("  " + flag + " ") == std::string_view::npos)
+      fail("unknown option " + flag + " (see --help)");
     if (i + 1 >= argc) fail(flag + " needs a value");
     const std::string v = argv[++i];
     if (flag == "--tokenizer") {
