@@ -2051,7 +2051,7 @@ TEST_CASE("the CUDA backend's weights take at most the quantized file's size", "
       const auto w = model::open_model(bytes).bind();
       std::size_t stored = 0, as_f16 = 0;
       for (const auto& l : w.layers)
-        for (const model::matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+        for (const model::matrix* m : model::layer_matrices(l)) {
           INFO(to_string(m->type));
           CHECK(kernels::quant::kept_quantized(m->type));
           stored += model::device_matrix_bytes(*m);
@@ -2059,6 +2059,13 @@ TEST_CASE("the CUDA backend's weights take at most the quantized file's size", "
         }
       CHECK(kernels::quant::kept_quantized(w.output.type));
       CHECK(model::device_weight_bytes(w) <= file);
+      // The matrices in decode order: each layer's seven, then the output matrix.
+      const std::vector<const model::matrix*> order = model::decode_matrices(w);
+      REQUIRE(order.size() == w.layers.size() * 7 + 1);
+      CHECK(order.front() == &w.layers.front().wq);
+      CHECK(order[6] == &w.layers.front().w_down);
+      CHECK(order[7] == &w.layers[1].wq);
+      CHECK(order.back() == &w.output);
       CHECK(static_cast<double>(stored) < 0.6 * static_cast<double>(as_f16));
     }
 }

@@ -212,10 +212,9 @@ inline bool amd_cpu() noexcept { return cpu().amd; }
 // Emerald Rapids: the tiles read twice what one stream without prefetch read; docs/benchmarks.md).
 // `automatic` (the default) takes for each type the kind tune_decode_tiles chose on this machine: the
 // vendor's kind unless the other was more than 3% faster (kernels/decode_tuning.hpp; the programs time
-// both once per type when they load a model),
-// and until then, or for a type not timed, the first on AMD CPUs and the second elsewhere. `streams`
-// and `prefetched` take one kind on any CPU, so that one process can time both (EFIM_DECODE_TILES=
-// streams|prefetched, read once, or select_decode_tiles).
+// both once per type when they load a model), and until then, or for a type not timed, the first on
+// AMD CPUs and the second elsewhere. `streams` and `prefetched` take one kind on any CPU, so that one
+// process can time both (EFIM_DECODE_TILES=streams|prefetched, read once, or select_decode_tiles).
 enum class decode_tiles : int { automatic, streams, prefetched };
 
 inline const char* decode_tiles_name(decode_tiles t) noexcept {
