@@ -23,6 +23,7 @@
 #include <iostream>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -128,13 +129,14 @@ int main(int argc, char** argv) {
       "KV tier and verified (B), per model shape. Without --redis it starts its own redis-server on\n"
       "loopback. --threads 0 (the default): one per hardware thread.\n";
   const auto count = [&](const std::string& flag, const std::string& v, bool zero) -> std::size_t {
-    if (v.empty() || v.size() > 9 || v.find_first_not_of("0123456789") != std::string::npos ||
-        (!zero && std::stoul(v) == 0)) {
+    const bool digits = !v.empty() && v.size() <= 9 && v.find_first_not_of("0123456789") == std::string::npos;
+    const std::size_t n = digits ? std::stoul(v) : 0;
+    if (!digits || (!zero && n == 0)) {
       std::fprintf(stderr, "efim-kv-store-bench: %s needs a %s number, not '%s'\n", flag.c_str(),
                    zero ? "whole" : "positive", v.c_str());
       std::exit(2);
     }
-    return std::stoul(v);
+    return n;
   };
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
@@ -155,8 +157,10 @@ int main(int argc, char** argv) {
       shapes.clear();
       std::stringstream ss(v);
       for (std::string s; std::getline(ss, s, ',');) {
-        if (s != "default" && s != "1.5b") {
-          std::fprintf(stderr, "efim-kv-store-bench: unknown shape '%s' (default, 1.5b)\n", s.c_str());
+        try {
+          (void)named_shape(s);  // (names the shapes it knows)
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "efim-kv-store-bench: %s\n", e.what());
           return 2;
         }
         shapes.push_back(s);
