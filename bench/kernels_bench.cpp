@@ -287,8 +287,9 @@ void bench_model(thread_pool& pool) {
 // the quantized types (kernels::int8_products), and "cached" a decode row of a 512 x 768 matrix that
 // stays in the caches (the kernels' arithmetic rather than the memory's speed). "tiles" times each exact
 // one-row decode of a type with the choice (f32, f16, bf16, q8_0) on the AVX-512 path twice, with each kind of decode
-// tiles (kernels::decode_tiles: the AVX2 path's streams and the AVX-512 path's prefetched 8-row tiles, which the CPU's
-// vendor otherwise picks), and prints their ratio.
+// tiles (kernels::decode_tiles: the AVX2 path's streams and the AVX-512 path's prefetched 8-row tiles; outside this
+// lab the pipeline chooses between them by timing, see engine::pipeline_options::tune_decode_tiles), and prints their
+// ratio.
 void bench_typed(thread_pool& pool, const std::vector<std::string>& words) {
   struct shape {
     std::size_t rows, cols;

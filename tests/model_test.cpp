@@ -441,6 +441,7 @@ TEST_CASE("CUDA decode launch over several matrices: every row of every part has
         const int part = parts.part_of(b);
         REQUIRE(part >= 0);
         REQUIRE(part < parts.count);
+        REQUIRE(kernels::quant::decode_parts::pick(parts.rows, part) == rows[part]);  // (the kernels' choice)
         for (int warp = 0; warp < warps; ++warp) {
           const auto w = static_cast<unsigned>(warp);
           const std::size_t row = warps == 4 ? parts.row_of<4>(b, part, w) : parts.row_of<1>(b, part, w);
@@ -456,6 +457,8 @@ TEST_CASE("CUDA decode launch over several matrices: every row of every part has
       CHECK(wrong == 0);
       CHECK(idle < rows.size() * static_cast<std::size_t>(warps));  // (only each part's last block idles)
     }
+  const float outs[3] = {};
+  for (int k = 0; k < 3; ++k) CHECK(kernels::quant::decode_parts::pick({outs, outs + 1, outs + 2}, k) == outs + k);
   kernels::quant::decode_parts full;
   for (int k = 0; k < kernels::quant::decode_parts::max; ++k) full.add(nullptr, 1, nullptr, nullptr, 4);
   CHECK_THROWS_AS(full.add(nullptr, 1, nullptr, nullptr, 4), error);

@@ -200,8 +200,10 @@ EFIM_HOST_DEVICE float small_float(std::uint32_t v) noexcept {
 }
 
 // q4_k / q5_k: scale and min j (0..7) of the 12 scale bytes (kquant::scale_min), held as three words.
+// (The word a byte is in is chosen among constant indices: indexed by j, the three would be copied to
+// the thread's stack first.)
 EFIM_HOST_DEVICE void scale_min(const std::uint32_t (&w)[3], int j, std::uint32_t& sc, std::uint32_t& m) noexcept {
-  const auto byte = [&](int i) { return (w[i / 4] >> (8 * (i % 4))) & 0xFFu; };
+  const auto byte = [&](int i) { return ((i >= 8 ? w[2] : i >= 4 ? w[1] : w[0]) >> (8 * (i % 4))) & 0xFFu; };
   if (j < 4) {
     sc = byte(j) & 63u;
     m = byte(j + 4) & 63u;
@@ -539,26 +541,39 @@ struct decode_parts {
   }
   // The part block b of the launch works in (its warps take rows (b - first_block[part]) * warps + 0,
   // 1, ... of it): the last whose first block is at most b.
-  EFIM_HOST_DEVICE int part_of(unsigned b) const noexcept {
-    int part = 0;
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
-    for (int k = 1; k < max; ++k)
-      if (k < count && b >= first_block[k]) part = k;
-    return part;
+  EFIM_HOST_DEVICE int part_of(unsigned b) const noexcept { return last_started<max - 1>(b); }
+  // Element `part` of one of the arrays, chosen by comparing part with each index in turn. (In a
+  // kernel, the parts are a parameter: indexed by a value known only at run time, an array of them is
+  // first copied to the thread's stack, 120 bytes a thread in the decode kernels (ptxas -v); a chain of
+  // choices among constant indices reads the parameter where it is.)
+  template <int K = max - 1, class V>
+  EFIM_HOST_DEVICE static V pick(const V (&a)[max], int part) noexcept {
+    if constexpr (K == 0)
+      return a[0];
+    else
+      return part == K ? a[K] : pick<K - 1>(a, part);
   }
   // The row of `part` that warp `warp` of block b takes (past the part's rows: none, the warp idles),
   // for parts added with blocks of Warps warps (the kernel's policy, a constant to it).
   template <int Warps>
   EFIM_HOST_DEVICE std::size_t row_of(unsigned b, int part, unsigned warp) const noexcept {
-    return static_cast<std::size_t>(b - first_block[part]) * static_cast<std::size_t>(Warps) + warp;
+    return static_cast<std::size_t>(b - pick(first_block, part)) * static_cast<std::size_t>(Warps) + warp;
   }
   // The launch's blocks.
   [[nodiscard]] std::size_t blocks() const noexcept {
     if (count == 0) return 0;
     const auto per = static_cast<std::size_t>(warps);
     return first_block[count - 1] + (rows[count - 1] + per - 1) / per;
+  }
+
+ private:
+  // part_of: the last of parts 0 .. K whose first block is at most b (constant indices, as pick).
+  template <int K>
+  EFIM_HOST_DEVICE int last_started(unsigned b) const noexcept {
+    if constexpr (K == 0)
+      return 0;
+    else
+      return K < count && b >= first_block[K] ? K : last_started<K - 1>(b);
   }
 };
 

@@ -67,21 +67,23 @@ __device__ inline bool decode_row(const decode_parts& parts, int& part, std::siz
   static_assert(Policy::warps * 32 <= 1024, "a block of whole warps");
   part = Parts ? parts.part_of(blockIdx.x) : 0;
   row = parts.row_of<Policy::warps>(blockIdx.x, part, threadIdx.x / 32);  // (parts.warps == it: the launch checks)
-  return row < parts.rows[part];
+  return row < decode_parts::pick(parts.rows, part);
 }
 
 // The warp's sums (one per x row, lane 0's complete) stored into row r of y of its part.
 template <int M>
 __device__ inline void decode_store_rows(const decode_parts& parts, int part, std::size_t r, const float (&sums)[M],
                                          int m, int lane, bool acc) {
-  const std::size_t rows = parts.rows[part];
+  const std::size_t rows = decode_parts::pick(parts.rows, part);
+  float* const y = decode_parts::pick(parts.y, part);
+  const float* const bias = decode_parts::pick(parts.bias, part);
 #pragma unroll
   for (int i = 0; i < M; ++i) {
     if (i >= m) break;
     float v = sums[i];
 #pragma unroll
     for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, off);
-    if (lane == 0) decode_store(parts.y[part] + static_cast<std::size_t>(i) * rows + r, v, acc, parts.bias[part], r);
+    if (lane == 0) decode_store(y + static_cast<std::size_t>(i) * rows + r, v, acc, bias, r);
   }
 }
 
@@ -94,7 +96,7 @@ __global__ void __launch_bounds__(Policy::warps * 32)
   std::size_t r;
   if (!decode_row<Policy, Parts>(parts, part, r)) return;  // a whole warp at once
   float sums[M] = {};
-  quant::lane_dots<T, M>(parts.w[part] + r * row_bytes, cols, x, m, lane, 32, sums);
+  quant::lane_dots<T, M>(decode_parts::pick(parts.w, part) + r * row_bytes, cols, x, m, lane, 32, sums);
   decode_store_rows<M>(parts, part, r, sums, m, lane, acc);
 }
 
@@ -107,7 +109,7 @@ __global__ void __launch_bounds__(Policy::warps * 32)
   std::size_t r;
   if (!decode_row<Policy, Parts>(parts, part, r)) return;  // a whole warp at once
   float sums[M] = {};
-  quant::lane_idots<T, M>(parts.w[part] + r * row_bytes, x, m, lane, 32, sums);
+  quant::lane_idots<T, M>(decode_parts::pick(parts.w, part) + r * row_bytes, x, m, lane, 32, sums);
   decode_store_rows<M>(parts, part, r, sums, m, lane, acc);
 }
 
@@ -123,9 +125,9 @@ __global__ void __launch_bounds__(Policy::warps * 32)
   if (!decode_row<Policy, true>(parts, part, r)) return;  // a whole warp at once
   float sums[1] = {};
   if (part < parts.second)  // (the block's part: uniform)
-    quant::lane_idots<T0, 1>(parts.w[part] + r * rb0, x, 1, lane, 32, sums);
+    quant::lane_idots<T0, 1>(decode_parts::pick(parts.w, part) + r * rb0, x, 1, lane, 32, sums);
   else
-    quant::lane_idots<T1, 1>(parts.w[part] + r * rb1, x, 1, lane, 32, sums);
+    quant::lane_idots<T1, 1>(decode_parts::pick(parts.w, part) + r * rb1, x, 1, lane, 32, sums);
   decode_store_rows<1>(parts, part, r, sums, 1, lane, acc);
 }
 
