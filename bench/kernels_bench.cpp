@@ -459,6 +459,21 @@ void bench_crossover(rng& r) {
           [&](const block* xq, std::size_t c, float* y) { k5::il8_rows<one>(xq, m, il_view(c), nb, 0, rows, y, no); },
           [&](const block* xq, std::size_t c, float* y) { k5::il8_rows<two>(xq, m, il_view(c), nb, 0, rows, y, no); });
   }
+  // Where the process runs AMX (int8_dot::amx, a Xeon), the interleaved streams of q8_0 and q4_0 against
+  // the AMX panels that matmul takes above int8_stream_rows x rows (whole tiles of 16 x rows on AMX, the
+  // rest on the VNNI panels), to place the streams' bound there.
+  if constexpr (Avx512 && per32 && kernels::interleavable(T)) {
+    if (kernels::int8_dot_for(kernels::isa::avx512) == kernels::int8_dot::amx) {
+      namespace k5 = kd::isa_avx512;
+      for (const std::size_t m : {13, 16, 24, 32, 48, 64, 96, 128})
+        in_turn(
+            m, "interleaved", "amx panels", "stream",
+            [&](const block* xq, std::size_t c, float* y) { k5::q32_amx_panels<T>(xq, m, il_view(c), 0, rows, y, no); },
+            [&](const block* xq, std::size_t c, float* y) {
+              k5::q32_il8_rows<T, D>(xq, m, il_view(c), 0, rows, y, no);
+            });
+    }
+  }
   // The panels packed from the rows as stored against the panels packed from the rows interleaved (the
   // packing's share of a prefill).
   for (const std::size_t m : {64, 512}) {

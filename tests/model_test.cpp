@@ -1142,9 +1142,9 @@ TEST_CASE("int8 products: the same bits on every path, batch and thread count, w
       const double steps = static_cast<double>(cols / per * (t == dtype::q5_1 ? 2 : 1));
       // Both sides of every streaming bound (int8_stream_rows; il8_stream_rows per type and form; q32_il8x2_rows)
       // and every tile of x rows (1 to 8: q32_il8x2's tiles of 8 leave 2, 3 and 6 at 10, 11 and 14); AMX: 37 = 2
-      // tiles + 5.
+      // tiles + 5, 24 and 25 the bound of interleaved rows (amx_il8_stream_rows).
       for (const std::size_t m :
-           {1, 2, 3, 4, 5, 6, 7, 10, 11, 12, 13, 14, 16, 17, 32, 33, 37, 48, 49, 64, 65, 96, 97, 256, 257}) {
+           {1, 2, 3, 4, 5, 6, 7, 10, 11, 12, 13, 14, 16, 17, 24, 25, 32, 33, 37, 48, 49, 64, 65, 96, 97, 256, 257}) {
         INFO(to_string(t) << " m " << m << " rows " << rows << " cols " << cols);
         auto x = random_vector(r, m * cols);
         if (m == 3) {  // an all-zero block

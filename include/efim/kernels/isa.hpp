@@ -166,9 +166,9 @@ inline bool amx_ready() noexcept {
 
 // How the integer products of the types of 32-weight blocks (q8_0, q4_0, q5_0, q5_1) multiply bytes:
 // VPMADDUBSW + VPMADDWD (AVX2), or VPDPBUSD on 256-bit registers in its EVEX encoding (AVX-512 VNNI
-// with VL) or its VEX encoding (AVX-VNNI); amx: prefill (more than int8_stream_rows x rows) on AMX
-// tiles (TDPBSSD / TDPBSUD), decode as evex. All give the same integers, so the same bits. (The
-// k-quants take amx as evex.)
+// with VL) or its VEX encoding (AVX-VNNI); amx: prefill (more than int8_stream_rows x rows, 24 for rows
+// interleaved) on AMX tiles (TDPBSSD / TDPBSUD), decode as evex. All give the same integers, so the
+// same bits. (The k-quants take amx as evex.)
 enum class int8_dot : int { madd = 0, evex = 1, vex = 2, amx = 3 };
 
 constexpr bool uses_vpdpbusd(int8_dot d) noexcept { return d != int8_dot::madd; }

@@ -26,8 +26,8 @@
 // sums added across in one network; for more x rows AVX-512 VNNI packs panels of 32 weight rows, AVX2
 // (and AVX-512 without VNNI) panels of 8 rows side by side in 256-bit registers; generic is the
 // one-output-at-a-time reference. All give the reference's bits. The types of 32-weight blocks
-// (impl/matmul_q8_32.inl) stream 8 weight rows at a time for up to 12 x rows (interleaved: 32 on the
-// AVX-512 path with VNNI, else 256) and pack panels for more: of 32 rows in 512-bit registers with
+// (impl/matmul_q8_32.inl) stream 8 weight rows at a time for up to 12 x rows (interleaved: 64 on the
+// AVX-512 path with VNNI, 24 with AMX, else 256) and pack panels for more: of 32 rows in 512-bit registers with
 // AVX-512 VNNI, else of 8 rows in 256-bit registers with VPDPBUSD where the CPU has VNNI, else VPMADDUBSW.
 // q8_0, q4_0 and the k-quants' matrices may have 8 rows interleaved (weight_layout::interleaved8,
 // interleave.hpp): decode then reads them in order, a row's sums in a lane of their own; the same bits.

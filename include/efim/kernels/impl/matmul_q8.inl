@@ -27,7 +27,8 @@ inline constexpr std::size_t int8_stream_rows = 12;
 // streams they fell under the panels between 16 and 32), and the whole model's prefill of 64 tokens
 // was faster at a bound of 64 than at 32 (1.0-1.4x in this machine's noise). So is q6_k there, whose
 // two-group streams (kq_il8x2) were 1.13-1.19x the 512-bit panels' speed at 64 x rows, 1.04-1.08x at 96
-// and 0.99-1.00x at 128. AMX (Xeons) keeps int8_stream_rows.
+// and 0.99-1.00x at 128. With AMX (Xeons), q8_0 and q4_0 stream up to amx_il8_stream_rows
+// (matmul_q8_32.inl), then go to the AMX panels.
 template <dtype T>
 constexpr std::size_t il8_stream_rows(int8_dot d) noexcept {
   const bool vnni = d != int8_dot::madd;

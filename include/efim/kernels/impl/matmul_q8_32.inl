@@ -694,6 +694,15 @@ EFIM_K_ENTRY void quantize_q8_32(const float* x, std::size_t n, kquant::block_q8
 #endif
 }
 
+// With AMX, the x rows up to which q8_0 and q4_0 with their rows interleaved still stream (the EVEX
+// two-group streams, q32_il8x2) rather than go to the AMX panels. Below 16 x rows the AMX panels have no
+// whole tile and are the VNNI panels; from 17 to 31 they pack the weights twice (for the tiles and for
+// the VNNI panels of the rest). Emerald Rapids, one thread, 2,048 x 768 from memory, two runs
+// (efim-kernels-bench 1 crossover, "amx panels"): the streams 1.53-1.57x the AMX panels' speed at 13 x
+// rows, 1.11-1.37x at 16, 1.30-1.40x at 24; at 32 q8_0 0.84-0.85x, q4_0 1.02-1.18x; 0.75-0.89x at 64.
+// Rows as stored keep int8_stream_rows.
+inline constexpr std::size_t amx_il8_stream_rows = 24;
+
 // Form d as this path takes it: the AVX2 path each form as asked; the AVX-512 path AMX (prefill, in
 // matmul_amx.inl; its decode EVEX), EVEX, else VPMADDUBSW (int8_dot_for never asks it for VEX: its
 // registers reach ymm31, which VEX cannot name).
@@ -702,7 +711,8 @@ inline void matmul_q32_typed(thread_pool& pool, const kquant::block_q8_32* xq, c
                              std::size_t m, accumulate acc, int8_dot d) {
 #if EFIM_K_AVX512
 #if defined(EFIM_K_AVX2_PATH_DEFINED)
-  if (d == int8_dot::amx && m > int8_stream_rows) {
+  const bool il = w.layout == weight_layout::interleaved8;
+  if (d == int8_dot::amx && m > (il ? amx_il8_stream_rows : int8_stream_rows)) {
     const std::size_t units = (w.rows + 15) / 16;
     pool.parallel_for(units, [&](std::size_t b, std::size_t e) {
       q32_amx_panels<T>(xq, m, w, b * 16, std::min(e * 16, w.rows), y, acc);
