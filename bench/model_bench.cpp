@@ -61,9 +61,11 @@ share of both.
                       rounded to 8 bits for quantized weights, as llama.cpp does), timed in turn with the
                       others for quantized models, its x columns over efim's exact products, its ratios to
                       llama.cpp after them (--int8, the default, is still accepted)
-  --int8-rows         also a row "rows": int8 products on the matrices as the file stores them, without
-                      the interleaved copies the host backend makes by default (kernels/interleave.hpp),
-                      timed in turn with the others; x over the int8 row (the interleaved rows' gain)
+  --rows, --int8-rows also a row "rows": the matrices as the file stores them, without the interleaved
+                      copies the host backend makes by default (kernels/interleave.hpp): int8 products of a
+                      quantized file, exact products of an f16 or bf16 file (where the host backend
+                      interleaves them: the AVX-512 path off AMD CPUs, or EFIM_INTERLEAVE_FLOATS=1); timed
+                      in turn with the others; x: the interleaved rows' gain
   --json FILE         write the results as JSON
 )";
 
@@ -327,7 +329,7 @@ int main(int argc, char** argv) {
       int8 = true;
     } else if (a == "--no-int8") {
       int8 = false;
-    } else if (a == "--int8-rows") {
+    } else if (a == "--rows" || a == "--int8-rows") {
       int8_rows = true;
     } else if (a == "--no-mmap") {
       residency = gguf::residency::read;
@@ -418,9 +420,11 @@ int main(int argc, char** argv) {
       std::vector<float> host_logits, ref_logits;
       // efim and llama.cpp take turns, one repetition each, so that both see the same machine (the
       // speed of a shared virtual machine drifts by 10-20% over minutes); the best of each is kept.
-      timing host, host8, rows8;
+      timing host, host8, rows8, rows_exact;
       std::vector<float> int8_logits;
       const bool time8 = int8 && kernels::int8_products(w.type());
+      const bool time_rows_exact =
+          int8_rows && kernels::interleavable_floats(w.type()) && kernels::interleave_floats_by_default();
       std::vector<std::optional<nlohmann::json>> llama_best(peers.size());
       for (std::size_t rep = 0; rep < reps; ++rep) {
         std::vector<float> logits;
@@ -433,6 +437,12 @@ int main(int argc, char** argv) {
           if (rep == 0) int8_logits = std::move(logits);
           host8.prefill_tps = std::max(host8.prefill_tps, t8.prefill_tps);
           host8.decode_tps = std::max(host8.decode_tps, t8.decode_tps);
+        }
+        if (time_rows_exact) {
+          const timing tr = time_host(w, threads, kv_type, prompt, decode_n, logits, kernels::products::exact,
+                                      kernels::weight_layout::rows);
+          rows_exact.prefill_tps = std::max(rows_exact.prefill_tps, tr.prefill_tps);
+          rows_exact.decode_tps = std::max(rows_exact.decode_tps, tr.decode_tps);
         }
         if (time8 && int8_rows) {
           const timing tr = time_host(w, threads, kv_type, prompt, decode_n, logits, kernels::products::int8,
@@ -494,6 +504,16 @@ int main(int argc, char** argv) {
             "", "int8", host8.prefill_tps, host8.decode_tps, host8.prefill_tps / host.prefill_tps,
             host8.decode_tps / host.decode_tps, static_cast<double>(err), 100.0 * host8.decode_tps * decode_bytes / bandwidth,
             100.0 * host8.decode_tps * decode_bytes / read);
+      }
+      if (time_rows_exact) {
+        r["efim_rows_as_stored"] = {
+            {"prefill_tokens_per_s", rows_exact.prefill_tps},
+            {"decode_tokens_per_s", rows_exact.decode_tps},
+            {"decode_fraction_of_copy_bandwidth", rows_exact.decode_tps * decode_bytes / bandwidth}};
+        std::printf("%-28s %-6s %12.1f %12.2f %11.2fx %11.2fx %9s  decode reads %.0f%% of the copy bandwidth\n", "",
+                    "rows", rows_exact.prefill_tps, rows_exact.decode_tps, host.prefill_tps / rows_exact.prefill_tps,
+                    host.decode_tps / rows_exact.decode_tps, "",
+                    100.0 * rows_exact.decode_tps * decode_bytes / bandwidth);
       }
       if (time8 && int8_rows) {
         r["efim_int8_rows_as_stored"] = {{"prefill_tokens_per_s", rows8.prefill_tps},

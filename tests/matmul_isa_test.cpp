@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <utility>
 #include <vector>
 
 #include "decode_tiles_guard.hpp"
@@ -135,6 +136,55 @@ TEST_CASE("int8 products give the same bits on every instruction-set path, whate
     CHECK(hash_32 == int8_bits_32);
   }
   kernels::select_isa(before);
+}
+
+TEST_CASE("f16 and bf16 rows interleaved give the bits of the rows as stored, on every path, batch and thread count",
+          "[kernels][matmul]") {
+  const efim_test::decode_tiles_guard guard;
+  thread_pool one(1), two(2), three(3);
+  rng r(16);
+  // Whole groups and rows past them (50 = 6 x 8 + 2), one group alone, rows longer than the panels' range;
+  // x rows on both sides of the tiles of 3, 2 and 1 and of stream_rows_bound (64).
+  const std::pair<std::size_t, std::size_t> shapes[] = {{8, 16}, {50, 64}, {19, 768}, {17, 2048}};
+  for (const kernels::isa path : {kernels::isa::avx512, kernels::isa::avx2, kernels::isa::generic}) {
+    if (kernels::select_isa(path) != path) continue;  // the CPU lacks it
+    for (const dtype t : {dtype::f16, dtype::bf16})
+      for (const auto& [rows, cols] : shapes) {
+        std::vector<std::byte> bytes(rows * row_bytes(t, cols)), il(bytes.size());
+        for (std::size_t e = 0; e < rows * cols; ++e) {
+          const float v = static_cast<float>(r.uniform() * 2.0 - 1.0);
+          const std::uint16_t h = t == dtype::f16 ? f32_to_f16(v) : f32_to_bf16(v);
+          std::memcpy(bytes.data() + 2 * e, &h, 2);
+        }
+        const kernels::weight_view w{t, rows, cols, bytes.data()};
+        kernels::interleave8(w, il.data(), &two);
+        const kernels::weight_view wi{t, rows, cols, il.data(), kernels::weight_layout::interleaved8};
+        CHECK((cols == 16 || il != bytes));  // (16 columns: one chunk a row, the same order)
+        std::vector<std::byte> back(il.size());
+        kernels::deinterleave8(wi, back.data());
+        CHECK(back == bytes);
+        for (const std::size_t m : {1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 63, 64, 65, 130})
+          for (thread_pool* pool : {&one, &two, &three}) {
+            INFO("path " << kernels::isa_name(path) << ", " << to_string(t) << " " << rows << " x " << cols << ", m "
+                         << m << ", threads " << pool->size());
+            std::vector<float> x(m * cols);
+            for (auto& v : x) v = static_cast<float>(r.uniform() * 2.0 - 1.0);
+            std::vector<float> want(m * rows), got(m * rows, std::nanf(""));
+            kernels::matmul(*pool, x.data(), w, want.data(), m);
+            kernels::matmul(*pool, x.data(), wi, got.data(), m);
+            CHECK(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0);
+            // Accumulating into y as well.
+            std::vector<float> more = want;
+            kernels::matmul(*pool, x.data(), w, want.data(), m, kernels::accumulate::yes);
+            kernels::matmul(*pool, x.data(), wi, more.data(), m, kernels::accumulate::yes);
+            CHECK(std::memcmp(want.data(), more.data(), want.size() * sizeof(float)) == 0);
+          }
+      }
+  }
+  // Rows not a multiple of 16 long do not interleave.
+  std::vector<std::byte> odd(8 * 32 * 4), out(odd.size());
+  CHECK_THROWS(kernels::interleave8(kernels::weight_view{dtype::f16, 8, 24, odd.data()}, out.data()));
+  CHECK_THROWS(kernels::interleave8(kernels::weight_view{dtype::f32, 8, 32, odd.data()}, out.data()));
 }
 
 TEST_CASE("decode tiles: both kinds timed over matrices, the vendor's kept unless the other is faster",

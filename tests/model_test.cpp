@@ -1759,6 +1759,39 @@ TEST_CASE("cached, chunked and batched computation give the same bits for every 
       }
 }
 
+TEST_CASE("f16 and bf16 matrices interleaved give the model the bits of the rows as stored",
+          "[model][arch][cache][interleave]") {
+  // The AVX-512 path reads f16 and bf16 matrices with 8 rows interleaved where the model makes them
+  // (kernels::interleave_floats_by_default: not on AMD CPUs); forced on here, on any CPU whose path reads
+  // them, and off, the logits of every step, chunk and batch agree to the bit.
+  if (!kernels::reads_interleaved_floats(kernels::active_isa())) {
+    WARN("the active path (" << kernels::isa_name(kernels::active_isa()) << ") puts interleaved rows back in order");
+    return;
+  }
+  const int before = kernels::select_interleave_floats(1);
+  for (const dtype wt : {dtype::f16, dtype::bf16}) {
+    const auto w = model::random_weights(arch_config(model::architecture::qwen2, 300, wt), 43, {wt});
+    CHECK(model::transformer<kernels::host>(w).interleaved_matrices() == 7 * 2 + 1);  // each layer's 7, the output
+    CHECK(model::transformer<kernels::host>(w, kernels::products::exact, kernels::weight_layout::rows)
+              .interleaved_matrices() == 0);
+    kernels::select_interleave_floats(0);
+    CHECK(model::transformer<kernels::host>(w).interleaved_matrices() == 0);
+    kernels::select_interleave_floats(1);
+    for (const dtype kvt : {dtype::f32, dtype::f16}) {
+      INFO(describe(arch_config(model::architecture::qwen2), wt, kvt));
+      rng r1(46), r2(46);
+      const auto interleaved =
+          check_cached_chunked_batched(model::architecture::qwen2, wt, kvt, r1, kernels::products::exact);
+      kernels::select_interleave_floats(0);
+      const auto rows = check_cached_chunked_batched(model::architecture::qwen2, wt, kvt, r2, kernels::products::exact,
+                                                     kernels::weight_layout::interleaved8);
+      kernels::select_interleave_floats(1);
+      CHECK(interleaved == rows);
+    }
+  }
+  kernels::select_interleave_floats(before);
+}
+
 TEST_CASE("int8 products: cached, chunked and batched computation give the same bits, near the exact logits",
           "[model][arch][cache][int8]") {
   for (const auto arch : all_architectures)

@@ -1,20 +1,29 @@
 #pragma once
-// Weight matrices with 8 rows interleaved (weight_layout::interleaved8), for the int8 decode products
-// of q8_0, q4_0, q4_k, q5_k and q6_k weights: the same bytes as the file's, permuted within each group
-// of 8 rows so that one 256-bit load holds 4 quant bytes of each of the 8 rows, each row in a 32-bit
-// lane of its own. A decode step then reads the matrix in order and sums each row in its lane
-// (VPDPBUSD against 4 of x's bytes broadcast), with no sum across lanes per block as the rows as
-// stored need; the 8 rows' scales are one load. (On an Intel Xeon the rows as stored held the q4_0
-// decode product to about 19 GMAC/s a thread in cache, the k-quants' to 73% of a read from memory;
-// docs/benchmarks.md.)
+// Weight matrices with 8 rows interleaved (weight_layout::interleaved8): the same bytes as the file's,
+// permuted within each group of 8 rows so that a decode step reads the 8 rows' bytes in one sequential
+// stream, with no jumps between rows for the prefetchers to follow.
+// - For the int8 decode products of q8_0, q4_0, q4_k, q5_k and q6_k weights: one 256-bit load holds 4
+//   quant bytes of each of the 8 rows, each row in a 32-bit lane of its own. A decode step sums each
+//   row in its lane (VPDPBUSD against 4 of x's bytes broadcast), with no sum across lanes per block as
+//   the rows as stored need; the 8 rows' scales are one load. (On an Intel Xeon the rows as stored held
+//   the q4_0 decode product to about 19 GMAC/s a thread in cache, the k-quants' to 73% of a read from
+//   memory; docs/benchmarks.md.)
+// - For the exact decode products of f16 and bf16 weights (rows a multiple of 16 long): 16 elements of
+//   each of the 8 rows in turn (32 bytes a row, 256 a block), so that the 8 rows' canonical lane sums
+//   (16 elements a step) advance together over one stream. (In a read loop on an Emerald Rapids Xeon the
+//   8 rows as stored read 0.84x of this stream with software prefetch; on a Zen 5 EPYC a decode step
+//   read the rows as stored 1.3-1.5x faster, so the models interleave f16 and bf16 off AMD CPUs only:
+//   interleave_floats_by_default in matmul.hpp; docs/benchmarks.md.)
 //
 // Group g (rows 8 g .. 8 g + 7) keeps the bytes of its 8 rows, 8 * row_bytes from 8 g * row_bytes, in
-// blocks: block b of the 8 rows (8 * block bytes, at 8 * b * block bytes) holds each field of the
-// type's block (il8_fields: its scales, quants, ...) in the order the block stores them, each the 8
-// rows' in turn a chunk at a time (f16 scales 2 bytes, the rest 4): byte c of a field of row r, the
-// field at byte `at` of the block as stored, is at 8 * at + 8 * chunk * (c / chunk) + chunk * r + c %
-// chunk. So q8_0 and q4_0: the 8 scales (16 bytes), then quant byte c of row r at 16 + 32 * (c / 4) +
-// 4 * r + c % 4. Rows past the last whole group stay as stored, where they were.
+// blocks (il8_block: a quantized type's block, 16 elements of f16 or bf16): block b of the 8 rows (8 *
+// block bytes, at 8 * b * block bytes) holds each field of the type's block (il8_fields: its scales,
+// quants, ...; the whole 32 bytes of f16 or bf16) in the order the block stores them, each the 8 rows' in
+// turn a chunk at a time (f16 scales 2 bytes, quants 4, f16 and bf16 weights 32): byte c of a field of
+// row r, the field at byte `at` of the block as stored, is at 8 * at + 8 * chunk * (c / chunk) + chunk *
+// r + c % chunk. So q8_0 and q4_0: the 8 scales (16 bytes), then quant byte c of row r at 16 + 32 * (c /
+// 4) + 4 * r + c % 4; f16 element k of row r at 256 * (k / 16) + 32 * r + 2 * (k % 16). Rows past the
+// last whole group stay as stored, where they were.
 #include <array>
 #include <cstddef>
 #include <cstring>
@@ -29,9 +38,16 @@
 
 namespace efim::kernels {
 
-// The types weight_layout::interleaved8 holds.
+// The types weight_layout::interleaved8 holds: quantized ones for the int8 products, f16 and bf16 for
+// the exact ones.
+constexpr bool interleavable_floats(dtype t) noexcept { return t == dtype::f16 || t == dtype::bf16; }
 constexpr bool interleavable(dtype t) noexcept {
-  return t == dtype::q8_0 || t == dtype::q4_0 || t == dtype::q4_k || t == dtype::q5_k || t == dtype::q6_k;
+  return t == dtype::q8_0 || t == dtype::q4_0 || t == dtype::q4_k || t == dtype::q5_k || t == dtype::q6_k ||
+         interleavable_floats(t);
+}
+// Whether a matrix of t with rows `cols` long interleaves (f16 and bf16: rows a multiple of 16 long).
+constexpr bool interleavable(dtype t, std::size_t cols) noexcept {
+  return interleavable(t) && (!interleavable_floats(t) || cols % 16 == 0);
 }
 
 namespace detail {
@@ -58,9 +74,20 @@ constexpr il8_fields il8_layout(dtype t) noexcept {
       return {{{{0, 2, 2}, {2, 2, 2}, {4, 12, 4}, {16, 32, 4}, {48, 128, 4}}}, 5};
     case dtype::q6_k:  // 128 bytes of low nibbles, 64 of top bits, 16 scales, d
       return {{{{0, 128, 4}, {128, 64, 4}, {192, 16, 4}, {208, 2, 2}}}, 4};
+    case dtype::f16:  // 16 elements
+    case dtype::bf16:
+      return {{{{0, 32, 32}}}, 1};
     default:
       return {{}, 0};
   }
+}
+
+// The unit il8_layout describes: a quantized type's block, 16 elements of f16 or bf16.
+struct il8_unit {
+  std::size_t elements, bytes;
+};
+constexpr il8_unit il8_block(dtype t) noexcept {
+  return interleavable_floats(t) ? il8_unit{16, 32} : il8_unit{info(t).block, info(t).bytes};
 }
 
 // Where a block of 8 interleaved rows starts field k of t's layout (the kernels read them there).
@@ -75,12 +102,14 @@ constexpr std::size_t il8_at(const il8_field& f, std::size_t c, std::size_t r) n
 constexpr std::size_t il8_scale_at(std::size_t r) noexcept { return 2 * r; }
 constexpr std::size_t il8_quants_at(std::size_t c, std::size_t r) noexcept { return 16 + 8 * c + 4 * r; }
 
-// Copies a chunk (2 or 4 bytes: fixed-size copies, not calls).
+// Copies a chunk (2, 4 or 32 bytes: fixed-size copies, not calls).
 [[gnu::always_inline]] inline void il8_copy(std::byte* to, const std::byte* from, std::size_t chunk) noexcept {
   if (chunk == 4)
     std::memcpy(to, from, 4);
-  else
+  else if (chunk == 2)
     std::memcpy(to, from, 2);
+  else
+    std::memcpy(to, from, 32);
 }
 
 // Row r's block as stored into the 8 rows' interleaved block (scatter), or back out of it (gather).
@@ -131,7 +160,8 @@ template <dtype T>
 // to its place in the other order, writing out (w.rows * row_bytes bytes); groups [g0, g1).
 inline void permute8(const weight_view& w, std::byte* out, bool to_interleaved, std::size_t g0, std::size_t g1) {
   const il8_fields l = il8_layout(w.type);
-  const std::size_t bytes = info(w.type).bytes, nb = w.cols / info(w.type).block, rb = row_bytes(w.type, w.cols);
+  const std::size_t bytes = il8_block(w.type).bytes, nb = w.cols / il8_block(w.type).elements;
+  const std::size_t rb = row_bytes(w.type, w.cols);
   for (std::size_t g = g0; g < g1; ++g) {
     const std::byte* const src = w.data + 8 * g * rb;
     std::byte* const dst = out + 8 * g * rb;
@@ -149,8 +179,10 @@ inline void permute8(const weight_view& w, std::byte* out, bool to_interleaved, 
 }
 
 inline void permute(thread_pool* pool, const weight_view& w, std::byte* out, bool to_interleaved) {
-  require(interleavable(w.type), errc::invalid_argument,
-          "only q8_0, q4_0, q4_k, q5_k and q6_k matrices interleave their rows, not " + std::string(to_string(w.type)));
+  require(interleavable(w.type, w.cols), errc::invalid_argument,
+          "only q8_0, q4_0, q4_k, q5_k and q6_k matrices, and f16 and bf16 ones with rows a multiple of 16 long, "
+          "interleave their rows, not " +
+              std::string(to_string(w.type)) + " with rows " + std::to_string(w.cols) + " long");
   const std::size_t rb = row_bytes(w.type, w.cols), groups = w.rows / 8;
   const auto run = [&](std::size_t g0, std::size_t g1) { permute8(w, out, to_interleaved, g0, g1); };
   if (pool != nullptr)
@@ -162,8 +194,8 @@ inline void permute(thread_pool* pool, const weight_view& w, std::byte* out, boo
 
 // w as stored: w itself, or (interleaved8) its rows put back in order in a buffer of the calling
 // thread's, valid until its next call on this thread. For the products that do not read interleaved
-// rows (exact products; int8 products on the generic and AArch64 paths): a pass over the matrix per
-// call, correct anywhere.
+// rows (exact products of quantized types, and of f16 and bf16 off the AVX-512 path; int8 products on
+// the generic and AArch64 paths): a pass over the matrix per call, correct anywhere.
 inline weight_view as_stored(thread_pool& pool, const weight_view& w) {
   if (w.layout == weight_layout::rows) return w;
   thread_local aligned_vector<std::byte> buffer;

@@ -31,9 +31,15 @@
 // AVX-512 VNNI, else of 8 rows in 256-bit registers with VPDPBUSD where the CPU has VNNI, else VPMADDUBSW.
 // q8_0, q4_0 and the k-quants' matrices may have 8 rows interleaved (weight_layout::interleaved8,
 // interleave.hpp): decode then reads them in order, a row's sums in a lane of their own; the same bits.
+// So may f16 and bf16 ones: the AVX-512 path's decode reads them in order in 1 x 8, 2 x 8 and 3 x 8
+// tiles, the next blocks prefetched a fixed distance ahead, and its prefill takes the panels' rows
+// from them; the other paths put the rows back in order first (reads_interleaved_floats).
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
+#include <cstdlib>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "efim/core/dtype.hpp"
@@ -56,6 +62,36 @@ constexpr bool int8_products(dtype t) noexcept {
   return t == dtype::q4_k || t == dtype::q5_k || t == dtype::q6_k || int8_products_32(t);
 }
 
+// Whether path i's exact products read f16 and bf16 rows interleaved (interleave.hpp) where they are;
+// the other paths put them back in order at every product (correct, and a pass over the matrix).
+constexpr bool reads_interleaved_floats(isa i) noexcept { return i == isa::avx512; }
+
+// Whether the host backend's models (model::transformer with weight_layout::interleaved8) interleave
+// their f16 and bf16 matrices: where the active path reads them so, on CPUs other than AMD's. Which is
+// faster depends on the memory system: on an Emerald Rapids Xeon the 8 rows interleaved, read as one
+// stream with software prefetch, read 1.19x the rows as stored in a read loop; on a Zen 5 EPYC a decode
+// step ran at 0.65-0.75x the rows as stored, with or without software prefetch at any distance tried
+// (docs/benchmarks.md). EFIM_INTERLEAVE_FLOATS=1 or 0 (read once), or select_interleave_floats, takes
+// one or the other on any CPU whose path reads them.
+namespace detail {
+inline std::atomic<int>& interleave_floats_choice() noexcept {  // -1: by vendor, 0: no, 1: yes
+  static std::atomic<int> choice{[] {
+    const char* v = std::getenv("EFIM_INTERLEAVE_FLOATS");
+    const std::string_view want = v == nullptr ? std::string_view{} : std::string_view(v);
+    return want == "1" ? 1 : want == "0" ? 0 : -1;
+  }()};
+  return choice;
+}
+}  // namespace detail
+inline bool interleave_floats_by_default() noexcept {
+  const int choice = detail::interleave_floats_choice().load(std::memory_order_relaxed);
+  return reads_interleaved_floats(active_isa()) && (choice >= 0 ? choice == 1 : !amd_cpu());
+}
+// Sets the choice (1 or 0; -1: by vendor) for models made from now on; returns the one before.
+inline int select_interleave_floats(int choice) noexcept {
+  return detail::interleave_floats_choice().exchange(choice < 0 ? -1 : choice > 0 ? 1 : 0, std::memory_order_relaxed);
+}
+
 // y (m, rows) = [y +] x (m, cols) * dequantize(w)^T, split by output columns over the pool. Exact
 // products: each y[i][j] equals detail::dot(x row i, dequantize_row(w row j), cols) bit for bit. int8
 // products (int8_products(w.type)): x row i is rounded to 8 bits per 256 (kquant::quantize into a
@@ -65,12 +101,15 @@ constexpr bool int8_products(dtype t) noexcept {
 inline void matmul(thread_pool& pool, const float* x, const weight_view& w, float* y, std::size_t m,
                    accumulate acc = accumulate::no, products p = products::exact) {
   (void)row_bytes(w.type, w.cols);  // throws unless a row is a whole number of blocks
-  require(w.layout == weight_layout::rows || interleavable(w.type), errc::invalid_argument,
-          "matmul: only q8_0, q4_0, q4_k, q5_k and q6_k matrices have interleaved rows, not " +
-              std::string(to_string(w.type)));
+  require(w.layout == weight_layout::rows || interleavable(w.type, w.cols), errc::invalid_argument,
+          "matmul: only q8_0, q4_0, q4_k, q5_k and q6_k matrices, and f16 and bf16 ones with rows a multiple of 16 "
+          "long, have interleaved rows, not " +
+              std::string(to_string(w.type)) + " with rows " + std::to_string(w.cols) + " long");
   if (m == 0 || w.rows == 0) return;
-  // Interleaved rows (interleave.hpp): the int8 products stream them (decode), else as stored.
-  if (w.layout == weight_layout::interleaved8 && !(p == products::int8 && int8_products(w.type)))
+  // Interleaved rows (interleave.hpp): the int8 products stream them (decode), and each path's exact
+  // products of f16 and bf16 take them (the AVX-512 path's stream them); the rest as stored.
+  if (w.layout == weight_layout::interleaved8 && !(p == products::int8 && int8_products(w.type)) &&
+      !interleavable_floats(w.type))
     return matmul(pool, x, detail::as_stored(pool, w), y, m, acc, p);
   if (p == products::int8 && int8_products_32(w.type)) {
     const std::size_t nb = w.cols / 32;

@@ -29,19 +29,26 @@ class transformer<kernels::host> {
   using storage = kernels::host::storage;
 
   // `products`: how the matrix products multiply (kernels::products; int8 changes the logits within
-  // the rounding of the activations to 8 bits, and the KV they leave). With int8 products and
-  // `layout` interleaved8 (the default), the q8_0, q4_0, q4_k, q5_k and q6_k matrices are read from
-  // copies of them with 8 rows interleaved (kernels/interleave.hpp), made here: the same bits, decode
-  // in fewer instructions (on an Intel Xeon 1.1-1.8x the speed of the rows as stored), at the cost of those
-  // matrices' bytes in memory of the process's own beside the file's (which are then not read again).
+  // the rounding of the activations to 8 bits, and the KV they leave). With `layout` interleaved8 (the
+  // default), matrices are read from copies of them with 8 rows interleaved (kernels/interleave.hpp),
+  // made here: with int8 products the q8_0, q4_0, q4_k, q5_k and q6_k ones (decode in fewer
+  // instructions: on an Intel Xeon 1.1-1.8x the speed of the rows as stored), and where
+  // kernels::interleave_floats_by_default() (the AVX-512 path, not on AMD CPUs) the f16 and bf16 ones
+  // (decode in one sequential read). The same bits, at the cost of those matrices' bytes in memory of
+  // the process's own beside the file's (which are then not read again).
   explicit transformer(const weights& w, kernels::products products = kernels::products::exact,
                        kernels::weight_layout layout = kernels::weight_layout::interleaved8)
       : w_(&w), products_(products) {
     validate(w.cfg);
-    if (products == kernels::products::int8 && layout == kernels::weight_layout::interleaved8) interleave(w);
+    if (layout == kernels::weight_layout::interleaved8)
+      interleave(w, products == kernels::products::int8, kernels::interleave_floats_by_default());
   }
 
   [[nodiscard]] const config& cfg() const noexcept { return w_->cfg; }
+  // How many of the model's matrices it reads from interleaved copies of its own (the constructor).
+  [[nodiscard]] std::size_t interleaved_matrices() const noexcept {
+    return interleaved_ == nullptr ? 0 : interleaved_->held.size();
+  }
   [[nodiscard]] kernels::products products() const noexcept { return products_; }
 
   // The KV layout this model needs for `blocks` blocks of `block_size` tokens.
@@ -194,11 +201,14 @@ class transformer<kernels::host> {
     std::vector<kernels::interleaved_matrix> held;
   };
 
-  void interleave(const weights& w) {
+  void interleave(const weights& w, bool quantized, bool floats) {
     auto own = std::make_shared<interleaved>();
     own->w = w;
     std::vector<matrix*> all = decode_matrices(own->w);
-    std::erase_if(all, [](const matrix* m) { return m->data == nullptr || !kernels::interleavable(m->type) || m->rows < 8; });
+    std::erase_if(all, [&](const matrix* m) {
+      return m->data == nullptr || !kernels::interleavable(m->type, m->cols) || m->rows < 8 ||
+             !(kernels::interleavable_floats(m->type) ? floats : quantized);
+    });
     if (all.empty()) return;
     own->held.reserve(all.size());  // (a view's bytes move with its matrix anyway)
     for (matrix* m : all) {

@@ -1050,6 +1050,107 @@ inline bool four_stream_rows(std::size_t m) noexcept {
   return m == 1 && avx2_tiles<T>(m);
 }
 
+// Decode on f16 or bf16 rows interleaved (interleave.hpp): a group's 8 rows, 16 elements of each a
+// step (256 bytes: the run's groups are one sequential stream), against MR x rows: MR * 8 canonical lane
+// sums, reduced as the stream tiles' are (the same bits). Where `end` is not 0, each step prefetches the
+// 4 lines il8_float_l2_ahead bytes ahead into L2 and il8_float_l1_ahead ahead into L1, short of `end`
+// (the run's end): in a read loop on an Emerald Rapids Xeon the hardware prefetchers alone read 0.7x
+// of that. On a Zen 5 EPYC this one stream a thread reads 0.65-0.75x the rows as stored whatever the
+// prefetch (none, 2-16 KiB ahead), so the models keep f16 and bf16 as stored there (matmul.hpp:
+// interleave_floats_by_default; docs/benchmarks.md).
+inline constexpr std::size_t il8_float_l2_ahead = 4096, il8_float_l1_ahead = 512;
+
+template <dtype T, std::size_t MR>
+[[gnu::noinline]] void il8_float_tile(const float* const (&x)[MR], const std::byte* g, std::size_t n, float* out,
+                                      std::uintptr_t end) noexcept {
+  __m512 acc[MR * 8];
+#pragma GCC unroll 24
+  for (std::size_t t = 0; t < MR * 8; ++t) acc[t] = _mm512_setzero_ps();
+  for (std::size_t b = 0; b < n / 16; ++b) {
+    const std::byte* const blk = g + 256 * b;
+    if (end != 0) {
+      const std::uintptr_t l2 = reinterpret_cast<std::uintptr_t>(blk) + il8_float_l2_ahead;
+      const std::uintptr_t l1 = reinterpret_cast<std::uintptr_t>(blk) + il8_float_l1_ahead;
+#pragma GCC unroll 4
+      for (std::uintptr_t q = 0; q < 256; q += 64) {
+        if (l2 + q < end) __builtin_prefetch(reinterpret_cast<const void*>(l2 + q), 0, 2);
+        if (l1 + q < end) __builtin_prefetch(reinterpret_cast<const void*>(l1 + q), 0, 3);
+      }
+    }
+    __m512 xv[MR];
+#pragma GCC unroll 4
+    for (std::size_t i = 0; i < MR; ++i) {
+      xv[i] = _mm512_loadu_ps(x[i] + 16 * b);
+      in_register(xv[i]);
+    }
+#pragma GCC unroll 8
+    for (std::size_t r = 0; r < 8; ++r) {
+      __m512 wv;
+      load16<T>(wv, blk + 32 * r, 0);
+      if constexpr (MR > 1) in_register(wv);
+#pragma GCC unroll 4
+      for (std::size_t i = 0; i < MR; ++i) acc[i * 8 + r] = _mm512_fmadd_ps(xv[i], wv, acc[i * 8 + r]);
+    }
+  }
+  alignas(64) const float tail[16] = {};
+  if constexpr (MR <= 2) {
+    reduce16(acc, tail, out);
+  } else {
+    static_assert(MR == 3);
+    __m512 lo[16], hi[8];
+    for (std::size_t t = 0; t < 16; ++t) lo[t] = acc[t];
+    for (std::size_t t = 0; t < 8; ++t) hi[t] = acc[16 + t];
+    reduce16(lo, tail, out);
+    reduce16(hi, tail, out + 16);
+  }
+}
+
+// Decode (m <= stream_rows_bound) on f16 or bf16 rows interleaved: groups [g0, g1) of 8 rows, each read
+// from memory once by the first tile of x rows (3 x 8, 2 x 8 or 1 x 8), the others reading it from L1.
+template <dtype T>
+inline void il8_float_rows(const float* x, std::size_t m, const weight_view& w, std::size_t g0, std::size_t g1,
+                           float* y, accumulate acc) noexcept {
+  const std::size_t n = w.cols, gb = 8 * row_bytes(w.type, n);
+  const std::uintptr_t end = reinterpret_cast<std::uintptr_t>(w.data + g1 * gb);
+  for (std::size_t g = g0; g < g1; ++g) {
+    const std::byte* const gp = w.data + g * gb;
+    for (std::size_t i0 = 0; i0 < m;) {
+      const std::size_t mr = m - i0 >= 3 ? 3 : m - i0;
+      const std::uintptr_t pf = i0 == 0 ? end : 0;
+      alignas(64) float out[32];
+      if (mr == 3) {
+        const float* const xs[3] = {x + i0 * n, x + (i0 + 1) * n, x + (i0 + 2) * n};
+        il8_float_tile<T, 3>(xs, gp, n, out, pf);
+      } else if (mr == 2) {
+        const float* const xs[2] = {x + i0 * n, x + (i0 + 1) * n};
+        il8_float_tile<T, 2>(xs, gp, n, out, pf);
+      } else {
+        const float* const xs[1] = {x + i0 * n};
+        il8_float_tile<T, 1>(xs, gp, n, out, pf);
+      }
+      store_tile(out, 8, y + i0 * w.rows + 8 * g, w.rows, mr, 8, acc);
+      i0 += mr;
+    }
+  }
+}
+
+// Row `row` of w (rows as stored or f16 / bf16 interleaved) dequantized into out (w.cols floats).
+template <dtype T>
+inline void unpack_row_of(const weight_view& w, std::size_t rb, std::size_t row, float* out) noexcept {
+  if constexpr (interleavable_floats(T)) {
+    if (w.layout == weight_layout::interleaved8 && row < w.rows / 8 * 8) {
+      const std::byte* const at = w.data + row / 8 * 8 * rb + 32 * (row % 8);  // element k at 16 k further
+      for (std::size_t k = 0; k < w.cols; k += lanes) {
+        __m512 v;
+        load16<T>(v, at + 16 * k, 0);
+        _mm512_storeu_ps(out + k, v);
+      }
+      return;
+    }
+  }
+  unpack_row<T>(w.data + row * rb, w.cols, out);
+}
+
 // Prefill (m > 8): weight rows [r0, r1) panel by panel. Each panel is dequantized (or copied) once
 // into 64-byte aligned scratch (a load that splits a cache line costs twice) and every 4-row tile of
 // x runs over it: the x tile stays in L1, the panel in L2. x is read where it is (copying it aligned
@@ -1067,7 +1168,7 @@ inline void panel_rows(const float* x, std::size_t m, const weight_view& w, std:
   float* const panel = state + step / NR * tile_floats;
   for (std::size_t p0 = r0; p0 < r1; p0 += step) {
     const std::size_t nc = std::min(step, r1 - p0);
-    for (std::size_t r = 0; r < nc; ++r) unpack_row<T>(w.data + (p0 + r) * rb, n, panel + r * ld);
+    for (std::size_t r = 0; r < nc; ++r) unpack_row_of<T>(w, rb, p0 + r, panel + r * ld);
     for (std::size_t i0 = 0; i0 < m; i0 += MR) {
       const float* xs[MR];
       for (std::size_t i = 0; i < MR; ++i) xs[i] = x + std::min(i0 + i, m - 1) * n;  // past m: repeat, not stored
@@ -1258,6 +1359,21 @@ template <dtype T>
 inline void matmul_typed(thread_pool& pool, const float* x, const weight_view& w, float* y, std::size_t m,
                          accumulate acc) {
   if (m <= stream_rows_bound<T>()) {
+#if EFIM_K_AVX512
+    if constexpr (interleavable_floats(T)) {
+      if (w.layout == weight_layout::interleaved8) {  // one run of groups per thread; rows past them as stored
+        const std::size_t groups = w.rows / 8, units = groups + (w.rows % 8 != 0 ? 1 : 0);
+        pool.parallel_for(
+            units,
+            [&](std::size_t b, std::size_t e) {
+              if (b < std::min(e, groups)) il8_float_rows<T>(x, m, w, b, std::min(e, groups), y, acc);
+              if (e > groups) stream_rows<T>(x, m, w, 8 * groups, w.rows, y, acc);
+            },
+            (units + pool.size() - 1) / pool.size());
+        return;
+      }
+    }
+#endif
     // One run of 16-row blocks per thread, equal in bytes: each run starts cold (its first block is
     // not prefetched), and a decode step's matrices take only tens of microseconds. But one x row
     // through the AVX2 path's streams (no software prefetch, so no cold start) goes in four runs per
@@ -1288,6 +1404,13 @@ inline void matmul_typed(thread_pool& pool, const float* x, const weight_view& w
 // y (m, rows) = [y +] x (m, cols) * dequantize(w)^T on this path (see matmul.hpp).
 EFIM_K_ENTRY void matmul(thread_pool& pool, const float* x, const weight_view& w, float* y, std::size_t m,
                          accumulate acc) {
+  // Interleaved rows (interleave.hpp): the AVX-512 path reads f16 and bf16 ones, the rest go as stored.
+#if EFIM_K_AVX512
+  if (w.layout == weight_layout::interleaved8 && !interleavable_floats(w.type))
+    return matmul(pool, x, as_stored(pool, w), y, m, acc);
+#else
+  if (w.layout == weight_layout::interleaved8) return matmul(pool, x, as_stored(pool, w), y, m, acc);
+#endif
 #if EFIM_K_AVX512 || EFIM_K_AVX2
   switch (w.type) {
     case dtype::f32:
