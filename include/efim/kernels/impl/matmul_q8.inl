@@ -1262,10 +1262,12 @@ EFIM_K_TARGET_VNNI inline void kq_il8x2(const std::byte* g, std::size_t nsb, con
   for (std::size_t i = 0; i < MR; ++i) _mm512_store_ps(out + 16 * i, acc[i]);
 }
 
-// x rows from which the two groups are faster: on Zen 4 (one thread, 2,048 x 768 from memory) q4_k and
-// q5_k at every count, q6_k from 4 (at 1 and 2 its stream is bound by the memory: 0.91-1.01x).
+// x rows from which the two groups are faster (one thread, 2,048 x 768 from memory): 4 for each. On
+// Zen 4 q4_k and q5_k ran 0.98-1.48x the one group at 1 and 2 rows (at the memory's speed in two runs
+// of three) and q6_k 0.91-1.01x; on Zen 5 q4_k ran 0.74x and 0.91x there, q5_k 0.88x and 0.94x, and
+// from 4 rows 1.23x and 0.98x (docs/benchmarks.md).
 template <dtype T>
-inline constexpr std::size_t kq_il8x2_rows = T == dtype::q6_k ? 4 : 1;
+inline constexpr std::size_t kq_il8x2_rows = 4;
 
 template <dtype T>
 struct kq_il8x2_kernel {
