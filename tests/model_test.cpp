@@ -2213,12 +2213,20 @@ TEST_CASE("a model's decode tiles: each type with the choice timed once, over it
   c.ffn = 256;
   c.max_context = 64;
   thread_pool pool(2);
-  const model::decode_tuning_options anything{.min_bytes = 0, .max_bytes = std::size_t{1} << 30, .rounds = 1};
+  // (f16 and bf16 rows as stored: where the model interleaves them, below, they are not timed.)
+  const model::decode_tuning_options anything{
+      .min_bytes = 0, .max_bytes = std::size_t{1} << 30, .rounds = 1, .floats_interleaved = false};
+  CHECK(model::decode_tuning_options{}.floats_interleaved == kernels::interleave_floats_by_default());
   const bool apply = kernels::decode_tiles_apply(kernels::weight_view{dtype::f16, 1, 32, nullptr});
   SECTION("f16: every matrix, the output last") {
     const auto w = model::random_weights(c, 3, {.type = dtype::f16});
     // Under min_bytes nothing is timed (a small model's matrices stay in the caches).
-    CHECK(model::tune_decode_tiles(pool, w, kernels::products::exact).empty());
+    CHECK(model::tune_decode_tiles(pool, w, kernels::products::exact, {.floats_interleaved = false}).empty());
+    // Nor where the model reads its f16 matrices from interleaved copies, which the tiles do not read.
+    auto interleaved = anything;
+    interleaved.floats_interleaved = true;
+    CHECK(model::tune_decode_tiles(pool, w, kernels::products::exact, interleaved).empty());
+    CHECK(kernels::measured_decode_tiles(dtype::f16) == kernels::decode_tiles::automatic);
     const auto timed = model::tune_decode_tiles(pool, w, kernels::products::exact, anything);
     // Per layer q (64 x 64), k and v (32 x 64), o (64 x 64), gate, up (256 x 64), down (64 x 256).
     const std::size_t layer = ((64 + 32 + 32 + 64 + 256 + 256) * 64 + 64 * 256) * 2, output = 300 * 64 * 2;
@@ -2235,16 +2243,17 @@ TEST_CASE("a model's decode tiles: each type with the choice timed once, over it
       efim_test::decode_tiles_guard::forget();
       // max_bytes bounds a pass (here without the last-level cache's floor): the first layer, and 1000
       // bytes (7 rows) of the second's q.
-      const auto part = model::tune_decode_tiles(pool, w, kernels::products::exact,
-                                                 {.min_bytes = 0, .max_bytes = layer + 1000, .cache_multiple = 0});
+      const auto part = model::tune_decode_tiles(
+          pool, w, kernels::products::exact,
+          {.min_bytes = 0, .max_bytes = layer + 1000, .cache_multiple = 0, .floats_interleaved = false});
       REQUIRE(part.size() == 1);
       CHECK(part[0].matrices == 8);
       CHECK(part[0].bytes == layer + 7 * 64 * 2);
       efim_test::decode_tiles_guard::forget();
       // With the floor (twice the last-level cache, where the C library knows it), all of this model.
       if (kernels::last_level_cache_bytes() > 0) {
-        const auto floor =
-            model::tune_decode_tiles(pool, w, kernels::products::exact, {.min_bytes = 0, .max_bytes = 1000});
+        const auto floor = model::tune_decode_tiles(pool, w, kernels::products::exact,
+                                                    {.min_bytes = 0, .max_bytes = 1000, .floats_interleaved = false});
         REQUIRE(floor.size() == 1);
         CHECK(floor[0].bytes == 2 * layer + output);
       }

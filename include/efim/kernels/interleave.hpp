@@ -49,6 +49,12 @@ constexpr bool interleavable(dtype t) noexcept {
 constexpr bool interleavable(dtype t, std::size_t cols) noexcept {
   return interleavable(t) && (!interleavable_floats(t) || cols % 16 == 0);
 }
+// Whether a model (model::transformer) reads a rows x cols matrix of t from an interleaved copy: where
+// it interleaves quantized matrices (int8 products) or f16 and bf16 ones (`floats`), those of 8 rows
+// or more that interleave.
+constexpr bool interleaved_by_model(dtype t, std::size_t rows, std::size_t cols, bool quantized, bool floats) noexcept {
+  return interleavable(t, cols) && rows >= 8 && (interleavable_floats(t) ? floats : quantized);
+}
 
 namespace detail {
 

@@ -10,6 +10,8 @@
 
 #include "efim/core/thread_pool.hpp"
 #include "efim/kernels/decode_tuning.hpp"
+#include "efim/kernels/interleave.hpp"
+#include "efim/kernels/matmul.hpp"
 #include "efim/model/weights.hpp"
 
 namespace efim::model {
@@ -24,13 +26,16 @@ struct decode_tuning_options {
   std::size_t max_bytes = std::size_t{256} << 20;
   std::size_t cache_multiple = 2;  // of the last-level cache (kernels::last_level_cache_bytes; 0: none)
   int rounds = 3;
+  // Whether the model reads its f16 and bf16 matrices from interleaved copies (model::transformer's
+  // default layout), which the decode tiles do not read: those matrices are then not timed.
+  bool floats_interleaved = kernels::interleave_floats_by_default();
 };
 
-// For each type of w's matrices that takes either kind of decode tiles with these products (f32, f16,
-// bf16; q8_0 with exact products only: its int8 products have kernels of their own), not measured
-// yet in this process, where no kind is forced (kernels::active_decode_tiles() is automatic): times
-// both kinds over its matrices and records the choice (kernels::tune_decode_tiles). Returns the
-// timings made (none on a path without the choice).
+// For each type of w's matrices that takes either kind of decode tiles with these products (f32; f16
+// and bf16 where not interleaved, o.floats_interleaved; q8_0 with exact products only: its int8
+// products have kernels of their own), not measured yet in this process, where no kind is forced
+// (kernels::active_decode_tiles() is automatic): times both kinds over its matrices and records the
+// choice (kernels::tune_decode_tiles). Returns the timings made (none on a path without the choice).
 inline std::vector<kernels::decode_tiles_timing> tune_decode_tiles(thread_pool& pool, const weights& w,
                                                                    kernels::products products,
                                                                    const decode_tuning_options& o = {}) {
@@ -46,6 +51,7 @@ inline std::vector<kernels::decode_tiles_timing> tune_decode_tiles(thread_pool& 
     std::size_t total = 0, taken = 0;
     for (const matrix* m : order) {
       if (m->data == nullptr || m->type != t || !kernels::decode_tiles_apply(*m)) continue;
+      if (kernels::interleaved_by_model(t, m->rows, m->cols, false, o.floats_interleaved)) continue;
       const std::size_t rb = row_bytes(t, m->cols);
       total += m->rows * rb;
       if (taken >= budget) continue;

@@ -206,8 +206,7 @@ class transformer<kernels::host> {
     own->w = w;
     std::vector<matrix*> all = decode_matrices(own->w);
     std::erase_if(all, [&](const matrix* m) {
-      return m->data == nullptr || !kernels::interleavable(m->type, m->cols) || m->rows < 8 ||
-             !(kernels::interleavable_floats(m->type) ? floats : quantized);
+      return m->data == nullptr || !kernels::interleaved_by_model(m->type, m->rows, m->cols, quantized, floats);
     });
     if (all.empty()) return;
     own->held.reserve(all.size());  // (a view's bytes move with its matrix anyway)
