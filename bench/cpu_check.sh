@@ -7,9 +7,11 @@
 #
 # It writes into RESULTS (default build/cpu-check/<date>):
 #   cpu.txt           the CPU (lscpu, its vector flags, the kernel's view of AMX), the commit, the compiler
-#   model.txt/.json   efim-model-bench --no-reference --reps REPS on the default Qwen2 768 x 12 files
-#                     (f16, q8_0, q4_0, Q4_K_M): prefill pp512 and decode tg128 against llama.cpp's
-#                     prebuilt libraries and llama.cpp built here; the decode tiles chosen by timing
+#   model.txt/.json   efim-model-bench --no-reference --rows --reps REPS on the default Qwen2 768 x 12
+#                     files (f16, q8_0, q4_0, Q4_K_M): prefill pp512 and decode tg128 against llama.cpp's
+#                     prebuilt libraries and llama.cpp built here; the decode tiles chosen by timing; the
+#                     row "rows": the matrices as stored beside the interleaved copies the defaults read
+#                     (f16 only where it is interleaved: the AVX-512 path off AMD CPUs)
 #   model-avx2.txt    the same files on the AVX2 path (EFIM_ISA=avx2), where the CPU has AVX-512
 #   tiles.txt         efim-kernels-bench 2 typed decode tiles: each one-row decode with both kinds of
 #                     decode tiles (the AVX-512 path only)
@@ -75,7 +77,7 @@ fi
 variants=()
 [[ "${VARIANTS:-0}" == 1 ]] && variants=(--llama-variants)
 echo "cpu_check: efim-model-bench, the issue's table (a few minutes a file)"
-"$build/bench/efim-model-bench" --no-reference --reps "$reps" "${variants[@]}" --json "$results/model.json" \
+"$build/bench/efim-model-bench" --no-reference --rows --reps "$reps" "${variants[@]}" --json "$results/model.json" \
   2>&1 | tee "$results/model.txt"
 if has avx512f; then
   echo "cpu_check: the AVX2 path on the same files"

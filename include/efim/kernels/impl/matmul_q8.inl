@@ -1038,14 +1038,24 @@ template <dtype T, std::size_t MR, int8_dot D>
       // Weights 64 k + 4 q .. + 3 (low nibbles, group 2 k) and 64 k + 32 + 4 q .. (high, group 2 k + 1).
       // (Unrolled by 2, not 4: fully unrolled, a file with every kernel path compiled in 158 s with g++
       // -O3, 99 s so; by 2 q4_k decoded as fast on an Intel Xeon, rolled its VPMADDUBSW form lost a third.)
-      #pragma GCC unroll 2
+      // q4_k with VNNI and one x row: the sums of even and odd q run apart (added before scaling:
+      // integers, the same sums), two chains of 4 dependent VPDPBUSD a group instead of one of 8. On a
+      // Zen 4 core, one thread, a 131,072 x 768 matrix from memory: 1.04-1.08x built with -O3, 1.45x
+      // with -O2 (where the one chain was slower); 2 x rows and q5_k (more work between the VPDPBUSD)
+      // gained nothing, and keep one chain.
+      constexpr std::size_t chains = vnni && T == dtype::q4_k && MR == 1 ? 2 : 1;
+#pragma GCC unroll 2
       for (int k = 0; k < 4; ++k) {
         const int lo_g = 2 * k, hi_g = 2 * k + 1;
-        __m256i slo[MR], shi[MR];
-        #pragma GCC unroll 8
-        for (std::size_t i = 0; i < MR; ++i) slo[i] = shi[i] = _mm256_setzero_si256();
-        #pragma GCC unroll 8
+        __m256i slo_c[chains][MR], shi_c[chains][MR];
+#pragma GCC unroll 2
+        for (std::size_t c = 0; c < chains; ++c)
+#pragma GCC unroll 8
+          for (std::size_t i = 0; i < MR; ++i) slo_c[c][i] = shi_c[c][i] = _mm256_setzero_si256();
+#pragma GCC unroll 8
         for (std::size_t q = 0; q < 8; ++q) {
+          __m256i* const slo = slo_c[q % chains];
+          __m256i* const shi = shi_c[q % chains];
           const __m256i v = load(g + qs + 32 * (8 * static_cast<std::size_t>(k) + q));
           __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
           if constexpr (T == dtype::q5_k) {  // bit g of qh byte l: the fifth bit of weight l of group g
@@ -1076,9 +1086,16 @@ template <dtype T, std::size_t MR, int8_dot D>
         }
         if constexpr (vnni) {
           #pragma GCC unroll 8
-          for (std::size_t i = 0; i < MR; ++i)
-            isum[i] = _mm256_add_epi32(isum[i], _mm256_add_epi32(_mm256_mullo_epi32(slo[i], scale[lo_g]),
-                                                                 _mm256_mullo_epi32(shi[i], scale[hi_g])));
+          for (std::size_t i = 0; i < MR; ++i) {
+            __m256i lo = slo_c[0][i], hi = shi_c[0][i];
+#pragma GCC unroll 2
+            for (std::size_t c = 1; c < chains; ++c) {
+              lo = _mm256_add_epi32(lo, slo_c[c][i]);
+              hi = _mm256_add_epi32(hi, shi_c[c][i]);
+            }
+            isum[i] = _mm256_add_epi32(
+                isum[i], _mm256_add_epi32(_mm256_mullo_epi32(lo, scale[lo_g]), _mm256_mullo_epi32(hi, scale[hi_g])));
+          }
         }
       }
       const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g)));
