@@ -789,7 +789,7 @@ inline void int8_tile256(const int8_slice& p, std::size_t nsb, const kquant::blo
         __m256i s[MR];
         #pragma GCC unroll 8
         for (std::size_t i = 0; i < MR; ++i) s[i] = _mm256_setzero_si256();
-#pragma GCC unroll 2
+        #pragma GCC unroll 2
         for (std::size_t u = u0; u < u0 + run; ++u) {
           const std::size_t quad = g * quads + u;
           const __m256i wv = _mm256_load_si256(reinterpret_cast<const __m256i*>(wq + quad * 4 * R));
@@ -1044,15 +1044,15 @@ template <dtype T, std::size_t MR, int8_dot D>
       // with -O2 (where the one chain was slower); 2 x rows and q5_k (more work between the VPDPBUSD)
       // gained nothing, and keep one chain.
       constexpr std::size_t chains = vnni && T == dtype::q4_k && MR == 1 ? 2 : 1;
-#pragma GCC unroll 2
+      #pragma GCC unroll 2
       for (int k = 0; k < 4; ++k) {
         const int lo_g = 2 * k, hi_g = 2 * k + 1;
         __m256i slo_c[chains][MR], shi_c[chains][MR];
-#pragma GCC unroll 2
+        #pragma GCC unroll 2
         for (std::size_t c = 0; c < chains; ++c)
-#pragma GCC unroll 8
+          #pragma GCC unroll 8
           for (std::size_t i = 0; i < MR; ++i) slo_c[c][i] = shi_c[c][i] = _mm256_setzero_si256();
-#pragma GCC unroll 8
+        #pragma GCC unroll 8
         for (std::size_t q = 0; q < 8; ++q) {
           __m256i* const slo = slo_c[q % chains];
           __m256i* const shi = shi_c[q % chains];
@@ -1088,7 +1088,7 @@ template <dtype T, std::size_t MR, int8_dot D>
           #pragma GCC unroll 8
           for (std::size_t i = 0; i < MR; ++i) {
             __m256i lo = slo_c[0][i], hi = shi_c[0][i];
-#pragma GCC unroll 2
+            #pragma GCC unroll 2
             for (std::size_t c = 1; c < chains; ++c) {
               lo = _mm256_add_epi32(lo, slo_c[c][i]);
               hi = _mm256_add_epi32(hi, shi_c[c][i]);
