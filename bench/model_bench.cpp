@@ -276,8 +276,9 @@ std::vector<std::string> default_models(const fs::path& dir) {
     }
     paths.push_back(path);
   }
-  // The files' pages written back before anything is timed: a gigabyte of them going out to the disk
-  // meanwhile slowed the first model's decode tiles timing 2x on a Zen 4 VM and turned its choice.
+  // The files' pages written back before anything is timed: in a run right after making them (1 GB),
+  // the first model's decode tiles timing on a Zen 4 VM took 2.5x its usual time and turned its choice,
+  // and no writeback should run under a timing.
   if (made) ::sync();
   return paths;
 }

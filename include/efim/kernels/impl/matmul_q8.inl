@@ -1042,7 +1042,8 @@ template <dtype T, std::size_t MR, int8_dot D>
       // integers, the same sums), two chains of 4 dependent VPDPBUSD a group instead of one of 8. On a
       // Zen 4 core, one thread, a 131,072 x 768 matrix from memory: 1.04-1.08x built with -O3, 1.45x
       // with -O2 (where the one chain was slower); 2 x rows and q5_k (more work between the VPDPBUSD)
-      // gained nothing, and keep one chain.
+      // gained nothing at -O2, and keep one chain. (The AVX-VNNI form takes it too, unmeasured: that
+      // Zen 4 has no AVX-VNNI.)
       constexpr std::size_t chains = vnni && T == dtype::q4_k && MR == 1 ? 2 : 1;
       #pragma GCC unroll 2
       for (int k = 0; k < 4; ++k) {
